@@ -1,0 +1,153 @@
+"""The GPT-2 architecture: embeddings, pre-LayerNorm blocks, tied LM head."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import CausalSelfAttention
+from .config import GPTConfig
+
+IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # GPT-2 used the tanh approximation of GELU; keep it so imported weights agree.
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        attended, weights = self.attn(self.ln_1(x), return_weights)
+        x = x + attended
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: the output projection reuses the token embedding matrix.
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+        # GPT-2 scales the layers that write into the residual stream by
+        # 1/sqrt(2 * n_layer): each block adds two of them to the stream.
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=residual_std)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, *, last_only: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """idx, targets: (B, T) token ids. Returns logits (B, T, vocab) and the mean
+        cross-entropy over targets that are not IGNORE_INDEX (None without targets).
+        last_only=True computes logits for the final position only: (B, 1, vocab)."""
+        x = self._embed(idx)
+        for block in self.transformer.h:
+            x, _ = block(x)
+        x = self.transformer.ln_f(x)
+        if last_only:
+            x = x[:, -1:, :]
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            if last_only:
+                raise ValueError("targets need logits for every position; drop last_only")
+            # Loss in fp32 even under autocast: log-softmax over 50k classes is sensitive.
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=IGNORE_INDEX
+            )
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx: Tensor) -> list[Tensor]:
+        """Attention weights of every layer for idx (B, T): a list of (B, n_head, T, T)."""
+        x = self._embed(idx)
+        maps = []
+        for block in self.transformer.h:
+            x, weights = block(x, return_weights=True)
+            maps.append(weights)
+        return maps
+
+    def _embed(self, idx: Tensor) -> Tensor:
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
+            )
+        pos = torch.arange(T, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Distinct parameters (the tied head counted once). exclude_embeddings drops
+        the position table and the token table, leaving what scales with depth."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.transformer.wpe.weight.numel() + self.transformer.wte.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token at sequence length seq_len.
+
+        Every weight of a matmul costs 2 FLOPs per token forward and 4 backward
+        (the tied head counts; the position lookup does not). Attention adds
+        QK^T and AV: 2 * 2 * T * n_embd forward per layer, times 3 with backward.
+        """
+        T = seq_len or self.config.block_size
+        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        attention = 12 * self.config.n_layer * self.config.n_embd * T
+        return 6 * matmul_params + attention
+
+    def configure_optimizer(
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        device_type: str = "cpu",
+    ) -> torch.optim.AdamW:
+        """AdamW that decays matrices and embeddings (>= 2-D) but not biases or
+        LayerNorm gains; fused kernels on CUDA."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=tuple(betas), fused=fused or None)
