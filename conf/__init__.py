@@ -8,7 +8,8 @@ The model's values are then checked again, against its rules, when
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TypeVar
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -29,9 +30,28 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+T = TypeVar("T")
+
+
+def build_section(cfg: DictConfig, section: str, cls: type[T]) -> T:
+    """cfg.<section> as a validated `cls` instance.
+
+    Raises ValueError naming the field: for a key `cls` does not have (Hydra lets
+    `+section.key=...` through the schema) and for any rule `cls` checks itself.
+    """
+    values = OmegaConf.to_container(cfg[section], resolve=True)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"{section}.{unknown[0]} is not a setting of {cls.__name__}; known: {', '.join(sorted(known))}"
+        )
+    return cls(**values)
+
+
 def build_model_config(cfg: DictConfig) -> GPTConfig:
-    """The validated GPTConfig of a composed config (raises ValueError naming the field)."""
-    return GPTConfig(**OmegaConf.to_container(cfg.model, resolve=True))
+    """The validated GPTConfig of a composed config."""
+    return build_section(cfg, "model", GPTConfig)
 
 
 register_configs()

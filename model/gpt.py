@@ -92,7 +92,7 @@ class GPT(nn.Module):
                 raise ValueError("targets need logits for every position; drop last_only")
             # Loss in fp32 even under autocast: log-softmax over 50k classes is sensitive.
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=IGNORE_INDEX
+                logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX
             )
         return logits, loss
 

@@ -1,0 +1,172 @@
+"""The GPT model's contract: shapes, loss, sizes, validation, and that it learns."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, IGNORE_INDEX
+
+from conftest import tiny_config
+
+# GPT-2 small, counted by hand (vocab 50257, tied head, biases everywhere):
+#   embeddings 50257*768 + 1024*768                      = 39,383,808
+#   per layer: c_attn 768*2304+2304, c_proj 768*768+768,
+#              c_fc 768*3072+3072, mlp c_proj 3072*768+768,
+#              ln_1 and ln_2 2*768 each                  =  7,087,872
+#   ln_f 2*768                                            =      1,536
+#   total 39,383,808 + 12 * 7,087,872 + 1,536             = 124,439,808
+GPT2_PARAMS = 124_439_808
+# Fewer kv heads shrink only c_attn: each dropped kv head removes, for both K and V,
+# a 768x64 weight block and 64 biases, i.e. 2 * 64 * 769 = 98,432 parameters per layer.
+PARAMS_PER_DROPPED_KV_HEAD = 12 * 2 * 64 * 769  # over 12 layers: 1,181,184
+
+
+@pytest.fixture(scope="module")
+def gpt2_sizes():
+    sizes = {}
+    for n_kv_head in (12, 4, 1):
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            model = GPT(GPTConfig(vocab_size=50257, n_kv_head=n_kv_head))
+        sizes[n_kv_head] = (model.num_params(), model.num_params(exclude_embeddings=True))
+    return sizes
+
+
+def test_gpt2_preset_has_gpt2_small_parameter_count(gpt2_sizes):
+    total, non_embedding = gpt2_sizes[12]
+    assert total == GPT2_PARAMS
+    assert non_embedding == GPT2_PARAMS - 50257 * 768 - 1024 * 768  # 85,056,000
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_fewer_kv_heads_remove_exactly_the_kv_projection_weights(gpt2_sizes, n_kv_head):
+    assert gpt2_sizes[n_kv_head][0] == GPT2_PARAMS - (12 - n_kv_head) * PARAMS_PER_DROPPED_KV_HEAD
+
+
+def test_mqa_gpt2_parameter_count(gpt2_sizes):
+    assert gpt2_sizes[1][0] == 111_446_784  # 12,993,024 fewer than MHA
+
+
+def test_forward_shapes_and_loss_matches_cross_entropy(make_model):
+    model = make_model()
+    idx = torch.randint(0, 97, (3, 16))
+    targets = torch.randint(0, 97, (3, 16))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (3, 16, 97)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.view(-1, 97), targets.view(-1)))
+    assert model(idx)[1] is None
+
+
+def test_ignored_targets_do_not_count(make_model):
+    model = make_model()
+    idx = torch.randint(0, 97, (2, 16))
+    targets = torch.randint(0, 97, (2, 16))
+    masked = targets.clone()
+    masked[:, :8] = IGNORE_INDEX
+    logits, loss = model(idx, masked)
+    expected = F.cross_entropy(logits[:, 8:].reshape(-1, 97), targets[:, 8:].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def test_last_only_gives_the_last_position_logits(make_model):
+    model = make_model()
+    idx = torch.randint(0, 97, (2, 11))
+    full, _ = model(idx)
+    last, _ = model(idx, last_only=True)
+    assert last.shape == (2, 1, 97)
+    torch.testing.assert_close(last, full[:, -1:])
+
+
+def test_sequence_longer_than_block_size_is_rejected(make_model):
+    with pytest.raises(ValueError, match="sequence length 17 exceeds the model's block_size 16"):
+        make_model()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_lm_head_is_tied_to_token_embedding(make_model):
+    model = make_model()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert "lm_head.weight" in model.state_dict() and "transformer.wte.weight" in model.state_dict()
+
+
+def test_gpt2_initialisation(make_model):
+    model = GPT(tiny_config(n_layer=8, n_embd=256, vocab_size=2000))
+    assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    resid = model.transformer.h[0].mlp.c_proj.weight.std().item()
+    assert resid == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.05)
+    assert torch.all(model.transformer.h[0].attn.c_attn.bias == 0)
+
+
+def test_flops_per_token_formula():
+    model = GPT(tiny_config())
+    cfg = model.config
+    weights = model.num_params() - cfg.block_size * cfg.n_embd
+    assert model.flops_per_token(8) == 6 * weights + 12 * cfg.n_layer * cfg.n_embd * 8
+    assert model.flops_per_token() == model.flops_per_token(cfg.block_size)
+
+
+def test_optimizer_decays_only_matrices(make_model):
+    model = make_model()
+    opt = model.configure_optimizer(weight_decay=0.1, learning_rate=1e-3, device_type="cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"])
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_tiny_model_overfits_one_batch(n_kv_head):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(n_kv_head=n_kv_head)).train()
+    idx = torch.randint(0, 97, (4, 16))
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = model.configure_optimizer(weight_decay=0.0, learning_rate=3e-3)
+    losses = []
+    for _ in range(60):
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(97), rel=0.1)  # starts near uniform
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_bf16_autocast_forward_and_backward_on_cpu(make_model):
+    model = make_model()
+    idx = torch.randint(0, 97, (2, 16))
+    ref_logits, _ = model(idx)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, idx)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    torch.testing.assert_close(logits.float(), ref_logits, rtol=0.05, atol=0.05)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(n_embd=30), r"n_embd \(30\) must be divisible by n_head \(4\)"),
+        (dict(n_kv_head=3), r"n_kv_head \(3\) must divide n_head \(4\)"),
+        (dict(n_layer=0), r"n_layer must be a positive integer"),
+        (dict(vocab_size=-5), r"vocab_size must be a positive integer"),
+        (dict(block_size=2.5), r"block_size must be a positive integer"),
+        (dict(n_kv_head=0), r"n_kv_head must be a positive integer"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (dict(dropout=-0.1), r"dropout must be in \[0, 1\)"),
+        (dict(attn_impl="flash"), r"attn_impl must be one of"),
+        (dict(bias="yes"), r"bias must be true or false"),
+    ],
+)
+def test_invalid_configs_name_the_field_and_rule(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+def test_attention_kind_follows_head_counts():
+    assert tiny_config().attention_kind == "MHA"
+    assert tiny_config().n_kv_head == 4  # None means one kv head per query head
+    assert tiny_config(n_kv_head=2).attention_kind == "GQA"
+    assert tiny_config(n_kv_head=1).attention_kind == "MQA"
