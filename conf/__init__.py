@@ -54,4 +54,17 @@ def build_model_config(cfg: DictConfig) -> GPTConfig:
     return build_section(cfg, "model", GPTConfig)
 
 
+def model_preset(name: str, *overrides: str) -> GPTConfig:
+    """A model preset from conf/model/ as a GPTConfig, without running an app.
+
+    `model_preset("gpt2", "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`:
+    overrides use the same syntax as the command line.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=[f"model={name}", *overrides])
+    return build_model_config(cfg)
+
+
 register_configs()

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, build_model_config
+from conf import CONF_DIR, build_model_config, model_preset
 from model import GPT
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
@@ -27,12 +27,12 @@ def test_every_preset_composes_with_every_attention_alias(preset, attention, exp
 
 
 def test_gqa_is_one_override():
-    config = build_model_config(compose_train("model=gpt2", "model.n_kv_head=4"))
+    config = model_preset("gpt2", "model.n_kv_head=4")
     assert (config.n_head, config.n_kv_head, config.attention_kind) == (12, 4, "GQA")
 
 
 def test_gpt2_preset_is_gpt2_small():
-    config = build_model_config(compose_train("model=gpt2"))
+    config = model_preset("gpt2")
     assert (config.n_layer, config.n_head, config.n_embd, config.block_size) == (12, 12, 768, 1024)
     assert config.vocab_size == 50304 and config.vocab_size % 64 == 0
 
