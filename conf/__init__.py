@@ -1,57 +1,130 @@
 """Typed schemas for the YAML files in this directory.
 
-Hydra merges every YAML file into these dataclasses, so a misspelt key or a
-value of the wrong type fails at composition time with Hydra's own message.
-The model's values are then checked again, against its rules, when
-`GPTConfig(**cfg.model)` is built, before anything heavy happens.
+Hydra merges every YAML file and command-line override into these dataclasses,
+so a misspelt key or a value of the wrong type fails at composition time with
+Hydra's own message. `load_config` then builds the dataclasses, which check
+their own rules (GPTConfig, DataConfig and the ones below) and raise a
+ValueError naming the field, before any data or model work starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from data.config import DataConfig
 from model import GPTConfig
 
 CONF_DIR = Path(__file__).resolve().parent
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to min_lr."""
+
+    learning_rate: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_iters: int = 100
+    decay_iters: Optional[int] = None  # the step where min_lr is reached; None means max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+
+    def __post_init__(self) -> None:
+        _positive("optim.learning_rate", self.learning_rate)
+        _at_least("optim.min_lr", self.min_lr, 0)
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})")
+        _at_least("optim.warmup_iters", self.warmup_iters, 0)
+        if self.decay_iters is not None:
+            _positive("optim.decay_iters", self.decay_iters)
+        _at_least("optim.weight_decay", self.weight_decay, 0)
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        _at_least("optim.grad_clip", self.grad_clip, 0)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"  # disabled | offline | online; never prompts for a login
+    project: str = "gptlab"
+    name: Optional[str] = None  # None: the run directory's name
+    group: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("disabled", "offline", "online"):
+            raise ValueError(f"logging.wandb.mode must be disabled, offline or online, got {self.mode!r}")
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = 10  # optimizer steps between train records
+    progress: bool = True  # live progress bar on a terminal (plain lines otherwise)
+    peak_flops: Optional[float] = None  # for MFU; None: known GPU table, or measured on CPU
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def __post_init__(self) -> None:
+        _positive("logging.log_interval", self.log_interval)
+        if self.peak_flops is not None:
+            _positive("logging.peak_flops", self.peak_flops)
 
 
 @dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 1337
+    max_iters: int = 2000  # optimizer steps
+    batch_size: int = 12  # sequences per micro-batch (per process)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    # Alternative to grad_accum_steps: tokens per optimizer step over all processes;
+    # must be a multiple of batch_size * block_size * world_size.
+    tokens_per_step: Optional[int] = None
+    eval_interval: int = 250  # optimizer steps between evaluations (and checkpoints)
+    eval_iters: int = 20  # batches per split per evaluation
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    compile: bool = False  # torch.compile the model
+    pad_vocab_to: int = 64  # round the tokenizer's vocabulary up to a multiple of this
+    on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss does
+    out_dir: Optional[str] = None  # the run directory; None: <runs_root>/<date>_<time>
+    runs_root: str = "runs"
+    resume: Optional[str] = None  # true/latest (newest run), a run directory or a checkpoint
+    keep_last: int = 3  # step checkpoints kept besides the best one
+
+    def __post_init__(self) -> None:
+        for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters",
+                     "pad_vocab_to", "keep_last"):
+            _positive(name, getattr(self, name))
+        if self.tokens_per_step is not None:
+            _positive("tokens_per_step", self.tokens_per_step)
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
-T = TypeVar("T")
-
-
-def build_section(cfg: DictConfig, section: str, cls: type[T]) -> T:
-    """cfg.<section> as a validated `cls` instance.
-
-    Raises ValueError naming the field: for a key `cls` does not have (Hydra lets
-    `+section.key=...` through the schema) and for any rule `cls` checks itself.
-    """
-    values = OmegaConf.to_container(cfg[section], resolve=True)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(
-            f"{section}.{unknown[0]} is not a setting of {cls.__name__}; known: {', '.join(sorted(known))}"
-        )
-    return cls(**values)
+def load_config(cfg: DictConfig) -> Config:
+    """The composed config as validated dataclasses (ValueError naming the field)."""
+    _reject_unknown_keys(cfg, Config, prefix="")
+    return OmegaConf.to_object(cfg)
 
 
 def build_model_config(cfg: DictConfig) -> GPTConfig:
-    """The validated GPTConfig of a composed config."""
-    return build_section(cfg, "model", GPTConfig)
+    """Just the validated GPTConfig of a composed config."""
+    _reject_unknown_keys(cfg.model, GPTConfig, prefix="model.")
+    return GPTConfig(**OmegaConf.to_container(cfg.model, resolve=True))
 
 
 def model_preset(name: str, *overrides: str) -> GPTConfig:
@@ -65,6 +138,32 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[f"model={name}", *overrides])
     return build_model_config(cfg)
+
+
+def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
+    """Hydra lets `+section.key=...` through the schema on purpose; we do not."""
+    known = {f.name: f for f in fields(schema)}
+    for key in node:
+        if key not in known:
+            raise ValueError(f"{prefix}{key} is not a setting of {schema.__name__}; known: {', '.join(known)}")
+        field_type = _dataclass_of(known[key])
+        if field_type is not None and node[key] is not None:
+            _reject_unknown_keys(node[key], field_type, prefix=f"{prefix}{key}.")
+
+
+def _dataclass_of(f) -> type | None:
+    default = f.default_factory() if callable(f.default_factory) else None
+    return type(default) if is_dataclass(default) else None
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _at_least(name: str, value: Any, low: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value!r}")
 
 
 register_configs()

@@ -1,0 +1,210 @@
+"""Checkpoints: one directory per save, written whole or not at all.
+
+    <run_dir>/checkpoints/
+        step_000250/  model.safetensors  weights only (safe to load from anyone)
+                      config.yaml        model + data + tokenizer: enough to rebuild the model
+                      state.pt           optimizer, scaler, step, RNG states (tensors and plain
+                                         containers only, loaded with weights_only=True)
+        latest -> step_000250            the newest complete checkpoint
+        best   -> step_000250            the one with the lowest validation loss
+
+A checkpoint is written into a temporary directory, fsynced and renamed into
+place, and only then does `latest` move (an atomic symlink swap), so a crash or a
+kill at any moment leaves the previous good checkpoint where it was.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from model import GPTConfig
+
+WEIGHTS, CONFIG, STATE = "model.safetensors", "config.yaml", "state.pt"
+CHECKPOINTS = "checkpoints"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+# The head shares its matrix with the token embedding; only one copy is stored.
+TIED_WEIGHT = "lm_head.weight"
+# Key prefixes added by torch.compile (_orig_mod.) and DistributedDataParallel (module.).
+WRAPPER_PREFIXES = re.compile(r"^(?:(?:_orig_mod|module)\.)+")
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, incomplete, corrupt or does not fit the model."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: dict[str, Any]  # the contents of config.yaml
+    model_state: dict[str, torch.Tensor]
+
+    @property
+    def model_config(self) -> GPTConfig:
+        return GPTConfig(**self.config["model"])
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent.parent
+
+    def training_state(self) -> dict[str, Any]:
+        """state.pt: everything besides the weights that resuming needs."""
+        path = self.path / STATE
+        if not path.is_file():
+            raise CheckpointError(f"{self.path} has no {STATE}: it holds weights only and cannot be resumed")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for damaged archives
+            raise CheckpointError(f"corrupt training state {path}: {err}") from err
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain GPT inside torch.compile and DistributedDataParallel wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    config: dict[str, Any],
+    state: dict[str, Any],
+    keep_last: int = 3,
+    is_best: bool = False,
+) -> Path:
+    """Write checkpoint `step` under run_dir/checkpoints, point `latest` (and `best`
+    if is_best) at it, and delete all but the newest keep_last others. Returns its path."""
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_{final.name}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+
+    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
+    save_file(weights, tmp / WEIGHTS)
+    OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
+    torch.save(state, tmp / STATE)
+    for name in (WEIGHTS, CONFIG, STATE):
+        _fsync(tmp / name)
+    _fsync(tmp)
+
+    if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
+        stale = root / f".stale_{final.name}_{os.getpid()}"
+        final.rename(stale)
+        tmp.rename(final)
+        shutil.rmtree(stale)
+    else:
+        tmp.rename(final)
+    _fsync(root)
+    _point(root / "latest", final)
+    if is_best:
+        _point(root / "best", final)
+    _prune(root, keep_last)
+    return final
+
+
+def find_checkpoint(target: str | Path | None, runs_root: str | Path) -> Path:
+    """Resolve what the user asked for to one checkpoint directory.
+
+    target may be a checkpoint directory, a run directory (its latest checkpoint), a
+    checkpoints/ directory, or None for the latest checkpoint of the most recent run
+    under runs_root.
+    """
+    if target is None:
+        runs = sorted(Path(runs_root).glob(f"*/{CHECKPOINTS}/latest"), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise CheckpointError(
+                f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "
+                "`python train.py`, or pass checkpoint=PATH"
+            )
+        return runs[-1].resolve()
+    path = Path(target)
+    for candidate in (path, path / "latest", path / CHECKPOINTS / "latest"):
+        if (candidate / WEIGHTS).is_file() or (candidate / CONFIG).is_file():
+            return candidate.resolve()
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
+    raise CheckpointError(f"no checkpoint at {path}: expected {WEIGHTS} and {CONFIG} in it, or a run directory")
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint's config and weights (to CPU); raises CheckpointError on damage."""
+    path = Path(path)
+    missing = [name for name in (WEIGHTS, CONFIG) if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"incomplete checkpoint {path}: missing {', '.join(missing)}")
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path / CONFIG), resolve=True)
+    except Exception as err:
+        raise CheckpointError(f"corrupt {path / CONFIG}: {err}") from err
+    if not isinstance(config, dict) or "model" not in config:
+        raise CheckpointError(f"{path / CONFIG} has no `model` section")
+    try:
+        model_state = load_file(path / WEIGHTS)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"corrupt weights file {path / WEIGHTS}: {err}") from err
+    return Checkpoint(path=path, config=config, model_state=model_state)
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load weights saved by save_checkpoint (or from a compiled / DDP model's
+    state_dict) into `model`, explaining any mismatch in plain words."""
+    target = unwrap_model(model)
+    state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
+    expected = target.state_dict()
+    missing = sorted(set(expected) - set(state) - {TIED_WEIGHT})
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+    if unexpected:
+        problems.append(f"unexpected {', '.join(unexpected[:5])}" + (" ..." if len(unexpected) > 5 else ""))
+    if wrong_shape:
+        problems.append("different shapes: " + "; ".join(wrong_shape[:5]))
+    if problems:
+        raise CheckpointError("checkpoint does not fit this model (a different model shape?): " + "; ".join(problems))
+    target.load_state_dict(state, strict=False)
+
+
+def _point(link: Path, target: Path) -> None:
+    """Atomically make `link` a relative symlink to `target`."""
+    tmp = link.with_name(f".{link.name}_{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    steps = sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink()), key=lambda p: p.name)
+    protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
+    for old in steps[: max(len(steps) - keep_last, 0)]:
+        if old.resolve() not in protected:
+            shutil.rmtree(old)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,128 @@
+"""What a run reports: metrics.jsonl, the console, and (when asked) wandb."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+METRICS = "metrics.jsonl"
+WANDB_MODES = ("disabled", "offline", "online")
+
+
+class RunLogger:
+    """Writes every record to <run_dir>/metrics.jsonl, shows progress on the
+    console (a live bar on a terminal, plain lines otherwise) and mirrors
+    records to wandb when wandb.mode is offline or online.
+
+    Resuming at step k drops records after k, so the log of a resumed run reads
+    exactly like the log of a run that was never interrupted.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        start_step: int,
+        max_iters: int,
+        progress: bool,
+        wandb_settings: dict[str, Any],
+        config: dict[str, Any],
+    ) -> None:
+        self.path = Path(run_dir) / METRICS
+        _truncate_after(self.path, start_step)
+        self.file = self.path.open("a")
+        self.bar = tqdm(
+            total=max_iters,
+            initial=start_step,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not (progress and sys.stderr.isatty()),
+        )
+        self.wandb_run = _start_wandb(wandb_settings, config, Path(run_dir))
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One record: {"kind": "train" | "eval", "step": ..., metrics...}."""
+        record = {**record, "time": round(time.time(), 3)}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "step", "time")}, step=record["step"])
+        if record["kind"] == "train" and not self.bar.disable:
+            self.bar.n = record["step"]
+            self.bar.set_postfix_str(_format(record, ("loss", "lr", "tok_per_s", "mfu")), refresh=True)
+        else:
+            self.print(f"step {record['step']:>6} | {record['kind']:<5} | " + _format(record, _shown(record)))
+
+    def print(self, text: str) -> None:
+        tqdm.write(text, file=sys.stderr if not self.bar.disable else sys.stdout)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+def _shown(record: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(k for k in record if k not in ("kind", "step", "time"))
+
+
+def _format(record: dict[str, Any], keys: tuple[str, ...]) -> str:
+    parts = []
+    for key in keys:
+        value = record.get(key)
+        if value is None:
+            continue
+        if key == "lr":
+            parts.append(f"lr {value:.2e}")
+        elif key == "mfu":
+            parts.append(f"mfu {100 * value:.1f}%")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.4f}" if abs(value) < 1000 else f"{key} {value:,.0f}")
+        else:
+            parts.append(f"{key} {value}")
+    return " | ".join(parts)
+
+
+def _start_wandb(settings: dict[str, Any], config: dict[str, Any], run_dir: Path):
+    mode = settings["mode"]
+    if mode == "disabled":
+        return None
+    import wandb  # imported only when used: it is slow to import
+
+    if mode == "online" and not wandb.login(prompt=False, verify=False):
+        raise RuntimeError(
+            "logging.wandb.mode=online needs a wandb API key (run `wandb login` or set WANDB_API_KEY); "
+            "use logging.wandb.mode=offline to log locally and `wandb sync` later"
+        )
+    return wandb.init(
+        project=settings["project"],
+        name=settings.get("name") or run_dir.name,
+        group=settings.get("group"),
+        id=run_dir.name,
+        resume="allow",
+        dir=str(run_dir),
+        mode=mode,
+        config=config,
+    )

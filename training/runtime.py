@@ -1,0 +1,110 @@
+"""Where and in what precision a run computes: device, autocast, gradient scaling."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' is CUDA when present, else CPU; 'cpu', 'cuda' and 'cuda:N' are taken as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name} was asked for but CUDA is not available; use device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device={name} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    return device
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward pass is computed. Weights and optimizer state stay fp32."""
+
+    name: str  # fp32, bf16 or fp16
+    device_type: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.name]
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        # fp16's narrow exponent range underflows small gradients unless the loss is scaled.
+        return self.name == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device_type, enabled=self.uses_grad_scaler)
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """'auto' is bf16 on CUDA devices that support it, fp16 on older CUDA devices and
+    fp32 on CPU (where bf16 matmuls are slow without AMX/AVX512-BF16)."""
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {name!r}")
+    if name == "auto":
+        if device.type == "cuda":
+            name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            name = "fp32"
+    return Precision(name, device.type)
+
+
+def configure_cuda() -> None:
+    """TF32 tensor cores for fp32 matmuls and convolutions: ~10 bits of mantissa,
+    plenty for training, several times faster on Ampere and newer."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_state() -> dict:
+    """The random generators' states, as tensors and plain containers (weights_only-safe)."""
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": _numpy_state_to_plain(np.random.get_state()),
+        "python": list(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_state_to_plain(state: tuple) -> list:
+    # numpy's MT19937 key array becomes a tensor: torch.load(weights_only=True) refuses ndarrays.
+    name, keys, pos, has_gauss, cached = state
+    return [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
