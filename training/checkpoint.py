@@ -126,7 +126,7 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path) -> Path:
     under runs_root.
     """
     if target is None:
-        runs = sorted(Path(runs_root).glob(f"*/{CHECKPOINTS}/latest"), key=lambda p: p.stat().st_mtime)
+        runs = sorted(Path(runs_root).glob(f"*/{CHECKPOINTS}/latest"), key=lambda p: p.lstat().st_mtime)
         if not runs:
             raise CheckpointError(
                 f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "

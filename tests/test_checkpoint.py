@@ -1,0 +1,135 @@
+"""Checkpoints: lossless round trip, atomic replacement, clear errors."""
+
+import os
+
+import pytest
+import torch
+
+from model import GPT
+from training import checkpoint as ckpt
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
+
+from conftest import tiny_config
+
+
+def save(run_dir, step, model, **kwargs):
+    config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
+    state = {"step": step, "optimizer": {"lr": 0.1}, "rng": torch.get_rng_state()}
+    return save_checkpoint(run_dir, step, model, config, state, **kwargs)
+
+
+def test_round_trip_restores_identical_weights_and_state(tmp_path, make_model):
+    model = make_model(seed=1)
+    path = save(tmp_path, 7, model)
+    loaded = load_checkpoint(path)
+    fresh = make_model(seed=2)
+    load_weights(fresh, loaded.model_state)
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight  # still tied after loading
+    assert loaded.model_config == model.config
+    assert loaded.training_state()["step"] == 7
+    assert "lm_head.weight" not in loaded.model_state  # the tied copy is stored once
+    assert loaded.run_dir == tmp_path
+
+
+def test_latest_moves_and_old_checkpoints_are_pruned_but_best_is_kept(tmp_path, make_model):
+    model = make_model()
+    save(tmp_path, 1, model, keep_last=2, is_best=True)
+    for step in (2, 3, 4):
+        save(tmp_path, step, model, keep_last=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
+        "step_000001", "step_000003", "step_000004"
+    ]
+    assert find_checkpoint(tmp_path, runs_root=tmp_path) == (root / "step_000004").resolve()
+    assert (root / "best").resolve().name == "step_000001"
+
+
+def test_crash_while_saving_leaves_previous_checkpoint_in_place(tmp_path, make_model, monkeypatch):
+    model = make_model()
+    good = save(tmp_path, 1, model)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save(tmp_path, 2, model)
+    assert find_checkpoint(tmp_path, runs_root=tmp_path) == good.resolve()
+    assert not (tmp_path / "checkpoints" / "step_000002").exists()
+    load_weights(make_model(seed=3), load_checkpoint(good).model_state)
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path, make_model):
+    save(tmp_path, 5, make_model(seed=1))
+    second = make_model(seed=2)
+    path = save(tmp_path, 5, second)
+    torch.testing.assert_close(load_checkpoint(path).model_state["transformer.wte.weight"], second.transformer.wte.weight)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("prefix", ["_orig_mod.", "module.", "module._orig_mod."])
+def test_weights_from_compiled_or_ddp_models_load(make_model, prefix):
+    source = make_model(seed=1)
+    state = {prefix + k: v for k, v in source.state_dict().items()}
+    target = make_model(seed=2)
+    load_weights(target, state)
+    torch.testing.assert_close(target.transformer.wpe.weight, source.transformer.wpe.weight)
+
+
+def test_saving_a_wrapped_model_stores_plain_names(tmp_path, make_model):
+    class Wrapper(torch.nn.Module):  # stands in for DDP: the model lives at .module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    wrapped = Wrapper(make_model())
+    wrapped.config = wrapped.module.config
+    path = save(tmp_path, 1, wrapped)
+    assert all(not k.startswith("module.") for k in load_checkpoint(path).model_state)
+
+
+def test_different_model_shape_is_explained(tmp_path, make_model):
+    path = save(tmp_path, 1, make_model(n_kv_head=1))
+    with pytest.raises(CheckpointError, match=r"different model shape.*c_attn.weight: checkpoint \(48, 32\) vs model \(96, 32\)"):
+        load_weights(make_model(n_kv_head=4), load_checkpoint(path).model_state)
+
+
+def test_corrupt_weights_file_is_named(tmp_path, make_model):
+    path = save(tmp_path, 1, make_model())
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=f"corrupt weights file {weights}"):
+        load_checkpoint(path)
+
+
+def test_corrupt_training_state_is_named(tmp_path, make_model):
+    path = save(tmp_path, 1, make_model())
+    (path / "state.pt").write_bytes(b"not a torch archive")
+    with pytest.raises(CheckpointError, match="corrupt training state"):
+        load_checkpoint(path).training_state()
+
+
+def test_incomplete_checkpoint_lists_missing_files(tmp_path, make_model):
+    path = save(tmp_path, 1, make_model())
+    os.remove(path / "config.yaml")
+    with pytest.raises(CheckpointError, match="incomplete checkpoint .*missing config.yaml"):
+        load_checkpoint(path)
+
+
+def test_missing_checkpoint_says_where_it_looked(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint found under .*python train.py"):
+        find_checkpoint(None, runs_root=tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        find_checkpoint(tmp_path / "nowhere", runs_root=tmp_path)
+    with pytest.raises(CheckpointError, match="expected model.safetensors"):
+        find_checkpoint(tmp_path, runs_root=tmp_path)
+
+
+def test_run_saved_most_recently_is_found_without_a_path(tmp_path, make_model):
+    save(tmp_path / "run_a", 1, make_model())
+    save(tmp_path / "run_b", 1, make_model())
+    assert find_checkpoint(None, runs_root=tmp_path).parent.parent.name == "run_b"
+    newest = save(tmp_path / "run_a", 2, make_model())
+    assert find_checkpoint(None, runs_root=tmp_path) == newest.resolve()
