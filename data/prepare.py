@@ -135,9 +135,10 @@ def _texts(documents: Documents) -> Iterator[str]:
 def _token_batches(
     documents: Documents, tokenizer: Tokenizer, dtype: np.dtype, num_proc: int, work_dir: Path
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """(documents in the batch, their ids each followed by the separator: (n_tokens,) of dtype)."""
+    """(documents in the batch, their ids with separators between documents: (n_tokens,) of dtype)."""
     options = dict(
         batched=True,
+        with_indices=True,
         batch_size=BATCH_DOCUMENTS,
         remove_columns=["text"],
         features=datasets.Features({"ids": datasets.Sequence(datasets.Value(dtype.name))}),
@@ -153,9 +154,14 @@ def _token_batches(
         yield table.num_rows, pc.list_flatten(table["ids"]).to_numpy()
 
 
-def _encode_documents(batch: dict[str, list[str]], tokenizer: dict) -> dict[str, list[list[int]]]:
+def _encode_documents(batch: dict[str, list[str]], indices: list[int], tokenizer: dict) -> dict[str, list[list[int]]]:
+    """Each non-empty document's ids, after the separator unless it opens the corpus."""
     encoder = load_tokenizer(tokenizer)  # cached per process
-    return {"ids": [ids + [encoder.eot_id] for ids in encoder.encode_batch(batch["text"])]}
+    kept = [(index, text) for index, text in zip(indices, batch["text"]) if text]
+    encoded = encoder.encode_batch([text for _, text in kept])
+    if encoder.eot_id is None:  # a one-document corpus: nothing to separate
+        return {"ids": encoded}
+    return {"ids": [([encoder.eot_id] if index > 0 else []) + ids for (index, _), ids in zip(kept, encoded)]}
 
 
 def write_shards(
@@ -164,7 +170,8 @@ def write_shards(
     """Token counts per split and the number of documents.
 
     All tokens stream into one temporary file; its last val_fraction becomes val.bin and
-    the rest train.bin, each renamed into place only when complete.
+    the rest train.bin (as nanoGPT splits tiny Shakespeare), each renamed into place only
+    when complete.
     """
     stream = temp_path(shard_path(data_dir, "train"))
     n_documents = n_tokens = 0
@@ -174,14 +181,14 @@ def write_shards(
             n_documents += rows
             n_tokens += len(ids)
             bar.update(len(ids))
-    if n_tokens == n_documents:  # only separators: every document was empty
-        raise DataError(f"the corpus is empty: its {n_documents} documents hold no text")
-    n_val = round(n_tokens * val_fraction)
-    if not 0 < n_val < n_tokens:
+    if n_tokens == 0:
+        raise DataError("the corpus is empty: it holds no text (empty documents are skipped)")
+    n_train = int(n_tokens * (1 - val_fraction))
+    if not 0 < n_train < n_tokens:
         raise DataError(f"the corpus has only {n_tokens} tokens, too few to hold out val_fraction={val_fraction}")
-    _move_tail(stream, shard_path(data_dir, "val"), (n_tokens - n_val) * dtype.itemsize)
+    _move_tail(stream, shard_path(data_dir, "val"), n_train * dtype.itemsize)
     os.replace(stream, shard_path(data_dir, "train"))
-    return {"train": n_tokens - n_val, "val": n_val}, n_documents
+    return {"train": n_train, "val": n_tokens - n_train}, n_documents
 
 
 def _move_tail(source: Path, target: Path, offset: int) -> None:

@@ -1,7 +1,8 @@
 """Tokenizers: one small interface, two implementations.
 
 - `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
-- `char`: one id per character of the training text, plus one end-of-text id.
+- `char`: one id per character of the training text, plus an end-of-text id when the
+  corpus has more than one document (so tiny Shakespeare keeps its classic 65 ids).
 
 A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json
 next to the shards; `load_tokenizer` turns that description back into a tokenizer, so
@@ -17,6 +18,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import tiktoken
@@ -41,7 +43,7 @@ GPT2_VOCAB_SIZE = 50257
 class Tokenizer(ABC):
     name: str
     vocab_size: int
-    eot_id: int  # ends every document in the shards; generation may stop on it
+    eot_id: Optional[int]  # separates documents in the shards; None for a one-document char corpus
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -139,14 +141,14 @@ def _gpt2_byte_alphabet() -> dict[str, int]:
 class CharTokenizer(Tokenizer):
     name = "char"
 
-    def __init__(self, chars: str):
-        """`chars` lists the vocabulary in id order; id len(chars) is end-of-text."""
+    def __init__(self, chars: str, with_eot: bool):
+        """`chars` lists the vocabulary in id order; with_eot adds id len(chars) for end-of-text."""
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer needs distinct characters")
         self.chars = chars
-        self.vocab_size = len(chars) + 1
-        self.eot_id = len(chars)
-        self._pieces = list(chars) + [EOT_TEXT]
+        self.eot_id = len(chars) if with_eot else None
+        self.vocab_size = len(chars) + int(with_eot)
+        self._pieces = list(chars) + ([EOT_TEXT] if with_eot else [])
         codepoints = _codepoints(chars)
         # id of each code point up to the largest one in the vocabulary; -1 where there is none
         self._id_of_codepoint = np.full(int(codepoints.max(initial=0)) + 1, -1, dtype=np.int64)
@@ -154,10 +156,13 @@ class CharTokenizer(Tokenizer):
 
     @classmethod
     def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        """The characters of `texts`, sorted; an end-of-text id if more than one text has any."""
         seen: set[str] = set()
+        documents = 0
         for text in texts:
             seen.update(text)
-        return cls("".join(sorted(seen)))
+            documents += bool(text)
+        return cls("".join(sorted(seen)), with_eot=documents > 1)
 
     def encode(self, text: str) -> list[int]:
         codepoints = _codepoints(text)  # (len(text),)
@@ -176,7 +181,7 @@ class CharTokenizer(Tokenizer):
         return "".join(self._pieces[i] for i in ids)
 
     def describe(self) -> dict:
-        return {"name": self.name, "chars": self.chars}
+        return {"name": self.name, "chars": self.chars, "eot": self.eot_id is not None}
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -210,5 +215,5 @@ def _tokenizer_from_json(description_json: str) -> Tokenizer:
     if description.get("name") == "gpt2":
         return Gpt2Tokenizer()
     if description.get("name") == "char" and isinstance(description.get("chars"), str):
-        return CharTokenizer(description["chars"])
-    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars')")
+        return CharTokenizer(description["chars"], with_eot=bool(description.get("eot")))
+    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot')")
