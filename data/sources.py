@@ -71,9 +71,12 @@ def _file_stats(files: list[Path]) -> list[tuple[str, int, int]]:
 def stdlib_files() -> list[Path]:
     """The standard library's own .py files (no tests, no site-packages), sorted by path."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    relative = [p.relative_to(root) for p in root.rglob("*.py")]
-    kept = [p for p in relative if not _STDLIB_SKIPPED_DIRS & set(p.parts) and p.as_posix() != _STDLIB_TOPICS_MODULE]
-    return [root / p for p in sorted(kept, key=Path.as_posix)]
+    found = []
+    for directory, subdirectories, names in os.walk(root):
+        subdirectories[:] = [d for d in subdirectories if d not in _STDLIB_SKIPPED_DIRS]  # prune the walk
+        found += [Path(directory, name).relative_to(root) for name in names if name.endswith(".py")]
+    kept = sorted((p for p in found if p.as_posix() != _STDLIB_TOPICS_MODULE), key=Path.as_posix)
+    return [root / p for p in kept]
 
 
 def _stdlib_corpus(cfg: DataConfig) -> Corpus:

@@ -1,0 +1,67 @@
+"""DataConfig: its rules, and the conf/data/ presets composed through Hydra."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conf import CONF_DIR  # importing conf registers the schema that train.yaml names
+from data import DataConfig
+
+
+def test_defaults_are_the_offline_stdlib_corpus():
+    cfg = DataConfig()
+    assert (cfg.source, cfg.tokenizer, cfg.name) == ("stdlib", "gpt2", "stdlib")
+    assert cfg.resolved_data_dir() == Path("data_cache/stdlib")
+    assert cfg.resolved_hf_cache_dir() == Path("data_cache/stdlib/hf_cache")
+    assert DataConfig(data_dir="~/d", hf_cache_dir="/c").resolved_hf_cache_dir() == Path("/c")
+    assert DataConfig(data_dir="~/d").resolved_data_dir() == Path.home() / "d"
+    assert DataConfig(num_proc=3).resolved_num_proc() == 3 and DataConfig().resolved_num_proc() >= 1
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(source="web"), r"DataConfig.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
+        (dict(tokenizer="bpe"), r"DataConfig.tokenizer must be one of \('gpt2', 'char'\)"),
+        (dict(name="../escape"), r"DataConfig.name must be letters, digits"),
+        (dict(name=""), r"DataConfig.name must be a non-empty string"),
+        (dict(text_column=3), r"DataConfig.text_column must be a non-empty string, got 3"),
+        (dict(path=""), r"DataConfig.path must be a non-empty string or null"),
+        (dict(val_fraction=0), r"DataConfig.val_fraction must be a number strictly between 0 and 1, got 0"),
+        (dict(val_fraction=1.0), r"DataConfig.val_fraction must be a number strictly between 0 and 1"),
+        (dict(val_fraction=True), r"DataConfig.val_fraction must be a number"),
+        (dict(max_documents=0), r"DataConfig.max_documents must be a positive integer or null, got 0"),
+        (dict(num_proc=1.5), r"DataConfig.num_proc must be a positive integer or null"),
+        (dict(split_seed=-1), r"DataConfig.split_seed must be a non-negative integer"),
+        (dict(streaming="yes"), r"DataConfig.streaming must be true or false"),
+        (dict(source="files"), r"DataConfig.path must name a file, directory or glob when source is 'files'"),
+        (dict(source="hub"), r"DataConfig.dataset must name a Hub dataset or a local dataset directory"),
+    ],
+)
+def test_each_rule_names_its_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**overrides)
+
+
+def compose_data(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="train", overrides=list(overrides)).data
+
+
+@pytest.mark.parametrize("preset", ["stdlib", "shakespeare", "shakespeare_char", "openwebtext", "fineweb_edu"])
+def test_presets_compose_into_valid_configs(preset):
+    cfg = OmegaConf.to_object(compose_data(f"data={preset}"))
+    assert isinstance(cfg, DataConfig) and cfg.name == preset
+
+
+def test_default_composition_is_stdlib_and_overrides_apply():
+    assert OmegaConf.to_object(compose_data()) == DataConfig()
+    cfg = OmegaConf.to_object(compose_data("data=files", "data.path=notes/*.md", "data.val_fraction=0.2"))
+    assert (cfg.source, cfg.path, cfg.val_fraction) == ("files", "notes/*.md", 0.2)
+
+
+def test_files_preset_demands_a_path():
+    with pytest.raises(ValueError, match="DataConfig.path must name a file"):
+        OmegaConf.to_object(compose_data("data=files"))

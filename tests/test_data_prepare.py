@@ -1,0 +1,299 @@
+"""The prepare step: shards and meta.json, reuse by fingerprint, safety under interruption."""
+
+import dataclasses
+import importlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import data.sources
+from data import BatchLoader, DataConfig, DataError, Gpt2Tokenizer, load_tokenizer, prepare
+from data.prepare import PRESETS_DIR, config_from_overrides, main
+
+# The module, not the function `data.prepare` that the package exports under the same name.
+prepare_module = importlib.import_module("data.prepare")
+EOT = "<|endoftext|>"
+DOCUMENTS = ["alpha beta gamma\n", "the second document, longer than the first one\n", "third: ünïcödé ✓\n"]
+
+
+def config(tmp_path, path, **overrides) -> DataConfig:
+    settings = dict(name="t", source="files", path=path and str(path), data_dir=str(tmp_path / "data"),
+                    hf_cache_dir=str(tmp_path / "hf"), num_proc=1)
+    return DataConfig(**{**settings, **overrides})
+
+
+def write_documents(directory, texts) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, text in enumerate(texts):
+        (directory / f"doc{i}.txt").write_text(text, encoding="utf-8")
+
+
+def token_stream(prepared) -> np.ndarray:
+    dtype = prepared.meta["dtype"]
+    return np.concatenate([np.fromfile(prepared.shard(split), dtype=dtype) for split in ("train", "val")])
+
+
+def test_shards_hold_every_document_once_separated_by_eot(tmp_path):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    prepared = prepare(config(tmp_path, tmp_path / "docs", tokenizer="char", val_fraction=0.25))
+    meta = prepared.meta
+    stream = token_stream(prepared)
+    assert meta["dtype"] == "uint16" and meta["documents"] == 3 and meta["replaced_bytes"] == 0
+    assert meta["tokens"]["train"] == int(len(stream) * 0.75) and sum(meta["tokens"].values()) == len(stream)
+    tokenizer = prepared.tokenizer()
+    assert tokenizer.name == "char" and meta["vocab_size"] == tokenizer.vocab_size == len(set("".join(DOCUMENTS))) + 1
+    assert sorted(tokenizer.decode(stream.tolist()).split(EOT)) == sorted(DOCUMENTS)
+
+
+def test_one_document_is_tokenised_exactly_with_no_separator(tmp_path):
+    text = "Hello <|endoftext|> world.\n\n  def f(x): return x  # 🤖\n" * 20
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    prepared = prepare(config(tmp_path, tmp_path / "input.txt", tokenizer="gpt2"))
+    assert token_stream(prepared).tolist() == Gpt2Tokenizer().encode(text)
+    assert prepared.meta["tokenizer"] == {"name": "gpt2"} and prepared.meta["eot_id"] == 50256
+
+
+def test_second_run_reuses_the_shards(tmp_path):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    first = prepare(config(tmp_path, tmp_path / "docs"))
+    files = [first.shard("train"), first.shard("val"), first.data_dir / "meta.json"]
+    stamps = [f.stat().st_mtime_ns for f in files]
+    again = prepare(config(tmp_path, tmp_path / "docs", num_proc=2, hf_cache_dir=str(tmp_path / "other")))
+    assert not first.reused and again.reused
+    assert again.meta == first.meta and [f.stat().st_mtime_ns for f in files] == stamps
+
+
+@pytest.mark.parametrize("change", ["source", "tokenizer", "val_fraction", "damaged shard"])
+def test_anything_that_changes_the_tokens_rebuilds(tmp_path, change):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    cfg = config(tmp_path, tmp_path / "docs", tokenizer="char")
+    first = prepare(cfg)
+    if change == "source":
+        (tmp_path / "docs" / "doc0.txt").write_text("a changed first document\n", encoding="utf-8")
+    elif change == "tokenizer":
+        cfg = config(tmp_path, tmp_path / "docs", tokenizer="gpt2")
+    elif change == "val_fraction":
+        cfg = config(tmp_path, tmp_path / "docs", tokenizer="char", val_fraction=0.3)
+    else:
+        with open(first.shard("train"), "ab") as f:
+            f.write(b"\0\0")
+    second = prepare(cfg)
+    assert not second.reused
+    assert (second.meta["fingerprint"] == first.meta["fingerprint"]) == (change == "damaged shard")
+    assert second.shard("train").stat().st_size == second.meta["tokens"]["train"] * 2
+
+
+def test_parallel_tokenising_writes_the_same_bytes(tmp_path):
+    texts = [f"document {i}: " + "word " * (i % 7) + "\n" for i in range(60)]
+    write_documents(tmp_path / "docs", texts)
+    serial = prepare(config(tmp_path / "a", tmp_path / "docs", num_proc=1))
+    parallel = prepare(config(tmp_path / "b", tmp_path / "docs", num_proc=2))
+    assert np.array_equal(token_stream(serial), token_stream(parallel))
+    assert serial.meta == parallel.meta
+
+
+def test_a_crash_mid_write_leaves_no_complete_looking_shards(tmp_path, monkeypatch):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    cfg = config(tmp_path, tmp_path / "docs")
+    clean = prepare(config(tmp_path / "clean", tmp_path / "docs"))
+    prepare(cfg)
+    (tmp_path / "docs" / "doc3.txt").write_text("a new document\n", encoding="utf-8")
+    real_batches = prepare_module._token_batches
+
+    def crash_after_first_batch(*args):
+        yield next(real_batches(*args))
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(prepare_module, "_token_batches", crash_after_first_batch)
+    with pytest.raises(RuntimeError, match="power cut"):
+        prepare(cfg)
+    data_dir = cfg.resolved_data_dir()
+    assert not (data_dir / "meta.json").exists()
+    with pytest.raises(DataError, match="meta.json does not exist"):
+        BatchLoader(data_dir, "train", 4, 2, seed=0)
+
+    monkeypatch.undo()
+    (tmp_path / "docs" / "doc3.txt").unlink()
+    (data_dir / "train.bin.tmp-4242").write_bytes(b"left by a killed process")
+    rebuilt = prepare(cfg)
+    assert not rebuilt.reused and not list(data_dir.glob("*.tmp-*"))
+    assert np.array_equal(token_stream(rebuilt), token_stream(clean))
+
+
+def test_shards_without_their_meta_json_are_rebuilt(tmp_path, monkeypatch):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    cfg = config(tmp_path, tmp_path / "docs")
+
+    def crash(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_module, "write_json_atomic", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg)
+    assert cfg.resolved_data_dir().joinpath("train.bin").exists()
+    assert not cfg.resolved_data_dir().joinpath("meta.json").exists()
+    monkeypatch.undo()
+    assert not prepare(cfg).reused
+
+
+def test_stdlib_corpus_is_sources_then_topics_in_a_fixed_order(tmp_path):
+    from pydoc_data.topics import topics
+
+    from data.sources import load_corpus, stdlib_files
+
+    files = stdlib_files()
+    names = [f.as_posix() for f in files]
+    assert names == sorted(names) and len(files) > 100
+    assert not [n for n in names if "/site-packages/" in n or "/test/" in n or n.endswith("pydoc_data/topics.py")]
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"), num_proc=1)
+    documents = load_corpus(cfg).documents
+    assert len(documents) == len(files) + len(topics)
+    assert documents[0]["text"] == files[0].read_text(encoding="utf-8")
+    assert documents[len(files)]["text"] == topics[sorted(topics)[0]]
+
+    prepared = prepare(dataclasses.replace(cfg, max_documents=30))
+    assert prepared.meta["documents"] == 30 and "standard library" in prepared.meta["source"]
+
+
+def test_jsonl_and_parquet_read_the_configured_column(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"id": i, "body": text} for i, text in enumerate(DOCUMENTS)]
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "part.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "parquet").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "parquet" / "part.parquet")
+    streams = []
+    for kind in ("jsonl", "parquet"):
+        prepared = prepare(config(tmp_path / kind, tmp_path / kind / f"*.{kind}", text_column="body"))
+        assert prepared.meta["documents"] == 3
+        streams.append(token_stream(prepared))
+    assert np.array_equal(*streams)
+    with pytest.raises(DataError, match=r"no column 'text' \(it has \['id', 'body'\]\); set data.text_column"):
+        prepare(config(tmp_path / "x", tmp_path / "jsonl" / "part.jsonl"))
+
+
+def test_path_problems_are_explained(tmp_path):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    (tmp_path / "docs" / "rows.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(DataError, match=r"data.path='.*nothing\*.txt' matched no files"):
+        prepare(config(tmp_path, tmp_path / "nothing*.txt"))
+    with pytest.raises(DataError, match=r"mixes file formats \(\['json', 'text'\]\)"):
+        prepare(config(tmp_path, tmp_path / "docs"))
+
+
+def test_non_utf8_bytes_become_replacement_characters_and_are_counted(tmp_path, caplog):
+    (tmp_path / "latin1.txt").write_bytes("café crème, naïve\n".encode("latin-1") + b"\xff\xfe ok\n")
+    prepared = prepare(config(tmp_path, tmp_path / "latin1.txt", tokenizer="char"))
+    assert prepared.meta["replaced_bytes"] == 5
+    assert "5 bytes are not valid UTF-8" in caplog.text and "latin1.txt" in caplog.text
+    assert prepared.tokenizer().decode(token_stream(prepared).tolist()) == "caf\ufffd cr\ufffdme, na\ufffdve\n\ufffd\ufffd ok\n"
+
+
+def test_unreadable_file_is_named(tmp_path, monkeypatch):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    secret = tmp_path / "docs" / "doc1.txt"
+
+    def guarded_open(path, *args, **kwargs):
+        if str(path) == str(secret):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(data.sources, "open", guarded_open, raising=False)
+    with pytest.raises(DataError, match=r"cannot read .*doc1.txt: Permission denied"):
+        prepare(config(tmp_path, tmp_path / "docs"))
+
+
+@pytest.mark.parametrize("texts, message", [(["", ""], "the corpus is empty"), (["a"], "too few to hold out")])
+def test_empty_or_tiny_corpus_is_explained(tmp_path, texts, message):
+    write_documents(tmp_path / "docs", texts)
+    with pytest.raises(DataError, match=message):
+        prepare(config(tmp_path, tmp_path / "docs", tokenizer="char"))
+    assert not list((tmp_path / "data").iterdir()), "a failed prepare leaves nothing behind"
+
+
+def test_url_is_downloaded_once_when_no_path_is_given(tmp_path):
+    (tmp_path / "input.txt").write_text("To be, or not to be: that is the question.\n" * 5)
+    cfg = config(tmp_path, None, url=(tmp_path / "input.txt").as_uri())
+    prepared = prepare(cfg)
+    assert (prepared.data_dir / "download" / "input.txt").read_bytes() == (tmp_path / "input.txt").read_bytes()
+    assert prepared.tokenizer().decode(token_stream(prepared).tolist()) == (tmp_path / "input.txt").read_text()
+
+
+def test_failed_download_names_data_path(tmp_path):
+    cfg = config(tmp_path, None, url=(tmp_path / "missing.txt").as_uri())
+    with pytest.raises(DataError, match=r"data.path is not set and .*missing.txt could not be downloaded"):
+        prepare(cfg)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_code_path_on_a_local_dataset_directory(tmp_path, streaming):
+    """openwebtext / fineweb_edu go through this path; a local dataset directory stands in for the Hub."""
+    texts = [f"web page {i}: " + "text " * (i % 5) + "\n" for i in range(40)]
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "train.jsonl").write_text("\n".join(f'{{"content": "{t.strip()}"}}' for t in texts))
+    cfg = DataConfig(name="hub", source="hub", dataset=str(tmp_path / "hub"), streaming=streaming,
+                     text_column="content", max_documents=25, num_proc=2, val_fraction=0.2,
+                     data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"))
+    prepared = prepare(cfg)
+    decoded = prepared.tokenizer().decode(token_stream(prepared).tolist()).split(EOT)
+    assert sorted(decoded) == sorted(t.strip() for t in texts[:25])
+    assert prepared.meta["documents"] == 25 and ("streaming" in prepared.meta["source"]) == streaming
+    assert prepare(cfg).reused
+
+
+def test_missing_hub_dataset_is_explained(tmp_path):
+    cfg = DataConfig(source="hub", dataset=str(tmp_path / "no_such_dataset"), data_dir=str(tmp_path / "d"))
+    with pytest.raises(DataError, match=r"could not load data.dataset='.*no_such_dataset' through datasets"):
+        prepare(cfg)
+
+
+def test_vocabularies_over_65535_use_uint32(tmp_path):
+    text = "".join(chr(0x10000 + i) for i in range(70_000))  # 70,000 distinct characters
+    write_documents(tmp_path / "docs", [text, text[::-1]])
+    prepared = prepare(config(tmp_path, tmp_path / "docs", tokenizer="char", val_fraction=0.5))
+    assert prepared.meta["dtype"] == "uint32" and prepared.meta["vocab_size"] == 70_001
+    train = np.fromfile(prepared.shard("train"), dtype=np.uint32)
+    assert train.max() > 65535
+    loader = BatchLoader(prepared.data_dir, "train", 8, 2, seed=0)
+    x, _ = loader.get_batch(0)
+    assert x.tolist() == [train[s : s + 8].tolist() for s in loader.window_starts(0)]
+
+
+def test_command_line_prepares_then_reuses(tmp_path, capsys):
+    (tmp_path / "input.txt").write_text("O Romeo, Romeo! wherefore art thou Romeo?\n" * 10)
+    argv = ["data=shakespeare_char", f"data.path={tmp_path / 'input.txt'}", f"data.data_dir={tmp_path / 'd'}", "num_proc=1"]
+    main(argv)
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'd'}: train 378 and val 42 uint16 tokens, tokenizer char")
+    main(argv)
+    assert capsys.readouterr().out.startswith("reused")
+    assert load_tokenizer(tmp_path / "d").decode([0]) == "\n"
+
+
+def test_command_line_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data.colour=blue"])
+    assert exit_info.value.code == 2 and "unknown data field 'colour'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data=files", f"data.path={tmp_path}/*.nothing", f"data.data_dir={tmp_path / 'd'}"])
+    assert "matched no files" in str(exit_info.value.code)
+
+
+def test_overrides_parse_like_hydra():
+    cfg = config_from_overrides(["data=shakespeare", "data.path=2024", "val_fraction=0.2", "max_documents=null", "streaming=true"])
+    assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.streaming) == ("shakespeare", "2024", 0.2, None, True)
+    assert sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")) == [
+        "files", "fineweb_edu", "openwebtext", "shakespeare", "shakespeare_char", "stdlib"]
+    with pytest.raises(ValueError, match="no data preset 'owt'"):
+        config_from_overrides(["data=owt"])
+
+
+def test_tiny_shakespeare_char_matches_nanogpt(tmp_path):
+    shakespeare = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
+    if not os.path.exists(shakespeare):
+        pytest.skip("tinyshakespeare.txt is only in the project's shared folder")
+    prepared = prepare(config(tmp_path, shakespeare, name="shakespeare_char", tokenizer="char"))
+    assert prepared.meta["vocab_size"] == 65 and prepared.meta["tokens"] == {"train": 1_003_854, "val": 111_540}
