@@ -12,6 +12,7 @@ did is counted, logged and stored in meta.json.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import glob
 import logging
 import os
@@ -117,9 +118,22 @@ def _load(path: str, what: str, cfg: DataConfig, **options) -> Documents:
     """datasets.load_dataset, with its failures (offline, missing, malformed) explained."""
     options.setdefault("split", "train")
     try:
-        return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
+        with _no_usage_ping():
+            return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
     except Exception as err:  # datasets raises many types; all mean "this source did not load"
         raise DataError(f"could not load {what} through datasets ({type(err).__name__}: {err})") from err
+
+
+@contextlib.contextmanager
+def _no_usage_ping():
+    """Loading local files with a packaged builder ("text", "json", ...) makes datasets ping
+    a server to count the builder's use, which costs up to 3 s with no network; skip it."""
+    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
 
 
 def _text_files(files: list[Path], cfg: DataConfig) -> tuple[datasets.Dataset, int]:

@@ -297,3 +297,28 @@ def test_tiny_shakespeare_char_matches_nanogpt(tmp_path):
         pytest.skip("tinyshakespeare.txt is only in the project's shared folder")
     prepared = prepare(config(tmp_path, shakespeare, name="shakespeare_char", tokenizer="char"))
     assert prepared.meta["vocab_size"] == 65 and prepared.meta["tokens"] == {"train": 1_003_854, "val": 111_540}
+
+
+def test_local_sources_never_touch_the_network(tmp_path, monkeypatch):
+    import socket
+
+    attempts = []
+    real_connect = socket.socket.connect
+
+    def record_connect(sock, address):
+        if sock.family == socket.AF_UNIX:  # worker processes talk over local sockets
+            return real_connect(sock, address)
+        attempts.append(address)
+        raise OSError("no network in this test")
+
+    def record_lookup(host, *args, **kwargs):
+        attempts.append(host)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", record_connect)
+    monkeypatch.setattr(socket, "getaddrinfo", record_lookup)
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    (tmp_path / "rows.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    prepare(config(tmp_path / "a", tmp_path / "docs"))
+    prepare(config(tmp_path / "b", tmp_path / "rows.jsonl", val_fraction=0.5))
+    assert attempts == []
