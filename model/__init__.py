@@ -2,6 +2,19 @@
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
+from .generate import generate, stream
 from .gpt import GPT, IGNORE_INDEX
+from .kv_cache import KVCache
+from .sampling import Sampling, sample_next
 
-__all__ = ["GPT", "GPTConfig", "CausalSelfAttention", "IGNORE_INDEX"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "CausalSelfAttention",
+    "IGNORE_INDEX",
+    "KVCache",
+    "Sampling",
+    "sample_next",
+    "generate",
+    "stream",
+]

@@ -14,32 +14,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
+from .kv_cache import KVCache
 
 
 def manual_attention(
-    q: Tensor, k: Tensor, v: Tensor, dropout: nn.Module
+    q: Tensor, k: Tensor, v: Tensor, dropout: nn.Module, allowed: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Explicit causal attention. q: (B, nh, T, hd); k, v: (B, nkv, T, hd).
+    """Explicit attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with S >= T, the
+    queries being the last T positions. allowed: a boolean mask broadcastable to
+    (B, nh, T, S), True where a query may attend; causal when None.
 
-    Returns the output (B, nh, T, hd) and the attention weights (B, nh, T, T),
+    Returns the output (B, nh, T, hd) and the attention weights (B, nh, T, S),
     the latter before dropout so they sum to one over keys.
     """
     group = q.size(1) // k.size(1)
-    # Give each query head its key/value head: (B, nkv, T, hd) -> (B, nh, T, hd).
+    # Give each query head its key/value head: (B, nkv, S, hd) -> (B, nh, S, hd).
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     T, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, S)
-    # Query i sits at absolute position S - T + i and may look at keys 0..S - T + i.
-    future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(S - T + 1)
-    scores = scores.masked_fill(future, float("-inf"))
+    if allowed is None:
+        # Query i sits at absolute position S - T + i and may look at keys 0..S - T + i.
+        allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    scores = scores.masked_fill(~allowed, float("-inf"))
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)
     return dropout(weights) @ v, weights
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx  # which of a KVCache's layers is this one's
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
         self.head_dim = config.head_dim
@@ -55,24 +60,40 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, C). Returns the output (B, T, C) and, when asked for (which
-        uses the manual path), the attention weights (B, n_head, T, T)."""
+        uses the manual path), the attention weights (B, n_head, T, S).
+
+        With a kv_cache, x holds the T positions after the cached ones; its keys and
+        values are stored and the queries attend over all S = cached + T positions.
+        mask is then the cache's attention_mask(T): None means plain causal attention.
+        """
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
 
         weights = None
         if self.impl == "manual" or return_weights:
-            y, weights = manual_attention(q, k, v, self.attn_dropout)
+            y, weights = manual_attention(q, k, v, self.attn_dropout, mask)
         else:
+            # is_causal aligns its mask top-left, which is right only when T == S; a
+            # single query needs no mask, and other cases come with an explicit mask.
             y = F.scaled_dot_product_attention(
                 q, k, v,
+                attn_mask=mask,
                 dropout_p=self.dropout if self.training else 0.0,
-                is_causal=True,
+                is_causal=mask is None and T > 1,
                 enable_gqa=self.n_kv_head != self.n_head,
             )
         # Heads back side by side: (B, nh, T, hd) -> (B, T, C).

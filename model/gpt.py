@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
+from .kv_cache import KVCache
 
 IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
 
@@ -28,15 +29,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        attended, weights = self.attn(self.ln_1(x), return_weights)
+    def forward(
+        self,
+        x: Tensor,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        attended, weights = self.attn(self.ln_1(x), return_weights, kv_cache, mask)
         x = x + attended
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -51,7 +58,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
@@ -74,14 +81,27 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, *, last_only: bool = False
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        last_only: bool = False,
+        kv_cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """idx, targets: (B, T) token ids. Returns logits (B, T, vocab) and the mean
         cross-entropy over targets that are not IGNORE_INDEX (None without targets).
-        last_only=True computes logits for the final position only: (B, 1, vocab)."""
-        x = self._embed(idx)
+        last_only=True computes logits for the final position only: (B, 1, vocab).
+
+        With a kv_cache, idx continues the sequences held in the cache: its positions
+        start at kv_cache.length, its keys and values are appended to the cache, and
+        the cache's padding is respected (see KVCache)."""
+        T = idx.size(1)
+        x = self._embed(idx, kv_cache)
+        mask = kv_cache.attention_mask(T) if kv_cache is not None else None
         for block in self.transformer.h:
-            x, _ = block(x)
+            x, _ = block(x, kv_cache=kv_cache, mask=mask)
+        if kv_cache is not None:
+            kv_cache.advance(T)
         x = self.transformer.ln_f(x)
         if last_only:
             x = x[:, -1:, :]
@@ -106,13 +126,15 @@ class GPT(nn.Module):
             maps.append(weights)
         return maps
 
-    def _embed(self, idx: Tensor) -> Tensor:
+    def _embed(self, idx: Tensor, kv_cache: KVCache | None = None) -> Tensor:
         T = idx.size(1)
-        if T > self.config.block_size:
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > self.config.block_size:
             raise ValueError(
-                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
+                f"sequence length {past + T} exceeds the model's block_size {self.config.block_size}"
             )
-        pos = torch.arange(T, device=idx.device)
+        # (T,), or (B, T) for a cache holding padded rows
+        pos = kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

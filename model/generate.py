@@ -1,0 +1,143 @@
+"""Generation with a KV cache: prefill the prompts in one forward pass, then decode
+one token per step against the cache.
+
+Prompts of different lengths share one batch by left padding: the cache masks the
+padding and counts each row's positions from its first real token, so a row gets
+the tokens it would get alone. Past block_size the window slides: the cache is
+refilled with the last block_size tokens, exactly the context of a model that
+crops its input to block_size (each such step costs a prefill of block_size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from .gpt import GPT
+from .kv_cache import KVCache
+from .sampling import Sampling, sample_next
+
+# Decides from a row's generated tokens (the newest last) whether the row is done.
+StopCheck = Callable[[list[int]], bool]
+
+
+@torch.inference_mode()
+def stream(
+    model: GPT,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    *,
+    stop_tokens: Collection[int] = (),
+    stop: StopCheck | None = None,
+) -> Iterator[dict[int, int]]:
+    """Generate continuations of prompts (lists of token ids) as one batch, yielding
+    after every step {row: new token} for the rows still generating.
+
+    A row ends when it samples one of stop_tokens (such as <|endoftext|>, which is not
+    yielded), when stop(its generated tokens) is true (the token that made it true is
+    yielded; sample.py maps stop strings to this), or after max_new_tokens.
+    Put the model in eval mode first.
+    """
+    _check_request(model, prompts, max_new_tokens)
+    weight = model.lm_head.weight
+    history, pad = _left_pad(prompts, max_new_tokens, weight.device)  # (B, n + max_new_tokens), (B,)
+    n = history.size(1) - max_new_tokens  # columns filled so far, padding included
+    max_len = min(history.size(1), model.config.block_size)
+    cache = KVCache(model.config, len(prompts), max_len, device=weight.device, dtype=weight.dtype)
+    generator = sampling.generator(weight.device)
+    rows = _Rows(len(prompts), stop_tokens, stop)
+    logits = _prefill(model, cache, history[:, :n], pad)
+    while True:
+        tokens = sample_next(logits, sampling, generator)  # (B,)
+        history[:, n] = tokens
+        n += 1
+        new = rows.accept(tokens.tolist())
+        if new:
+            yield new
+        if n == history.size(1) or rows.all_done:
+            return
+        if cache.length == cache.max_len:  # past block_size: slide the window
+            logits = _prefill(model, cache, history[:, :n], pad)
+        else:
+            logits = model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]
+
+
+def generate(
+    model: GPT,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    *,
+    stop_tokens: Collection[int] = (),
+    stop: StopCheck | None = None,
+) -> list[list[int]]:
+    """The generated tokens of every prompt: everything stream() yields, per row."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for new in stream(model, prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, stop=stop):
+        for row, token in new.items():
+            outputs[row].append(token)
+    return outputs
+
+
+class _Rows:
+    """Each row's generated tokens and whether it has ended."""
+
+    def __init__(self, batch_size: int, stop_tokens: Collection[int], stop: StopCheck | None) -> None:
+        self.generated: list[list[int]] = [[] for _ in range(batch_size)]
+        self.ended = [False] * batch_size
+        self.stop_tokens = stop_tokens
+        self.stop = stop
+
+    @property
+    def all_done(self) -> bool:
+        return all(self.ended)
+
+    def accept(self, tokens: list[int]) -> dict[int, int]:
+        """Take one sampled token per row; returns {row: token} for the rows it extends."""
+        new = {}
+        for row, token in enumerate(tokens):
+            if self.ended[row]:
+                continue
+            if token in self.stop_tokens:
+                self.ended[row] = True
+                continue
+            self.generated[row].append(token)
+            new[row] = token
+            self.ended[row] = self.stop is not None and self.stop(self.generated[row])
+        return new
+
+
+def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not prompts or any(len(prompt) == 0 for prompt in prompts):
+        raise ValueError("every prompt needs at least one token (start from <|endoftext|>)")
+    vocab_size = model.config.vocab_size
+    outside = sorted({t for prompt in prompts for t in prompt if not 0 <= t < vocab_size})
+    if outside:
+        raise ValueError(f"token ids {outside[:5]} are outside the model's vocabulary [0, {vocab_size})")
+
+
+def _left_pad(
+    prompts: Sequence[Sequence[int]], extra_columns: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The prompts right-aligned in a (B, longest + extra_columns) tensor with room for
+    extra_columns more tokens, and how many padding columns each row starts with: (B,)."""
+    longest = max(len(prompt) for prompt in prompts)
+    history = torch.zeros(len(prompts), longest + extra_columns, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        history[row, longest - len(prompt) : longest] = torch.tensor(prompt, dtype=torch.long)
+    pad = torch.tensor([longest - len(prompt) for prompt in prompts], device=device)
+    return history, pad
+
+
+def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:
+    """Refill the cache with the last block_size columns of tokens (B, n), whose row b
+    begins with pad[b] padding columns. Returns the next-token logits (B, vocab)."""
+    start = max(0, tokens.size(1) - model.config.block_size)
+    cache.reset((pad - start).clamp(min=0))
+    logits, _ = model(tokens[:, start:], kv_cache=cache, last_only=True)
+    return logits[:, -1]
