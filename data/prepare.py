@@ -104,8 +104,8 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
         work_dir = temp_path(data_dir / "work")
         work_dir.mkdir()
-        batches = _token_batches(documents, tokenizer, dtype, cfg.resolved_num_proc(), work_dir)
-        tokens, n_documents = write_shards(batches, data_dir, dtype, cfg.val_fraction)
+        tokenized = _tokenize(documents, tokenizer, dtype, cfg.resolved_num_proc(), work_dir)
+        tokens, n_documents = write_shards(_token_batches(tokenized), data_dir, dtype, cfg.val_fraction)
     finally:
         remove_temp_files(data_dir)
     if corpus.replaced_bytes:
@@ -132,10 +132,12 @@ def _texts(documents: Documents) -> Iterator[str]:
         yield from batch["text"]
 
 
-def _token_batches(
-    documents: Documents, tokenizer: Tokenizer, dtype: np.dtype, num_proc: int, work_dir: Path
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(documents in the batch, their ids with separators between documents: (n_tokens,) of dtype)."""
+def _tokenize(documents: Documents, tokenizer: Tokenizer, dtype: np.dtype, num_proc: int, work_dir: Path) -> Documents:
+    """One row of ids per non-empty document (column "ids"), separators included.
+
+    A map-style dataset is tokenised here, by num_proc processes, into work_dir; a stream
+    is tokenised lazily, as it is read.
+    """
     options = dict(
         batched=True,
         with_indices=True,
@@ -144,14 +146,12 @@ def _token_batches(
         features=datasets.Features({"ids": datasets.Sequence(datasets.Value(dtype.name))}),
         fn_kwargs={"tokenizer": tokenizer.describe()},  # a small dict pickles cheaply into workers
     )
-    if isinstance(documents, datasets.Dataset):  # streams are tokenised lazily, as they are read
+    if isinstance(documents, datasets.Dataset):
         workers = min(num_proc, len(documents))
         options.update(
             num_proc=workers if workers > 1 else None, cache_file_name=str(work_dir / "tokens.arrow"), desc="tokenizing"
         )
-    tokenized = documents.map(_encode_documents, **options)
-    for table in tokenized.with_format("arrow").iter(batch_size=BATCH_DOCUMENTS):
-        yield table.num_rows, pc.list_flatten(table["ids"]).to_numpy()
+    return documents.map(_encode_documents, **options)
 
 
 def _encode_documents(batch: dict[str, list[str]], indices: list[int], tokenizer: dict) -> dict[str, list[list[int]]]:
@@ -162,6 +162,12 @@ def _encode_documents(batch: dict[str, list[str]], indices: list[int], tokenizer
     if encoder.eot_id is None:  # a one-document corpus: nothing to separate
         return {"ids": encoded}
     return {"ids": [([encoder.eot_id] if index > 0 else []) + ids for (index, _), ids in zip(kept, encoded)]}
+
+
+def _token_batches(tokenized: Documents) -> Iterator[tuple[int, np.ndarray]]:
+    """(documents in the batch, all their ids in order: (n_tokens,) array)."""
+    for table in tokenized.with_format("arrow").iter(batch_size=BATCH_DOCUMENTS):
+        yield table.num_rows, pc.list_flatten(table["ids"]).to_numpy()
 
 
 def write_shards(

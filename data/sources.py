@@ -52,6 +52,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     corpus = {"stdlib": _stdlib_corpus, "files": _files_corpus, "hub": _hub_corpus}[cfg.source](cfg)
     if cfg.max_documents is not None:
         corpus.documents = _first(corpus.documents, cfg.max_documents)
+        corpus.description += f", first {cfg.max_documents} documents"
     return corpus
 
 

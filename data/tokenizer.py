@@ -63,8 +63,8 @@ class Tokenizer(ABC):
 class Gpt2Tokenizer(Tokenizer):
     name = "gpt2"
 
-    def __init__(self, files_dir: Path = GPT2_FILES_DIR):
-        self._encoding = gpt2_encoding(Path(files_dir))
+    def __init__(self):
+        self._encoding = gpt2_encoding()
         self.vocab_size = self._encoding.n_vocab
         self.eot_id = self._encoding.eot_token
 
@@ -82,7 +82,7 @@ class Gpt2Tokenizer(Tokenizer):
 
 
 @functools.lru_cache(maxsize=None)
-def gpt2_encoding(files_dir: Path) -> tiktoken.Encoding:
+def gpt2_encoding(files_dir: Path = GPT2_FILES_DIR) -> tiktoken.Encoding:
     """tiktoken's GPT-2 encoding, built from local files: no network, no download cache.
 
     tiktoken builds `get_encoding("gpt2")` from these same two files (checked by the same
