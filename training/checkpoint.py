@@ -135,7 +135,7 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path) -> Path:
         return runs[-1].resolve()
     path = Path(target)
     for candidate in (path, path / "latest", path / CHECKPOINTS / "latest"):
-        if (candidate / WEIGHTS).is_file() or (candidate / CONFIG).is_file():
+        if (candidate / WEIGHTS).is_file():
             return candidate.resolve()
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")

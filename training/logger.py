@@ -96,10 +96,12 @@ def _format(record: dict[str, Any], keys: tuple[str, ...]) -> str:
             continue
         if key == "lr":
             parts.append(f"lr {value:.2e}")
+        elif key in ("tok_per_s", "tokens"):
+            parts.append(f"{key} {value:,.0f}")
         elif key == "mfu":
             parts.append(f"mfu {100 * value:.1f}%")
         elif isinstance(value, float):
-            parts.append(f"{key} {value:.4f}" if abs(value) < 1000 else f"{key} {value:,.0f}")
+            parts.append(f"{key} {value:.4f}")
         else:
             parts.append(f"{key} {value}")
     return " | ".join(parts)

@@ -1,0 +1,150 @@
+"""train.py end to end: a real (tiny) run, exact resume after SIGKILL, SIGTERM, NaN, errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import train
+from conf import CONF_DIR
+from training.checkpoint import find_checkpoint, load_checkpoint
+from training.logger import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_in_process(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    return train.train(cfg)
+
+
+def start_train(*overrides, cwd):
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *overrides], cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def losses(run_dir):
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+def wait_for_step(run_dir: Path, process, step: int) -> None:
+    while not any(s >= step for s, _ in losses(run_dir)):
+        assert process.poll() is None, process.communicate()[0]
+        time.sleep(0.02)
+
+
+def test_short_run_learns_and_leaves_a_complete_run_directory(train_overrides):
+    run_dir = run_in_process(*train_overrides)
+    evals = [r for r in read_metrics(run_dir) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 10, 20, 30]
+    assert evals[-1]["val_loss"] < 0.6 * evals[0]["val_loss"]
+    assert (run_dir / "config.yaml").is_file()
+    checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
+    assert checkpoint.training_state()["step"] == 30
+    assert checkpoint.config["tokenizer"]["name"] == "char"
+    assert checkpoint.model_config.vocab_size == 64  # 20-odd characters padded to a multiple of 64
+
+
+def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
+    common = [*train_overrides, "max_iters=60", "model.dropout=0.1"]  # dropout: RNG state must resume too
+    straight = run_in_process(*common, f"out_dir={tmp_path / 'straight'}")
+
+    killed_dir = tmp_path / "killed"
+    process = start_train(*common, f"out_dir={killed_dir}", cwd=tmp_path)
+    wait_for_step(killed_dir, process, 25)  # past the checkpoint at step 20
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert max(s for s, _ in losses(killed_dir)) < 60  # it really died mid-run
+
+    resumed = start_train(*common, f"resume={killed_dir}", cwd=tmp_path)
+    output = resumed.communicate(timeout=120)[0]
+    assert resumed.returncode == 0, output
+    assert losses(killed_dir) == losses(straight)  # step by step, bit for bit
+    assert len(losses(straight)) == 60
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_cleanly(train_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_train(*train_overrides, "max_iters=100000", "eval_interval=100000", f"out_dir={run_dir}", cwd=tmp_path)
+    wait_for_step(run_dir, process, 3)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "SIGTERM: saved" in output
+    step = load_checkpoint(find_checkpoint(run_dir, runs_root=tmp_path)).training_state()["step"]
+    assert step >= 3 and step == max(s for s, _ in losses(run_dir))
+
+
+@pytest.fixture
+def nan_after_twelve_forwards(monkeypatch):
+    """Make the loss NaN from the 13th training forward on."""
+    original = train.GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        logits, loss = original(self, idx, targets, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 12:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(train.GPT, "forward", forward)
+
+
+def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(train_overrides, nan_after_twelve_forwards):
+    with pytest.raises(train.NonFiniteLoss, match="non-finite at step 13.*step_000010"):
+        run_in_process(*train_overrides)
+    runs = list((Path(train_overrides[7].split("=", 1)[1])).glob("*"))
+    checkpoint = load_checkpoint(find_checkpoint(runs[0], runs_root=runs[0].parent))
+    assert checkpoint.training_state()["step"] == 10
+    assert all(torch.isfinite(t).all() for t in checkpoint.model_state.values())
+
+
+def test_nonfinite_loss_can_skip_the_update(train_overrides, nan_after_twelve_forwards):
+    run_dir = run_in_process(*train_overrides, "on_nonfinite=skip")
+    checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
+    assert checkpoint.training_state()["step"] == 30
+    assert all(torch.isfinite(t).all() for t in checkpoint.model_state.values())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.n_kv_head=3", r"n_kv_head \(3\) must divide n_head \(4\)"),
+        ("optim.min_lr=1.0", r"optim.min_lr \(1.0\) must not exceed optim.learning_rate"),
+        ("tokens_per_step=1000", r"tokens_per_step \(1000\) must be a multiple of batch_size \* block_size"),
+        ("on_nonfinite=ignore", "on_nonfinite must be one of"),
+        ("logging.wandb.mode=cloud", "logging.wandb.mode must be disabled, offline or online"),
+        ("resume=nowhere", "no checkpoint at nowhere"),
+    ],
+)
+def test_invalid_settings_fail_before_any_work(train_overrides, tmp_path, override, message):
+    with pytest.raises((ValueError, train.CheckpointError), match=message):
+        run_in_process(*train_overrides, override)
+    assert not (tmp_path / "data").exists()  # rejected before the data was prepared
+
+
+def test_missing_data_path_is_named(train_overrides, tmp_path):
+    overrides = [o for o in train_overrides if not o.startswith("data.path")] + [f"data.path={tmp_path}/absent.txt"]
+    with pytest.raises(train.DataError, match="absent.txt"):
+        run_in_process(*overrides)
+
+
+def test_cli_reports_errors_without_a_traceback(train_overrides, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *train_overrides, "model.n_embd=30"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    assert "error: GPTConfig.n_embd (30) must be divisible by n_head (4)" in result.stderr
+    assert "Traceback" not in result.stderr
