@@ -1,5 +1,13 @@
+import os
+
 import pytest
 import torch
+
+# Test models are tiny: a second intra-op thread only adds synchronisation, and on a
+# busy machine OpenMP's barriers make a 2-thread step ~30x slower than a 1-thread one.
+# Subprocesses (train.py runs) inherit the setting through the environment.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 from model import GPT, GPTConfig
 

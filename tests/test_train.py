@@ -148,3 +148,12 @@ def test_cli_reports_errors_without_a_traceback(train_overrides, tmp_path):
     assert result.returncode == 1
     assert "error: GPTConfig.n_embd (30) must be divisible by n_head (4)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_wandb_offline_writes_its_run_files_without_a_login(train_overrides, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = run_in_process(*train_overrides, "max_iters=10", "logging.wandb.mode=offline")
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1
+    assert list(offline_runs[0].glob("*.wandb"))  # the event log `wandb sync` uploads
