@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
 from data import prepare  # noqa: E402
-from data.prepare import config_from_overrides  # noqa: E402
+from data.cli import config_from_overrides  # noqa: E402
 
 
 def measure(cfg, num_proc: int, repeats: int) -> tuple[int, float]:

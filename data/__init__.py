@@ -6,18 +6,11 @@
     x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
 """
 
-import warnings
-
 from data.config import DataConfig
 from data.errors import DataError
 from data.loader import BatchLoader
 from data.prepare import PreparedData, prepare
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
-
-# `python -m data.prepare` runs data/prepare.py as __main__ after this package has
-# imported it as data.prepare (for the `prepare` export above). runpy warns about the
-# second copy; it is harmless, since the __main__ copy only runs its own main().
-warnings.filterwarnings("ignore", message="'data.prepare' found in sys.modules", category=RuntimeWarning)
 
 __all__ = [
     "BatchLoader",

@@ -20,7 +20,7 @@ META_FILE = "meta.json"
 SPLITS = ("train", "val")
 SHARD_DTYPES = ("uint16", "uint32")
 TEMP_MARK = ".tmp-"  # written files are <name>.tmp-<pid> until renamed into place
-_PREPARE_HINT = "run the prepare step again (python -m data.prepare, or train.py does it)"
+_PREPARE_HINT = "run the prepare step again (python -m data, or train.py does it)"
 
 
 def shard_path(data_dir: Path, split: str) -> Path:

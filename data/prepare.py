@@ -1,7 +1,7 @@
 """The prepare step: a corpus tokenised once into train.bin / val.bin + meta.json.
 
-    python -m data.prepare                                       # the default: stdlib, gpt2
-    python -m data.prepare data=shakespeare_char data.path=input.txt
+    python -m data                                       # the default: stdlib, gpt2
+    python -m data data=shakespeare_char data.path=input.txt
 
 Re-running with the same source and tokenizer reuses the shards (their fingerprint is
 in meta.json); anything else rebuilds them. Every file is written under a temporary
@@ -11,22 +11,19 @@ shards that look complete.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, get_type_hints
+from typing import Optional
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
-import yaml
 from tqdm import tqdm
 
 from data.config import DataConfig
@@ -42,7 +39,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1  # bump when the shard layout or tokenisation changes: old shards then rebuild
 RUN_ONLY_FIELDS = ("name", "num_proc", "data_dir", "hf_cache_dir")  # where and how fast, never which tokens
 BATCH_DOCUMENTS = 1000  # documents per tokenising batch
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "data"
 
 
 @dataclass(frozen=True)
@@ -205,72 +201,3 @@ def _move_tail(source: Path, target: Path, offset: int) -> None:
         shutil.copyfileobj(src, dst, 1 << 24)
     os.truncate(source, offset)
     os.replace(temp, target)
-
-
-def config_from_overrides(overrides: list[str]) -> DataConfig:
-    """A DataConfig from train.py-style arguments: `data=<preset>` and `data.<field>=<value>`."""
-    preset: dict = {}
-    values: dict = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        if key == "data":
-            preset = _read_preset(raw)
-        else:
-            field = key.removeprefix("data.")
-            values[field] = _parse_value(field, raw)
-    return DataConfig(**{**preset, **values})
-
-
-def _read_preset(name: str) -> dict:
-    path = PRESETS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ValueError(f"no data preset {name!r} in {PRESETS_DIR}; known: {known}")
-    preset = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    for field in preset:
-        _check_field(field)
-    return preset
-
-
-def _parse_value(field: str, raw: str) -> object:
-    """YAML scalars as Hydra reads them, except that text fields keep text ("2024" stays a string)."""
-    _check_field(field)
-    if get_type_hints(DataConfig)[field] in (str, Optional[str]):
-        return None if raw in ("null", "~") else raw
-    return yaml.safe_load(raw)
-
-
-def _check_field(field: str) -> None:
-    names = [f.name for f in fields(DataConfig)]
-    if field not in names:
-        raise ValueError(f"unknown data field {field!r}; fields: {', '.join(names)}")
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m data.prepare",
-        description="Tokenise a corpus into train.bin / val.bin / meta.json (skipped when already done).",
-    )
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_overrides(args.overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        prepared = prepare(cfg)
-    except DataError as err:
-        sys.exit(f"error: {err}")
-    meta = prepared.meta
-    print(
-        f"{'reused' if prepared.reused else 'wrote'} {prepared.data_dir}: train {meta['tokens']['train']:,} "
-        f"and val {meta['tokens']['val']:,} {meta['dtype']} tokens, tokenizer {meta['tokenizer']['name']} "
-        f"(vocab {meta['vocab_size']}), from {meta['source']}"
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -5,11 +5,9 @@ import os
 import pytest
 import torch
 
-from model import GPT
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
 
-from conftest import tiny_config
 
 
 def save(run_dir, step, model, **kwargs):

@@ -10,7 +10,7 @@ import pytest
 
 import data.sources
 from data import BatchLoader, DataConfig, DataError, Gpt2Tokenizer, load_tokenizer, prepare
-from data.prepare import PRESETS_DIR, config_from_overrides, main
+from data.cli import PRESETS_DIR, config_from_overrides, main
 
 # The module, not the function `data.prepare` that the package exports under the same name.
 prepare_module = importlib.import_module("data.prepare")

@@ -1,6 +1,5 @@
 """train.py end to end: a real (tiny) run, exact resume after SIGKILL, SIGTERM, NaN, errors."""
 
-import os
 import signal
 import subprocess
 import sys

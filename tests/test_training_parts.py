@@ -1,8 +1,6 @@
 """Schedule, precision, RNG state and the metrics log: the parts train.py is built from."""
 
 import io
-import json
-import math
 import random
 
 import numpy as np

@@ -1,0 +1,3 @@
+from data.cli import main
+
+main()
