@@ -98,7 +98,8 @@ def train(cfg: DictConfig) -> Path:
     logger.print(
         f"run {run_dir} | {model.num_params():,} parameters ({model_config.attention_kind}, "
         f"{model_config.n_head} heads, {model_config.n_kv_head} kv heads) | {device} {precision.name} | "
-        f"{tokens_per_step:,} tokens/step ({accum} micro-batches)"
+        f"{tokens_per_step:,} tokens/step ({accum} micro-batches) | "
+        + (f"MFU against a peak of {peak / 1e9:,.0f} GFLOP/s" if peak else "MFU not reported: unknown peak")
     )
     if step == 0:
         logger.log({"kind": "eval", "step": 0, **evaluate(train_model, eval_loaders, config.eval_iters, precision)})
@@ -230,10 +231,11 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
         if key == "resume":
             continue
         if key in group_choices() or override.startswith("~"):
-            if str(saved_groups.get(key)) != value:
+            if str(saved_groups.get(key, "<not recorded>")) != value:
                 raise ValueError(
                     f"cannot apply '{override}' when resuming {run_dir}: it was started with "
-                    f"{key}={saved_groups.get(key)}; a run keeps its config groups (start a new run instead)"
+                    f"{key}={saved_groups.get(key, '<not recorded>')}; a run keeps its config groups "
+                    "(start a new run instead)"
                 )
             continue
         values.append(f"{key}={value}")

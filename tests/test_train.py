@@ -156,3 +156,28 @@ def test_wandb_offline_writes_its_run_files_without_a_login(train_overrides, mon
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1
     assert list(offline_runs[0].glob("*.wandb"))  # the event log `wandb sync` uploads
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_resume_refuses_a_different_model_shape_or_group(train_overrides, tmp_path):
+    run_dir = run_in_process(*train_overrides, "max_iters=10")
+    shape = run_cli(f"resume={run_dir}", "model.n_layer=3", cwd=tmp_path)
+    assert shape.returncode == 1
+    assert "is a different model shape" in shape.stderr
+    group = run_cli(f"resume={run_dir}", "model=gpt2", cwd=tmp_path)
+    assert group.returncode == 1
+    assert "cannot apply 'model=gpt2' when resuming" in group.stderr
+
+
+def test_compiled_training_matches_eager_and_saves_plain_checkpoints(train_overrides):
+    """torch.compile on the CPU (inductor): same losses as eager, a checkpoint that loads
+    into an uncompiled model."""
+    eager = run_in_process(*train_overrides, "max_iters=3", "eval_interval=3")
+    compiled = run_in_process(*train_overrides, "max_iters=3", "eval_interval=3", "compile=true")
+    for (step, a), (_, b) in zip(losses(eager), losses(compiled)):
+        assert a == pytest.approx(b, rel=1e-4), step
+    checkpoint = load_checkpoint(find_checkpoint(compiled, runs_root=compiled.parent))
+    assert not any(k.startswith("_orig_mod.") for k in checkpoint.model_state)
