@@ -4,11 +4,13 @@
     python train.py model=gpt2 data=openwebtext      # any preset, any corpus
     python train.py model/attention=mqa              # the same model with multi-query attention
     python train.py resume=true                      # continue the newest run exactly
+    torchrun --nproc_per_node=8 train.py model=gpt2  # data parallel over 8 GPUs (or CPU processes)
 
-The story of one run, top to bottom: validate the config, find or create the run
-directory, prepare the data, build the model (fresh or from a checkpoint), then
-step: forward under autocast, backward with gradient accumulation, clip, update;
-evaluate and checkpoint every eval_interval steps; stop cleanly on a signal.
+The story of one run, top to bottom: validate the config, join the process group
+(under torchrun), find or create the run directory, prepare the data, build the
+model (fresh or from a checkpoint), then step: forward under autocast, backward with
+gradient accumulation, clip, update; evaluate and checkpoint every eval_interval
+steps; stop cleanly on a signal. Rank 0 alone evaluates, logs and writes files.
 """
 
 from __future__ import annotations
@@ -17,27 +19,28 @@ import math
 import sys
 import time
 from dataclasses import asdict, replace
-from datetime import datetime
 from pathlib import Path
 
 import hydra
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
 from data import BatchLoader, DataError, prepare
 from model import GPT
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
+from training.distributed import (
+    Distributed, all_ranks_mean, any_rank, barrier, broadcast_from_main, gather_to_main, gradient_sync,
+    init_distributed, shutdown, wrap_model,
+)
 from training.logger import RunLogger
 from training.mfu import estimate_mfu, peak_flops
-from training.runtime import Precision, configure_cuda, resolve_device, resolve_precision, rng_state, seed_everything, set_rng_state
+from training.run_dir import new_run_dir, resolve_resume, save_run_config
+from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything, set_rng_state
 from training.schedule import learning_rate
 from training.signals import GracefulStop
 
-RUN_CONFIG = "config.yaml"
-RUN_GROUPS = "groups.yaml"  # the config-group choices (model=nano, ...) the run was started with
-EVAL_SEED_OFFSET = 1_000_003
+EVAL_SEED_OFFSET = 1_000_003  # evaluation batches come from their own draw
 
 
 class NonFiniteLoss(RuntimeError):
@@ -53,17 +56,28 @@ def main(cfg: DictConfig) -> None:
 
 
 def train(cfg: DictConfig) -> Path:
+    """Run training for a composed config; returns the run directory."""
     cfg, resume_from = resolve_resume(cfg)
     config = load_config(cfg)  # every rule checked here, before any heavy work
-    device = resolve_device(config.device)
+    group, device = init_distributed(config.device)
+    try:
+        return run(cfg, config, resume_from, group, device)
+    finally:
+        shutdown(group)
+
+
+def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed, device: torch.device) -> Path:
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
         configure_cuda()
-    run_dir = resume_from.run_dir if resume_from else new_run_dir(config)
-    accum = grad_accum_steps(config, config.model.block_size)
-    seed_everything(config.seed)
+    accum = grad_accum_steps(config, config.model.block_size, group.world_size)
+    if resume_from:
+        run_dir = resume_from.run_dir
+    else:  # only rank 0 chooses: a timestamp read on each rank could differ
+        run_dir = broadcast_from_main(group, new_run_dir(config) if group.is_main else None)
+    seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
 
-    data = prepare(config.data)
+    data = prepare_on_main_first(config, group)
     tokenizer = data.tokenizer()
     model_config = replace(config.model, vocab_size=padded(tokenizer.vocab_size, config.pad_vocab_to))
     model = GPT(model_config).to(device)
@@ -73,36 +87,39 @@ def train(cfg: DictConfig) -> Path:
     scaler = precision.grad_scaler()
     step, best_val_loss = 0, math.inf
     if resume_from:
-        step, best_val_loss = restore(resume_from, model, optimizer, scaler)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / RUN_CONFIG)
-        OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
+        step, best_val_loss = restore(resume_from, model, optimizer, scaler, group)
+    elif group.is_main:
+        save_run_config(run_dir, cfg)
     checkpoint_config = {"model": asdict(model_config), "data": asdict(config.data), "tokenizer": tokenizer.describe()}
-    train_model = torch.compile(model) if config.compile else model
+    compiled = torch.compile(model) if config.compile else model
+    train_model = wrap_model(compiled, group, device)  # DDP broadcasts rank 0's weights here
 
-    train_loader = BatchLoader(data.data_dir, "train", model_config.block_size, config.batch_size, config.seed, device=device)
-    # Evaluation reads the same eval_iters batches of each split every time (its own seed),
-    # so successive evaluations differ only by the model.
+    train_loader = BatchLoader(
+        data.data_dir, "train", model_config.block_size, config.batch_size, config.seed,
+        rank=group.rank, world_size=group.world_size, device=device, accum_steps=accum,
+    )
+    # The same eval_iters batches of each split every time: evaluations differ only by the model.
     eval_loaders = {
-        split: BatchLoader(data.data_dir, split, model_config.block_size, config.batch_size, config.seed + EVAL_SEED_OFFSET, device=device)
+        split: BatchLoader(data.data_dir, split, model_config.block_size, config.batch_size,
+                           config.seed + EVAL_SEED_OFFSET, device=device)
         for split in ("train", "val")
     }
-    tokens_per_step = config.batch_size * model_config.block_size * accum
+    tokens_per_step = config.batch_size * model_config.block_size * accum * group.world_size
     flops_per_token = model.flops_per_token(model_config.block_size)
-    peak = config.logging.peak_flops or peak_flops(device, precision.name)
+    peak = (config.logging.peak_flops or peak_flops(device, precision.name)) if group.is_main else None
     logger = RunLogger(
         run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
         wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
+        enabled=group.is_main,
     )
     logger.print(
         f"run {run_dir} | {model.num_params():,} parameters ({model_config.attention_kind}, "
-        f"{model_config.n_head} heads, {model_config.n_kv_head} kv heads) | {device} {precision.name} | "
-        f"{tokens_per_step:,} tokens/step ({accum} micro-batches) | "
+        f"{model_config.n_head} heads, {model_config.n_kv_head} kv heads) | {device} {precision.name} x "
+        f"{group.world_size} process(es) | {tokens_per_step:,} tokens/step ({accum} micro-batches per process) | "
         + (f"MFU against a peak of {peak / 1e9:,.0f} GFLOP/s" if peak else "MFU not reported: unknown peak")
     )
-    if step == 0:
-        logger.log({"kind": "eval", "step": 0, **evaluate(train_model, eval_loaders, config.eval_iters, precision)})
+    if step == 0 and group.is_main:
+        logger.log({"kind": "eval", "step": 0, **evaluate(compiled, eval_loaders, config.eval_iters, precision)})
 
     checkpoint = None
     window_start, window_steps = time.perf_counter(), 0
@@ -112,9 +129,9 @@ def train(cfg: DictConfig) -> Path:
                 step, max_lr=config.optim.learning_rate, min_lr=config.optim.min_lr,
                 warmup_iters=config.optim.warmup_iters, decay_iters=config.optim.decay_iters or config.max_iters,
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = train_step(train_model, optimizer, scaler, train_loader, step, accum, precision, config.optim.grad_clip)
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr
+            loss = train_step(train_model, optimizer, scaler, train_loader, step, accum, precision, config.optim.grad_clip, group)
             if loss is None:
                 if config.on_nonfinite == "stop":
                     raise NonFiniteLoss(
@@ -127,8 +144,7 @@ def train(cfg: DictConfig) -> Path:
             window_steps += 1
 
             if step % config.logging.log_interval == 0 or step == config.max_iters:
-                elapsed = time.perf_counter() - window_start
-                tok_per_s = tokens_per_step * window_steps / elapsed
+                tok_per_s = tokens_per_step * window_steps / (time.perf_counter() - window_start)
                 logger.log({
                     "kind": "train", "step": step, "loss": loss, "lr": lr, "tokens": step * tokens_per_step,
                     "tok_per_s": tok_per_s, "mfu": estimate_mfu(flops_per_token, tok_per_s, peak) if peak else None,
@@ -136,40 +152,46 @@ def train(cfg: DictConfig) -> Path:
                 window_start, window_steps = time.perf_counter(), 0
 
             at_eval = step % config.eval_interval == 0 or step == config.max_iters
-            if at_eval or stop.requested:
-                if at_eval:
-                    metrics = evaluate(train_model, eval_loaders, config.eval_iters, precision)
-                    logger.log({"kind": "eval", "step": step, **metrics})
-                    is_best = metrics["val_loss"] < best_val_loss
-                    best_val_loss = min(best_val_loss, metrics["val_loss"])
-                else:
+            stopping = any_rank(group, stop.requested is not None, device)  # all ranks stop at the same step
+            if at_eval or stopping:
+                rng_states = gather_to_main(group, rng_state())
+                if group.is_main:
                     is_best = False
-                state = {
-                    "step": step, "best_val_loss": best_val_loss, "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(), "rng": rng_state(),
-                }
-                checkpoint = save_checkpoint(run_dir, step, model, checkpoint_config, state, config.keep_last, is_best)
+                    if at_eval:
+                        metrics = evaluate(compiled, eval_loaders, config.eval_iters, precision)
+                        logger.log({"kind": "eval", "step": step, **metrics})
+                        is_best = metrics["val_loss"] < best_val_loss
+                        best_val_loss = min(best_val_loss, metrics["val_loss"])
+                    state = {
+                        "step": step, "best_val_loss": best_val_loss, "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "rng": rng_states,
+                    }
+                    checkpoint = save_checkpoint(run_dir, step, model, checkpoint_config, state, config.keep_last, is_best)
                 window_start = time.perf_counter()  # evaluation and saving are not training time
-            if stop.requested:
-                logger.print(f"{stop.requested}: saved {checkpoint} and stopped at step {step}")
+            if stopping:
+                logger.print(f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}")
                 break
     logger.close()
-    print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
+    barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
+    logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
     return run_dir
 
 
-def train_step(model, optimizer, scaler, loader, step, accum, precision: Precision, grad_clip: float) -> float | None:
-    """One optimizer step over `accum` micro-batches. Returns the mean loss, or None
-    (and no update) when the loss is not finite."""
+def train_step(model, optimizer, scaler, loader: BatchLoader, step: int, accum: int, precision: Precision,
+               grad_clip: float, group: Distributed) -> float | None:
+    """One optimizer step over `accum` micro-batches (per process). Returns the mean loss
+    over all ranks, or None (and no update anywhere) when it is not finite."""
     total = 0.0
     for micro in range(accum):
-        x, y = loader.get_batch(step * accum + micro)
-        with precision.autocast():
-            _, loss = model(x, y)
-        scaler.scale(loss / accum).backward()
+        x, y = loader.get_batch(step, micro)
+        with gradient_sync(model, sync=micro == accum - 1):
+            with precision.autocast():
+                _, loss = model(x, y)
+            scaler.scale(loss / accum).backward()
         total += loss.detach()
-    # One host sync per step: the price of never applying (or saving) a NaN update.
-    mean_loss = float(total) / accum
+    # One host sync per step (and one tiny all-reduce under DDP): the price of never
+    # applying, or saving, a NaN update, and of every rank deciding the same way.
+    mean_loss = all_ranks_mean(group, float(total) / accum, loader.device)
     if not math.isfinite(mean_loss):
         optimizer.zero_grad(set_to_none=True)
         return None
@@ -200,7 +222,7 @@ def evaluate(model, loaders: dict[str, BatchLoader], eval_iters: int, precision:
     return metrics
 
 
-def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler) -> tuple[int, float]:
+def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, group: Distributed) -> tuple[int, float]:
     if checkpoint.model_config != model.config:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
@@ -209,62 +231,21 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler) -> tuple[int,
     state = checkpoint.training_state()
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
+    # Each rank continues its own random stream; a different number of ranks reuses rank 0's.
+    rng_states = state["rng"]
+    set_rng_state(rng_states[group.rank] if group.rank < len(rng_states) else rng_states[0])
     return state["step"], state["best_val_loss"]
 
 
-def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
-    """With resume set, continue the saved run's own config. Overrides of single
-    values (max_iters=5000) still apply; group choices (model=nano) must be the ones
-    the run started with, so repeating the original command line works."""
-    if cfg.resume is None:
-        return cfg, None
-    target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
-    checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root))
-    run_dir = checkpoint.run_dir
-    if not (run_dir / RUN_CONFIG).is_file():
-        raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
-    saved_groups = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_GROUPS)) if (run_dir / RUN_GROUPS).is_file() else {}
-    values = []
-    for override in HydraConfig.get().overrides.task if HydraConfig.initialized() else []:
-        key, _, value = override.lstrip("+").partition("=")
-        if key == "resume":
-            continue
-        if key in group_choices() or override.startswith("~"):
-            if str(saved_groups.get(key, "<not recorded>")) != value:
-                raise ValueError(
-                    f"cannot apply '{override}' when resuming {run_dir}: it was started with "
-                    f"{key}={saved_groups.get(key, '<not recorded>')}; a run keeps its config groups "
-                    "(start a new run instead)"
-                )
-            continue
-        values.append(f"{key}={value}")
-    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / RUN_CONFIG), OmegaConf.from_dotlist(values))
-    merged.resume = cfg.resume
-    return merged, checkpoint
+def prepare_on_main_first(config: Config, group: Distributed):
+    """Rank 0 tokenises (if needed) while the others wait, then they reuse its shards."""
+    if group.is_main:
+        data = prepare(config.data)
+    barrier(group)
+    return data if group.is_main else prepare(config.data)
 
 
-def group_choices() -> dict[str, str | None]:
-    """Which option of each config group this run uses, e.g. {"model": "nano", ...}."""
-    if not HydraConfig.initialized():
-        return {}
-    return {k: v for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")}
-
-
-def new_run_dir(config: Config) -> Path:
-    if config.out_dir:
-        path = Path(config.out_dir)
-        if (path / RUN_CONFIG).exists():
-            raise ValueError(f"out_dir={path} already holds a run; pass resume={path} to continue it")
-        return path
-    base = Path(config.runs_root) / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    path, n = base, 1
-    while path.exists():
-        path, n = base.with_name(f"{base.name}_{n}"), n + 1
-    return path
-
-
-def grad_accum_steps(config: Config, block_size: int, world_size: int = 1) -> int:
+def grad_accum_steps(config: Config, block_size: int, world_size: int) -> int:
     if config.tokens_per_step is None:
         return config.grad_accum_steps
     per_micro_step = config.batch_size * block_size * world_size

@@ -16,11 +16,13 @@ from data.meta import check_shard, read_meta
 class BatchLoader:
     """Batches of `batch_size` windows of `block_size + 1` tokens from one split's shard.
 
-    The batch of a step depends only on (seed, split, step, rank), never on what was
-    drawn before, so a run resumed at step k sees exactly the batches a straight run
-    would. Each step draws one global batch of batch_size * world_size distinct window
-    starts; rank r takes the r-th slice, so ranks never share a window within a step.
-    The shard is memory-mapped: only the windows drawn are read.
+    The batch of a step depends only on (seed, split, step, micro_step, rank), never on
+    what was drawn before, so a run resumed at step k sees exactly the batches a straight
+    run would. Each optimizer step draws one global batch of
+    batch_size * world_size * accum_steps distinct window starts; micro-step m of rank r
+    takes slice m * world_size + r. So ranks never share a window within a step, and W
+    ranks without accumulation see exactly the samples one process sees with
+    accum_steps=W. The shard is memory-mapped: only the windows drawn are read.
     """
 
     def __init__(
@@ -33,10 +35,12 @@ class BatchLoader:
         rank: int = 0,
         world_size: int = 1,
         device: Union[str, torch.device] = "cpu",
+        accum_steps: int = 1,
     ):
-        _check_sizes(block_size=block_size, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        _check_sizes(block_size=block_size, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+                     accum_steps=accum_steps)
         self.split, self.block_size, self.batch_size = split, block_size, batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
         self.device = torch.device(device)
         meta = read_meta(Path(data_dir))
         shard = check_shard(Path(data_dir), meta, split)
@@ -52,24 +56,28 @@ class BatchLoader:
                 f"the {self.split} split has {n_tokens} tokens, fewer than block_size + 1 = "
                 f"{self.block_size + 1}: use a smaller block_size or a larger corpus"
             )
-        needed = self.batch_size * self.world_size
+        needed = self.batch_size * self.world_size * self.accum_steps
         if self.n_windows < needed:
             raise DataError(
                 f"the {self.split} split has {self.n_windows} distinct windows of {self.block_size + 1} "
-                f"tokens but a step needs batch_size * world_size = {needed}: use a smaller batch or a larger corpus"
+                f"tokens but a step needs batch_size * world_size * accum_steps = {needed}: "
+                "use a smaller batch or a larger corpus"
             )
 
-    def window_starts(self, step: int) -> np.ndarray:
-        """(batch_size,) token offsets of this rank's windows at `step`."""
+    def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """(batch_size,) token offsets of this rank's windows at `step`, `micro_step`."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        if not 0 <= micro_step < self.accum_steps:
+            raise ValueError(f"micro_step must be in [0, accum_steps={self.accum_steps}), got {micro_step!r}")
         rng = np.random.default_rng([self.seed, self._split_key, int(step)])
-        starts = rng.choice(self.n_windows, size=self.batch_size * self.world_size, replace=False)
-        return starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        starts = rng.choice(self.n_windows, size=self.batch_size * self.world_size * self.accum_steps, replace=False)
+        first = (micro_step * self.world_size + self.rank) * self.batch_size
+        return starts[first : first + self.batch_size]
 
-    def get_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and targets y, int64 (batch_size, block_size): y is x shifted left by one token."""
-        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.window_starts(step)])
+        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.window_starts(step, micro_step)])
         windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
         if self.device.type == "cuda":  # page-locked host memory lets the copy overlap compute

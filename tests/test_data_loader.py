@@ -70,6 +70,17 @@ def test_ranks_take_disjoint_slices_of_one_global_batch(tmp_path):
     assert len(set(single.tolist())) == BATCH * world, "no two ranks share a window"
 
 
+def test_ranks_see_what_one_process_sees_with_accumulation(tmp_path):
+    world = 2
+    write_shards(tmp_path)
+    accumulated = [loader(tmp_path, accum_steps=world).window_starts(5, m) for m in range(world)]
+    ranks = [loader(tmp_path, rank=r, world_size=world).window_starts(5) for r in range(world)]
+    assert all(np.array_equal(a, r) for a, r in zip(accumulated, ranks))
+    assert not np.array_equal(accumulated[0], accumulated[1])
+    with pytest.raises(ValueError, match=r"micro_step must be in \[0, accum_steps=2\)"):
+        loader(tmp_path, accum_steps=world).window_starts(5, 2)
+
+
 def test_a_prepared_corpus_batches_back_to_its_text(tmp_path):
     text = "It is a truth universally acknowledged, that a single man in possession of a good fortune...\n" * 3
     (tmp_path / "book.txt").write_text(text)
@@ -133,7 +144,7 @@ def test_corpus_shorter_than_a_window(tmp_path, n_train):
 
 def test_too_few_windows_for_a_step(tmp_path):
     write_shards(tmp_path, n_train=BLOCK + 6)
-    with pytest.raises(DataError, match=r"6 distinct windows .* batch_size \* world_size = 8"):
+    with pytest.raises(DataError, match=r"6 distinct windows .* batch_size \* world_size \* accum_steps = 8"):
         loader(tmp_path, batch_size=4, world_size=2)
 
 

@@ -32,7 +32,11 @@ class RunLogger:
         progress: bool,
         wandb_settings: dict[str, Any],
         config: dict[str, Any],
+        enabled: bool = True,
     ) -> None:
+        self.enabled = enabled  # False on DDP ranks other than 0: they report nothing
+        if not enabled:
+            return
         self.path = Path(run_dir) / METRICS
         _truncate_after(self.path, start_step)
         self.file = self.path.open("a")
@@ -47,6 +51,8 @@ class RunLogger:
 
     def log(self, record: dict[str, Any]) -> None:
         """One record: {"kind": "train" | "eval", "step": ..., metrics...}."""
+        if not self.enabled:
+            return
         record = {**record, "time": round(time.time(), 3)}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
@@ -59,9 +65,12 @@ class RunLogger:
             self.print(f"step {record['step']:>6} | {record['kind']:<5} | " + _format(record, _shown(record)))
 
     def print(self, text: str) -> None:
-        tqdm.write(text, file=sys.stderr if not self.bar.disable else sys.stdout)
+        if self.enabled:
+            tqdm.write(text, file=sys.stderr if not self.bar.disable else sys.stdout)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self.bar.close()
         self.file.close()
         if self.wandb_run is not None:

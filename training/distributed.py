@@ -1,0 +1,113 @@
+"""Data parallelism on PyTorch's own stack: torchrun starts one process per device,
+DistributedDataParallel averages gradients with an all-reduce (NCCL on CUDA, gloo on CPU).
+
+Without torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, set by the launcher)
+everything here is a no-op, so the same train.py runs alone or in a group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.runtime import resolve_device
+
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, evaluates, writes files and talks to wandb."""
+        return self.rank == 0
+
+
+def init_distributed(device_setting: str) -> tuple[Distributed, torch.device]:
+    """Join the process group torchrun set up (if any) and pick this process's device:
+    on CUDA each process takes the GPU of its local rank."""
+    if not all(name in os.environ for name in LAUNCHER_VARIABLES):
+        return Distributed(), resolve_device(device_setting)
+    group = Distributed(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES))
+    device = resolve_device(device_setting)
+    if device.type == "cuda":
+        device = torch.device("cuda", group.local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    return group, device
+
+
+def wrap_model(model: nn.Module, group: Distributed, device: torch.device) -> nn.Module:
+    if not group.enabled:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Skip DDP's all-reduce on all but the last micro-step of an accumulated step:
+    gradients accumulate locally and are averaged once."""
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def broadcast_from_main(group: Distributed, value: Any) -> Any:
+    """Rank 0's value on every rank (e.g. the run directory, which only rank 0 may choose)."""
+    if not group.enabled:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather_to_main(group: Distributed, value: Any) -> list[Any]:
+    """[value of rank 0, value of rank 1, ...] on rank 0 (and [value] when alone)."""
+    if not group.enabled:
+        return [value]
+    gathered = [None] * group.world_size if group.is_main else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def all_ranks_mean(group: Distributed, value: float, device: torch.device) -> float:
+    """The mean of a float over all ranks (NaN anywhere gives NaN everywhere)."""
+    if not group.enabled:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.item() / group.world_size
+
+
+def any_rank(group: Distributed, flag: bool, device: torch.device) -> bool:
+    """True on every rank if it is true on any: all ranks stop at the same step."""
+    if not group.enabled:
+        return flag
+    tensor = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def barrier(group: Distributed) -> None:
+    if group.enabled:
+        dist.barrier()
+
+
+def shutdown(group: Distributed) -> None:
+    if group.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,186 @@
+"""Hugging Face directories in and out of gptlab.
+
+Import: `load_hf_pretrained` reads a transformers directory (config.json plus
+model.safetensors or pytorch_model.bin) or, when the network allows, a Hub name,
+into a GPTConfig and a state dict for GPT(config).
+
+Export: `export_checkpoint` writes a gptlab checkpoint as a directory that
+transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer,
+its tokenizer files. The conversions themselves are in model/hf.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Tokenizer, load_tokenizer
+from model import GPTConfig
+from model.hf import crop_block_size, from_hf, pool_kv_heads, to_hf
+from training.checkpoint import CheckpointError, load_checkpoint
+
+HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
+# A Hub repository id: "name" or "owner/name".
+HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def load_hf_pretrained(
+    model_path: str | Path, n_kv_head: int | None = None, block_size: int | None = None
+) -> tuple[GPTConfig, dict[str, Tensor]]:
+    """GPT-2-family weights from Hugging Face as (GPTConfig, state dict), ready for
+    `model = GPT(config); load_weights(model, state)`.
+
+    model_path: a local transformers directory, or a Hub name such as "gpt2" (fetched
+    through the Hugging Face cache; offline, only what is already cached).
+    n_kv_head: fewer key/value heads than the weights have (e.g. 1 for MQA from GPT-2's
+    MHA), made by mean-pooling heads (model.hf.pool_kv_heads); None keeps the weights'.
+    block_size: a shorter context than the weights' n_positions (the position table is
+    cropped); None keeps theirs.
+
+    The config has dropout 0.0 and attn_impl "sdpa"; change those with
+    dataclasses.replace. Raises CheckpointError with the reason on any failure.
+    """
+    directory = resolve_hf_dir(str(model_path))
+    hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
+    try:
+        config, state = from_hf(hf_config, hf_state)
+        if n_kv_head is not None and n_kv_head != config.n_kv_head:
+            config, state = pool_kv_heads(state, config, n_kv_head)
+        if block_size is not None and block_size != config.block_size:
+            config, state = crop_block_size(state, config, block_size)
+    except ValueError as err:
+        raise CheckpointError(f"cannot import {directory}: {err}") from err
+    return config, state
+
+
+def resolve_hf_dir(model_path: str) -> Path:
+    """A local directory as it is; anything shaped like a Hub name that is not a local
+    path is fetched from the Hub (or its local cache) into the cache."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{model_path} is a file: pass the directory holding {HF_CONFIG} and the weights")
+    if not HUB_NAME.match(model_path):
+        raise CheckpointError(f"no directory {model_path}")
+    return _download(model_path)
+
+
+def _download(repo_id: str) -> Path:
+    # huggingface_hub comes with datasets and transformers; imported here because
+    # only Hub names need it.
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    where = f"{repo_id!r} is not a local directory, so it was looked up on the Hugging Face Hub"
+    try:
+        config_file = Path(hf_hub_download(repo_id, HF_CONFIG))
+        try:
+            hf_hub_download(repo_id, HF_SAFETENSORS)
+        except EntryNotFoundError:
+            hf_hub_download(repo_id, HF_PICKLE)
+    except LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE or no network) and not cached
+        raise CheckpointError(
+            f"{where}, which cannot be reached (offline), and it is not in the local cache: download it "
+            f"where there is a network (e.g. `hf download {repo_id}`) and pass its local directory"
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise CheckpointError(f"{where}: no such model there (or it is private or gated)") from err
+    except EntryNotFoundError as err:
+        raise CheckpointError(f"{where}: it has no {HF_CONFIG}, or neither {HF_SAFETENSORS} nor {HF_PICKLE}") from err
+    except HfHubHTTPError as err:
+        raise CheckpointError(f"{where}: the Hub answered {err}") from err
+    return config_file.parent  # the files of one revision share a snapshot directory
+
+
+def _read_hf_config(directory: Path) -> dict:
+    path = directory / HF_CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {HF_CONFIG}: not a transformers model directory")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return config
+
+
+def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
+    """model.safetensors, else pytorch_model.bin unpickled with weights_only=True
+    (tensors and plain containers only: a pickle cannot run code on load)."""
+    safetensors_file, pickle_file = directory / HF_SAFETENSORS, directory / HF_PICKLE
+    if safetensors_file.is_file():
+        try:
+            return load_file(safetensors_file)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"cannot read {safetensors_file}: {err}") from err
+    if not pickle_file.is_file():
+        raise CheckpointError(
+            f"{directory} has no weights: expected {HF_SAFETENSORS} or {HF_PICKLE} (sharded weights are not supported)"
+        )
+    try:
+        state = torch.load(pickle_file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for damaged or unsafe pickles
+        raise CheckpointError(f"cannot load {pickle_file} as plain tensors (weights_only=True): {err}") from err
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{pickle_file} is not a state dict of tensors")
+    return state
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
+    """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
+    (new or empty). Returns one line per thing written, for the user."""
+    loaded = load_checkpoint(checkpoint)
+    description = loaded.config.get("tokenizer")
+    tokenizer = load_tokenizer(description) if description else None
+    return save_hf(out_dir, loaded.model_config, loaded.model_state, tokenizer)
+
+
+def save_hf(
+    out_dir: str | Path, config: GPTConfig, state: dict[str, Tensor], tokenizer: Tokenizer | None = None
+) -> list[str]:
+    """Write (config, state) as a transformers model in out_dir (new or empty), with the
+    tokenizer's files when it is gpt2. Returns one line per thing written."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise CheckpointError(f"{out_dir} is not empty: export into a new or empty directory")
+    try:
+        hf_config, hf_state = to_hf(config, state, tokenizer.eot_id if tokenizer else None)
+    except ValueError as err:
+        raise CheckpointError(f"cannot export: {err}") from err
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+    # transformers expects the "format" entry in the safetensors metadata.
+    save_file(hf_state, out_dir / HF_SAFETENSORS, metadata={"format": "pt"})
+    lines = [f"{out_dir}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
+    if tokenizer is not None and tokenizer.name == "gpt2":
+        _save_gpt2_tokenizer(out_dir, config.block_size)
+        lines.append(f"{out_dir}: gpt2 tokenizer (vocab.json, merges.txt, tokenizer_config.json)")
+    else:
+        name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
+        lines.append(f"tokenizer ({name}) not exported: only gpt2 has a transformers equivalent; weights only")
+    return lines
+
+
+def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> None:
+    """GPT-2's own files under transformers' names, with <|endoftext|> as its bos, eos
+    and unk token, as in OpenAI's gpt2 repository on the Hub."""
+    shutil.copyfile(GPT2_FILES_DIR / "encoder.json", out_dir / "vocab.json")
+    shutil.copyfile(GPT2_FILES_DIR / "vocab.bpe", out_dir / "merges.txt")
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    tokenizer_config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "model_max_length": model_max_length,
+        "add_prefix_space": False,
+        **special,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

@@ -1,0 +1,79 @@
+"""Run directories: where a new run goes, and what `resume=...` continues."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from conf import Config
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint
+
+RUN_CONFIG = "config.yaml"  # the resolved config the run started with
+RUN_GROUPS = "groups.yaml"  # its config-group choices (model=nano, ...)
+NOT_RECORDED = "<not recorded>"
+
+
+def new_run_dir(config: Config) -> Path:
+    """out_dir if given (and not already a run), else a fresh <runs_root>/<date>_<time>."""
+    if config.out_dir:
+        path = Path(config.out_dir)
+        if (path / RUN_CONFIG).exists():
+            raise ValueError(f"out_dir={path} already holds a run; pass resume={path} to continue it")
+        return path
+    base = Path(config.runs_root) / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}_{n}"), n + 1
+    return path
+
+
+def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / RUN_CONFIG)
+    OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
+
+
+def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
+    """With resume set, continue the saved run's own config. Overrides of single
+    values (max_iters=5000) still apply; group choices (model=nano) must be the ones
+    the run started with, so repeating the original command line works."""
+    if cfg.resume is None:
+        return cfg, None
+    target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
+    checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root))
+    run_dir = checkpoint.run_dir
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
+    saved_groups = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_GROUPS)) if (run_dir / RUN_GROUPS).is_file() else {}
+    values = []
+    for override in _command_line_overrides():
+        key, _, value = override.lstrip("+").partition("=")
+        if key == "resume":
+            continue
+        if key in group_choices() or override.startswith("~"):
+            started_with = saved_groups.get(key, NOT_RECORDED)
+            if str(started_with) != value:
+                raise ValueError(
+                    f"cannot apply '{override}' when resuming {run_dir}: it was started with "
+                    f"{key}={started_with}; a run keeps its config groups (start a new run instead)"
+                )
+            continue
+        values.append(f"{key}={value}")
+    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / RUN_CONFIG), OmegaConf.from_dotlist(values))
+    merged.resume = cfg.resume
+    return merged, checkpoint
+
+
+def group_choices() -> dict[str, str | None]:
+    """Which option of each config group this run uses, e.g. {"model": "nano", ...}
+    (empty when the config was composed from Python rather than by a command)."""
+    if not HydraConfig.initialized():
+        return {}
+    return {k: v for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")}
+
+
+def _command_line_overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
