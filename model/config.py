@@ -22,6 +22,9 @@ class GPTConfig:
     # "sdpa" uses torch's fused kernels; "manual" is explicit mask + softmax and
     # can return the attention weights. Both compute the same function.
     attn_impl: str = "sdpa"
+    # Fair MHA/GQA/MQA comparisons at equal size: widen the MLP by as many units as the
+    # smaller key/value projections save, so the total matches the MHA model's.
+    match_mha_params: bool = False
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -41,8 +44,9 @@ class GPTConfig:
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"GPTConfig.bias must be true or false, got {self.bias!r}")
+        for name in ("bias", "match_mha_params"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.attn_impl not in ATTENTION_IMPLS:
             raise ValueError(
                 f"GPTConfig.attn_impl must be one of {ATTENTION_IMPLS}, got {self.attn_impl!r}"
@@ -51,6 +55,18 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Width of the MLP's hidden layer: 4 * n_embd, widened when match_mha_params."""
+        width = 4 * self.n_embd
+        if not self.match_mha_params:
+            return width
+        bias = int(self.bias)
+        # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V.
+        saved = 2 * (self.n_head - self.n_kv_head) * self.head_dim * (self.n_embd + bias)
+        # Each hidden unit costs a row of c_fc, its bias, and a column of c_proj.
+        return width + round(saved / (2 * self.n_embd + bias))
 
     @property
     def attention_kind(self) -> str:

@@ -48,6 +48,21 @@ def test_mqa_gpt2_parameter_count(gpt2_sizes):
     assert gpt2_sizes[1][0] == 111_446_784  # 12,993,024 fewer than MHA
 
 
+@pytest.mark.parametrize("preset", [dict(n_layer=4, n_head=4, n_embd=128, bias=False),
+                                    dict(n_layer=12, n_head=12, n_embd=768, bias=True)])
+@pytest.mark.parametrize("n_kv_head_divisor", [2, 4])
+def test_matched_parameter_count_widens_the_mlp_to_within_one_percent(preset, n_kv_head_divisor):
+    n_kv_head = preset["n_head"] // n_kv_head_divisor
+    with torch.device("meta"):
+        mha = GPT(GPTConfig(vocab_size=50304, **preset)).num_params()
+        smaller = GPT(GPTConfig(vocab_size=50304, n_kv_head=n_kv_head, **preset)).num_params()
+        matched = GPT(GPTConfig(vocab_size=50304, n_kv_head=n_kv_head, match_mha_params=True, **preset)).num_params()
+    non_embedding = mha - 50304 * preset["n_embd"]
+    assert smaller < mha
+    assert abs(matched - mha) < 0.01 * non_embedding  # 1% of what attention and MLPs hold
+    assert GPTConfig(match_mha_params=True).mlp_hidden == 4 * 768  # MHA: nothing to make up
+
+
 def test_forward_shapes_and_loss_matches_cross_entropy(make_model):
     model = make_model()
     idx = torch.randint(0, 97, (3, 16))
@@ -158,6 +173,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model):
         (dict(dropout=-0.1), r"dropout must be in \[0, 1\)"),
         (dict(attn_impl="flash"), r"attn_impl must be one of"),
         (dict(bias="yes"), r"bias must be true or false"),
+        (dict(match_mha_params=1), r"match_mha_params must be true or false"),
     ],
 )
 def test_invalid_configs_name_the_field_and_rule(overrides, message):
