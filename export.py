@@ -1,0 +1,35 @@
+"""Export a checkpoint as a Hugging Face transformers directory.
+
+    python export.py runs/2025-01-01_12-00-00 hf/my-model   # a run: its latest checkpoint
+    python export.py runs/.../checkpoints/best hf/my-model  # one checkpoint
+
+MHA models become GPT2LMHeadModel, MQA models GPTBigCodeForCausalLM; a gpt2-tokenized
+model also gets its tokenizer files, so in the output directory
+`AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from data import DataError
+from training.checkpoint import CheckpointError, find_checkpoint
+from training.hf_io import export_checkpoint
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    parser.add_argument("out_dir", help="where to write the transformers model: a new or empty directory")
+    args = parser.parse_args(argv)
+    try:
+        checkpoint = find_checkpoint(args.checkpoint, runs_root="runs")
+        for line in export_checkpoint(checkpoint, args.out_dir):
+            print(line)
+    except (CheckpointError, DataError) as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Weights in and out of Hugging Face's GPT-2 family, as plain dicts (no files here).
+
+A Hugging Face model is a config.json dict and a state dict. Two architectures
+compute exactly what our GPT computes:
+
+- GPT2LMHeadModel (model_type "gpt2") for MHA: the same parameter names as ours,
+  but its attention and MLP matrices are Conv1D weights stored (in, out), the
+  transpose of nn.Linear's (out, in).
+- GPTBigCodeForCausalLM (model_type "gpt_bigcode", multi_query=True) for MQA:
+  nn.Linear layouts and a fused c_attn laid out [q | k | v] with one k/v head,
+  exactly ours with n_kv_head=1.
+
+Both always have biases and tie lm_head to wte. GQA (1 < n_kv_head < n_head) has no
+equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from .config import GPTConfig
+from .gpt import GPT
+
+GPT2, BIGCODE = "gpt2", "gpt_bigcode"
+ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
+PREFIX = "transformer."
+TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
+FUSED_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers that GPT-2 files written by older transformers carry: the causal mask and its fill value.
+GPT2_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
+SHAPE_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+# Settings under which a GPT-2-family model computes our function: key -> (transformers'
+# default when config.json omits it, the values that keep the function ours).
+SAME_FUNCTION = {
+    "activation_function": ("gelu_new", ("gelu_new", "gelu_pytorch_tanh")),  # both the tanh GELU
+    "layer_norm_epsilon": (1e-5, (1e-5,)),  # nn.LayerNorm's eps
+    "scale_attn_weights": (True, (True,)),
+    "scale_attn_by_inverse_layer_idx": (False, (False,)),
+    "add_cross_attention": (False, (False,)),
+    "tie_word_embeddings": (True, (True,)),
+}
+LAYER_NORM_EPS = 1e-5
+
+
+def config_from_hf(hf_config: dict) -> GPTConfig:
+    """The GPTConfig of a GPT-2 or GPTBigCode (multi-query) config.json.
+
+    Dropout is 0.0 and attn_impl "sdpa": neither changes the weights, so set them to
+    taste with dataclasses.replace. Raises ValueError for anything else.
+    """
+    kind = hf_config.get("model_type")
+    if kind not in ARCHITECTURE_CLASS:
+        raise ValueError(
+            f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}) and "
+            f"GPTBigCode ({BIGCODE!r}) models only"
+        )
+    missing = [key for key in SHAPE_KEYS if key not in hf_config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    problems = [
+        f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
+        for key, (default, allowed) in SAME_FUNCTION.items()
+        if hf_config.get(key, default) not in allowed
+    ]
+    n_embd = hf_config["n_embd"]
+    if hf_config.get("n_inner") not in (None, 4 * n_embd):
+        problems.append(f"n_inner={hf_config['n_inner']!r} (our MLP is 4 * n_embd = {4 * n_embd} wide)")
+    if kind == BIGCODE and hf_config.get("multi_query", True) is not True:
+        problems.append("multi_query=False (GPTBigCode imports only as multi-query attention)")
+    if problems:
+        raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
+    return GPTConfig(
+        vocab_size=hf_config["vocab_size"],
+        block_size=hf_config["n_positions"],
+        n_layer=hf_config["n_layer"],
+        n_head=hf_config["n_head"],
+        n_kv_head=1 if kind == BIGCODE else hf_config["n_head"],
+        n_embd=n_embd,
+        dropout=0.0,
+        bias=True,
+    )
+
+
+def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
+    """config.json for `config`: GPT2LMHeadModel for MHA, GPTBigCodeForCausalLM for MQA.
+    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
+    if config.attention_kind == "GQA":
+        raise ValueError(
+            f"grouped-query attention (n_kv_head={config.n_kv_head} of n_head={config.n_head}) has no "
+            "GPT-2-family equivalent in transformers: GPT-2 is MHA (n_kv_head = n_head) and GPTBigCode "
+            "is MQA (n_kv_head = 1); only those two export"
+        )
+    kind = GPT2 if config.attention_kind == "MHA" else BIGCODE
+    specific = {"activation_function": "gelu_new"} if kind == GPT2 else {
+        "activation_function": "gelu_pytorch_tanh",
+        "multi_query": True,
+    }
+    return {
+        "architectures": [ARCHITECTURE_CLASS[kind]],
+        "model_type": kind,
+        "vocab_size": config.vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,  # 4 * n_embd
+        **specific,
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "tie_word_embeddings": True,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+
+
+def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
+    """A transformers GPT-2 / GPTBigCode (MQA) model as our (GPTConfig, state dict).
+
+    The state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
+    Raises ValueError when the weights do not fit the config.
+    """
+    config = config_from_hf(hf_config)
+    transposed = hf_config["model_type"] == GPT2
+    named = {}
+    for key, tensor in hf_state.items():
+        # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
+        name = key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key
+        if name != TIED_HEAD and not GPT2_BUFFERS.search(name):
+            named[name] = tensor
+    expected = {name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
+                for name, shape in parameter_shapes(config).items()}
+    _check_fit(named, expected, "the weights", "config.json")
+    return config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in named.items()}
+
+
+def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None) -> tuple[dict, dict[str, Tensor]]:
+    """Our (GPTConfig, state dict) as a transformers (config.json dict, state dict).
+
+    A bias=False model gets zero biases: a zero bias computes what no bias does, and
+    the GPT-2 family always has them. Raises ValueError for GQA or ill-fitting weights.
+    """
+    hf_config = config_to_hf(config, eos_token_id)
+    state = {name: tensor for name, tensor in state.items() if name != TIED_HEAD}
+    _check_fit(state, parameter_shapes(config), "the weights", "the model config")
+    transposed = hf_config["model_type"] == GPT2
+    dtype = state[PREFIX + "wte.weight"].dtype
+    hf_state = {}
+    for name, shape in parameter_shapes(replace(config, bias=True)).items():
+        tensor = state[name] if name in state else torch.zeros(shape, dtype=dtype)
+        hf_state[name] = _hf_layout(name, tensor, transposed).contiguous()
+    return hf_config, hf_state
+
+
+def pool_kv_heads(
+    state: dict[str, Tensor], config: GPTConfig, n_kv_head: int
+) -> tuple[GPTConfig, dict[str, Tensor]]:
+    """Fewer key/value heads by mean-pooling: each new K (and V) head is the mean of the
+    heads in its group, weights and biases (Ainslie et al. 2023, "GQA: Training
+    Generalized Multi-Query Transformer Models from Multi-Head Checkpoints").
+
+    From MHA this gives GQA or MQA (n_kv_head=1); in general n_kv_head must divide
+    config.n_kv_head. Query head h keeps reading the group of its old kv head, so
+    groups of identical heads pool without loss; otherwise the model needs a little
+    further training ("uptraining") to recover. Returns the new config and state.
+    """
+    target = replace(config, n_kv_head=n_kv_head)  # validates n_kv_head against n_head
+    if config.n_kv_head % n_kv_head:
+        raise ValueError(
+            f"cannot pool {config.n_kv_head} key/value heads into {n_kv_head}: "
+            f"n_kv_head must divide the current {config.n_kv_head}"
+        )
+    pooled = {
+        name: _pool_fused_kv(tensor, config, n_kv_head) if name.endswith(FUSED_QKV) else tensor
+        for name, tensor in state.items()
+    }
+    return target, pooled
+
+
+def crop_block_size(
+    state: dict[str, Tensor], config: GPTConfig, block_size: int
+) -> tuple[GPTConfig, dict[str, Tensor]]:
+    """A shorter context: keep the first block_size rows of the position table. Every
+    sequence of at most block_size tokens gets the same logits as before."""
+    if not 0 < block_size <= config.block_size:
+        raise ValueError(f"block_size {block_size} must be in [1, {config.block_size}], the model's context")
+    wpe = PREFIX + "wpe.weight"
+    return replace(config, block_size=block_size), {**state, wpe: state[wpe][:block_size].clone()}
+
+
+def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
+    """Our parameter names and shapes for `config`, without the tied head."""
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        model = GPT(config)
+    return {name: tensor.shape for name, tensor in model.state_dict().items() if name != TIED_HEAD}
+
+
+def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:
+    """Between our layout and the Hugging Face one, either way: GPT-2's Conv1D matrices
+    are (in, out), nn.Linear's (out, in); everything else is stored alike."""
+    return tensor.t() if transposed and name.endswith(CONV1D_WEIGHTS) else tensor
+
+
+def _pool_fused_kv(fused: Tensor, config: GPTConfig, n_kv_head: int) -> Tensor:
+    """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,), rows laid out
+    [q | k | v], with k and v pooled from config.n_kv_head heads to n_kv_head."""
+    kv_dim = config.n_kv_head * config.head_dim
+    q, k, v = fused.split((config.n_embd, kv_dim, kv_dim))
+    group = config.n_kv_head // n_kv_head
+
+    def pool(heads: Tensor) -> Tensor:
+        # (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group
+        grouped = heads.unflatten(0, (n_kv_head, group, config.head_dim))
+        return grouped.mean(dim=1).flatten(0, 1)
+
+    return torch.cat([q, pool(k), pool(v)])
+
+
+def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], what: str, against: str) -> None:
+    """ValueError naming what is missing, unexpected or differently shaped."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = [
+        f"{name} is {tuple(tensor.shape)} in {what}, {tuple(expected[name])} by {against}"
+        for name, tensor in state.items()
+        if name in expected and tensor.shape != expected[name]
+    ]
+    problems = [
+        f"{label} {_first_few(names)}"
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("different shapes", wrong_shape))
+        if names
+    ]
+    if problems:
+        raise ValueError(f"{what} do not fit {against}: " + "; ".join(problems))
+
+
+def _first_few(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")

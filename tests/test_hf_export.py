@@ -1,0 +1,109 @@
+"""Exporting checkpoints to transformers: the loaded models compute our logits, the
+round trip is lossless, the gpt2 tokenizer comes along, and GQA is refused."""
+
+from dataclasses import asdict
+
+import huggingface_hub
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GPT2LMHeadModel, GPTBigCodeForCausalLM
+
+import export
+from data.tokenizer import load_tokenizer
+from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
+from model import GPT, GPTConfig
+from training.checkpoint import save_checkpoint
+from training.hf_io import load_hf_pretrained, save_hf
+
+CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
+SAMPLE_TEXT = "Hello world! It's 2024: naïve café,   spaces\n\n\ttabs, émojis 🤖 and 1234567 numbers."
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def save_run(run_dir, tokenizer, seed=0, **config) -> GPT:
+    """A checkpoint of a randomly initialised GPT (biases and gains random too) in run_dir."""
+    torch.manual_seed(seed)
+    model = randomized(GPT(GPTConfig(dropout=0.0, **config)), seed)
+    run_config = {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}
+    save_checkpoint(run_dir, 1, model, run_config, state={})
+    return model
+
+
+SMALL = dict(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n_kv_head, reference_class", [(4, GPT2LMHeadModel), (1, GPTBigCodeForCausalLM)])
+def test_exported_model_loads_in_transformers_with_our_logits(tmp_path, n_kv_head, reference_class, bias, capsys):
+    model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, bias=bias, **SMALL)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])  # a run directory: its latest checkpoint
+    assert reference_class.__name__ in capsys.readouterr().out
+    reference = reference_class.from_pretrained(tmp_path / "hf").eval()
+    assert_same_logits(model, reference)
+    assert reference.config.eos_token_id == 8  # the char tokenizer's end-of-text
+
+
+def test_padded_vocab_exports_as_is_with_the_gpt2_tokenizer(tmp_path):
+    model = save_run(tmp_path / "run", {"name": "gpt2"}, vocab_size=50304, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    reference = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (reference.config.vocab_size, len(tokenizer)) == (50304, 50257)
+    assert_same_logits(model, reference, length=32)
+
+
+def test_exported_gpt2_tokenizer_encodes_like_ours(tmp_path):
+    save_run(tmp_path / "run", {"name": "gpt2"}, vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    theirs, ours = AutoTokenizer.from_pretrained(tmp_path / "hf"), load_tokenizer({"name": "gpt2"})
+    assert theirs(SAMPLE_TEXT)["input_ids"] == ours.encode(SAMPLE_TEXT)
+    assert theirs.decode(ours.encode(SAMPLE_TEXT)) == SAMPLE_TEXT
+    assert theirs.eos_token_id == ours.eot_id == theirs("<|endoftext|>")["input_ids"][0]
+    assert theirs.model_max_length == 32
+
+
+def test_char_tokenizer_is_not_exported_but_the_weights_are(tmp_path, capsys):
+    save_run(tmp_path / "run", CHAR_TOKENIZER, **SMALL)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert "tokenizer (char) not exported" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_grouped_query_attention_is_refused(tmp_path):
+    save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=2, **SMALL)
+    with pytest.raises(SystemExit, match="grouped-query attention .* has no GPT-2-family equivalent"):
+        export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_non_empty_output_directory_is_refused(tmp_path):
+    save_run(tmp_path / "run", CHAR_TOKENIZER, **SMALL)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="is not empty"):
+        export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+
+
+def test_a_missing_checkpoint_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="no checkpoint at"):
+        export.main([str(tmp_path / "nothing"), str(tmp_path / "hf")])
+
+
+@pytest.mark.parametrize("make_reference", [hf_gpt2, hf_bigcode])
+def test_import_export_import_is_lossless(tmp_path, make_reference):
+    make_reference().save_pretrained(tmp_path / "original")
+    config, state = load_hf_pretrained(tmp_path / "original")
+    save_hf(tmp_path / "exported", config, state)
+    config_again, state_again = load_hf_pretrained(tmp_path / "exported")
+    assert config_again == config
+    assert state_again.keys() == state.keys()
+    assert all(torch.equal(state_again[name], state[name]) for name in state)
+    # The exported file holds what transformers itself wrote, tensor for tensor.
+    original, exported = (load_file(tmp_path / d / "model.safetensors") for d in ("original", "exported"))
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[name], original[name]) for name in original)

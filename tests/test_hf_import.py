@@ -1,0 +1,188 @@
+"""Importing Hugging Face GPT-2 / GPTBigCode weights: transformers' own logits and
+greedy tokens, both weight formats, K/V head pooling, and clear errors."""
+
+import argparse
+import json
+
+import huggingface_hub
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hf_reference import TINY, assert_same_logits, build, hf_bigcode, hf_gpt2, random_tokens
+from model import GPT, GPTConfig, Sampling, generate
+from model.hf import pool_kv_heads
+from training.checkpoint import CheckpointError
+from training.hf_io import load_hf_pretrained
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return hf_gpt2(seed=0)
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path, reference):
+    reference.save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def test_imported_gpt2_computes_transformers_logits(gpt2_dir, reference):
+    config, state = load_hf_pretrained(gpt2_dir)
+    assert config == GPTConfig(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+    assert_same_logits(build(config, state), reference)
+
+
+def test_pytorch_model_bin_imports_like_safetensors(tmp_path, reference):
+    # transformers 5 writes safetensors even when asked not to; older versions pickled the
+    # state dict (tied head included) with torch.save, which is what this reproduces.
+    directory = tmp_path / "bin"
+    reference.config.save_pretrained(directory)
+    torch.save(reference.state_dict(), directory / "pytorch_model.bin")
+    assert_same_logits(build(*load_hf_pretrained(directory)), reference)
+
+
+def test_original_gpt2_file_layout_imports(tmp_path, reference):
+    """OpenAI's gpt2 files on the Hub name parameters without "transformer." and carry
+    each layer's causal-mask buffers."""
+    state = {k.removeprefix("transformer."): v for k, v in reference.state_dict().items() if k != "lm_head.weight"}
+    for layer in range(TINY["n_layer"]):
+        state[f"h.{layer}.attn.bias"] = torch.ones(64, 64).tril().view(1, 1, 64, 64)
+        state[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    directory = tmp_path / "openai"
+    reference.config.save_pretrained(directory)
+    save_file(state, directory / "model.safetensors")
+    assert_same_logits(build(*load_hf_pretrained(directory)), reference)
+
+
+def test_greedy_generation_matches_transformers_token_for_token(gpt2_dir, reference):
+    model = build(*load_hf_pretrained(gpt2_dir))
+    prompt = random_tokens(TINY["vocab_size"], length=8)[:1]  # (1, 8)
+    expected = reference.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False
+    )[0, 8:].tolist()
+    assert generate(model, [prompt[0].tolist()], 40, Sampling(temperature=0.0))[0] == expected
+
+
+def test_imported_gpt_bigcode_is_multi_query_with_transformers_logits(tmp_path):
+    reference = hf_bigcode(seed=1)
+    reference.save_pretrained(tmp_path / "bigcode")
+    config, state = load_hf_pretrained(tmp_path / "bigcode")
+    assert (config.n_head, config.n_kv_head) == (4, 1)
+    assert_same_logits(build(config, state), reference)
+
+
+def test_import_crops_the_context(gpt2_dir, reference):
+    config, state = load_hf_pretrained(gpt2_dir, block_size=16)
+    assert config.block_size == 16
+    assert_same_logits(build(config, state), reference, length=16)
+
+
+def kv_rows(fused: torch.Tensor, config: GPTConfig, which: int) -> torch.Tensor:
+    """The K (which=1) or V (which=2) rows of c_attn's weight or bias, as (n_kv_head, head_dim, ...)."""
+    kv_dim = config.n_kv_head * config.head_dim
+    rows = fused.split((config.n_embd, kv_dim, kv_dim))[which]
+    return rows.unflatten(0, (config.n_kv_head, config.head_dim))
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 1])
+def test_pooling_groups_of_identical_heads_is_lossless(n_kv_head):
+    torch.manual_seed(0)
+    mha = GPT(GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0))
+    state = {name: 0.05 * torch.randn_like(t) + t for name, t in mha.state_dict().items()}
+    group = mha.config.n_head // n_kv_head
+    for name in [n for n in state if "c_attn" in n]:
+        for which in (1, 2):
+            heads = kv_rows(state[name], mha.config, which)  # a view into state[name]
+            for first in range(0, mha.config.n_head, group):
+                heads[first + 1 : first + group] = heads[first]  # every head of a group the same
+    mha = build(mha.config, state)
+
+    config, pooled = pool_kv_heads(state, mha.config, n_kv_head)
+    assert config == GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32)
+    tokens = random_tokens(97, length=16)
+    torch.testing.assert_close(build(config, pooled)(tokens)[0], mha(tokens)[0], atol=1e-6, rtol=0)
+
+
+def test_pooling_different_heads_averages_them_into_a_model_of_the_target_shape(make_model):
+    mha = make_model(seed=0)  # 4 heads, 4 kv heads
+    state = {name: 0.05 * torch.randn_like(t) + t for name, t in mha.state_dict().items()}
+    config, pooled = pool_kv_heads(state, mha.config, 2)
+    gqa = build(config, pooled)
+    assert gqa.num_params() == GPT(config).num_params() < mha.num_params()
+    for name in ("transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_attn.bias"):
+        for which in (1, 2):
+            before, after = kv_rows(state[name], mha.config, which), kv_rows(pooled[name], config, which)
+            torch.testing.assert_close(after[0], (before[0] + before[1]) / 2)
+            torch.testing.assert_close(after[1], (before[2] + before[3]) / 2)
+            assert not torch.equal(after[0], after[1])
+
+
+def test_import_into_fewer_kv_heads_pools(gpt2_dir):
+    config, state = load_hf_pretrained(gpt2_dir, n_kv_head=1)
+    assert config.attention_kind == "MQA"
+    assert build(config, state)(random_tokens(1000))[0].isfinite().all()
+
+
+def test_kv_heads_that_do_not_divide_n_head_are_refused(gpt2_dir):
+    with pytest.raises(CheckpointError, match="must divide n_head"):
+        load_hf_pretrained(gpt2_dir, n_kv_head=3)
+
+
+def test_pooling_cannot_add_kv_heads():
+    mqa = GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32)
+    with pytest.raises(ValueError, match="cannot pool 1 key/value heads into 2"):
+        pool_kv_heads(GPT(mqa).state_dict(), mqa, 2)
+
+
+def edit_config(directory, **changes):
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"model_type": "llama"}, "model_type 'llama'"),
+        ({"n_layer": 4}, r"do not fit config.json: missing transformer\.h\.2\."),
+        ({"vocab_size": 2000}, r"transformer\.wte\.weight is \(1000, 64\) in the weights, \(2000, 64\) by config.json"),
+        ({"activation_function": "relu"}, "activation_function='relu'"),
+        ({"n_inner": 128}, "n_inner=128"),
+        ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
+    ],
+)
+def test_configs_that_do_not_describe_these_weights_are_refused(gpt2_dir, changes, reason):
+    edit_config(gpt2_dir, **changes)
+    with pytest.raises(CheckpointError, match=reason):
+        load_hf_pretrained(gpt2_dir)
+
+
+def test_multi_head_gpt_bigcode_is_refused(tmp_path):
+    hf_bigcode(multi_query=False).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="multi_query=False"):
+        load_hf_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("remove, reason", [("config.json", "has no config.json"), ("model.safetensors", "has no weights")])
+def test_missing_files_are_named(gpt2_dir, remove, reason):
+    (gpt2_dir / remove).unlink()
+    with pytest.raises(CheckpointError, match=reason):
+        load_hf_pretrained(gpt2_dir)
+
+
+def test_a_pickle_with_more_than_tensors_is_not_unpickled(gpt2_dir):
+    (gpt2_dir / "model.safetensors").unlink()
+    torch.save({"transformer.wte.weight": torch.zeros(2), "extra": argparse.Namespace()}, gpt2_dir / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_hf_pretrained(gpt2_dir)
+
+
+def test_hub_name_offline_says_so(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never touch the network
+    with pytest.raises(CheckpointError, match=r"cannot be reached \(offline\).*pass its local directory"):
+        load_hf_pretrained("gptlab-tests/never-downloaded")
+
+
+def test_a_missing_path_is_not_sent_to_the_hub(tmp_path):
+    with pytest.raises(CheckpointError, match="no directory"):
+        load_hf_pretrained(str(tmp_path / "nowhere"))
