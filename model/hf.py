@@ -29,6 +29,7 @@ GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
 PREFIX = "transformer."
 TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
+EMBEDDINGS = (PREFIX + "wte.weight", PREFIX + "wpe.weight")
 FUSED_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Buffers that GPT-2 files written by older transformers carry: the causal mask and its fill value.
@@ -67,23 +68,35 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
         for key, (default, allowed) in SAME_FUNCTION.items()
         if hf_config.get(key, default) not in allowed
     ]
-    n_embd = hf_config["n_embd"]
-    if hf_config.get("n_inner") not in (None, 4 * n_embd):
-        problems.append(f"n_inner={hf_config['n_inner']!r} (our MLP is 4 * n_embd = {4 * n_embd} wide)")
     if kind == BIGCODE and hf_config.get("multi_query", True) is not True:
         problems.append("multi_query=False (GPTBigCode imports only as multi-query attention)")
     if problems:
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
-    return GPTConfig(
+    config = GPTConfig(
         vocab_size=hf_config["vocab_size"],
         block_size=hf_config["n_positions"],
         n_layer=hf_config["n_layer"],
         n_head=hf_config["n_head"],
         n_kv_head=1 if kind == BIGCODE else hf_config["n_head"],
-        n_embd=n_embd,
+        n_embd=hf_config["n_embd"],
         dropout=0.0,
         bias=True,
     )
+    return _with_mlp_width(config, hf_config.get("n_inner"))
+
+
+def _with_mlp_width(config: GPTConfig, n_inner: int | None) -> GPTConfig:
+    """config with an MLP n_inner wide (None: 4 * n_embd). Besides 4 * n_embd, our MLP
+    can only be as wide as match_mha_params makes it, which our MQA exports may be."""
+    if n_inner is None or n_inner == config.mlp_hidden:
+        return config
+    widened = replace(config, match_mha_params=True)
+    if n_inner != widened.mlp_hidden:
+        raise ValueError(
+            f"config.json has n_inner={n_inner!r}: gptlab's MLP is 4 * n_embd = {config.mlp_hidden} wide, "
+            f"or {widened.mlp_hidden} with match_mha_params"
+        )
+    return widened
 
 
 def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
@@ -108,7 +121,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
         "n_embd": config.n_embd,
         "n_layer": config.n_layer,
         "n_head": config.n_head,
-        "n_inner": None,  # 4 * n_embd
+        "n_inner": config.mlp_hidden,
         **specific,
         "layer_norm_epsilon": LAYER_NORM_EPS,
         "resid_pdrop": config.dropout,
@@ -150,12 +163,8 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     state = {name: tensor for name, tensor in state.items() if name != TIED_HEAD}
     _check_fit(state, parameter_shapes(config), "the weights", "the model config")
     transposed = hf_config["model_type"] == GPT2
-    dtype = state[PREFIX + "wte.weight"].dtype
-    hf_state = {}
-    for name, shape in parameter_shapes(replace(config, bias=True)).items():
-        tensor = state[name] if name in state else torch.zeros(shape, dtype=dtype)
-        hf_state[name] = _hf_layout(name, tensor, transposed).contiguous()
-    return hf_config, hf_state
+    biased = _with_zero_biases(state)
+    return hf_config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in biased.items()}
 
 
 def pool_kv_heads(
@@ -170,12 +179,15 @@ def pool_kv_heads(
     groups of identical heads pool without loss; otherwise the model needs a little
     further training ("uptraining") to recover. Returns the new config and state.
     """
-    target = replace(config, n_kv_head=n_kv_head)  # validates n_kv_head against n_head
+    # Pooling leaves the MLP as it is: 4 * n_embd wide, not widened for the new head count.
+    target = replace(config, n_kv_head=n_kv_head, match_mha_params=False)  # validates n_kv_head
     if config.n_kv_head % n_kv_head:
         raise ValueError(
             f"cannot pool {config.n_kv_head} key/value heads into {n_kv_head}: "
             f"n_kv_head must divide the current {config.n_kv_head}"
         )
+    if target.mlp_hidden != config.mlp_hidden:
+        raise ValueError(f"cannot pool a model whose MLP match_mha_params widened ({config.mlp_hidden} wide)")
     pooled = {
         name: _pool_fused_kv(tensor, config, n_kv_head) if name.endswith(FUSED_QKV) else tensor
         for name, tensor in state.items()
@@ -205,6 +217,16 @@ def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:
     """Between our layout and the Hugging Face one, either way: GPT-2's Conv1D matrices
     are (in, out), nn.Linear's (out, in); everything else is stored alike."""
     return tensor.t() if transposed and name.endswith(CONV1D_WEIGHTS) else tensor
+
+
+def _with_zero_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """state with a zero bias for every Linear and LayerNorm weight lacking one."""
+    biased = dict(state)
+    for name, weight in state.items():
+        bias = name.removesuffix(".weight") + ".bias"
+        if name.endswith(".weight") and name not in EMBEDDINGS and bias not in state:
+            biased[bias] = weight.new_zeros(weight.shape[0])  # (out_features,) or (n_embd,)
+    return biased
 
 
 def _pool_fused_kv(fused: Tensor, config: GPTConfig, n_kv_head: int) -> Tensor:

@@ -37,15 +37,28 @@ def save_run(run_dir, tokenizer, seed=0, **config) -> GPT:
 SMALL = dict(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64)
 
 
+@pytest.mark.parametrize("match_mha_params", [False, True])  # True widens an MQA model's MLP
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("n_kv_head, reference_class", [(4, GPT2LMHeadModel), (1, GPTBigCodeForCausalLM)])
-def test_exported_model_loads_in_transformers_with_our_logits(tmp_path, n_kv_head, reference_class, bias, capsys):
-    model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, bias=bias, **SMALL)
+def test_exported_model_loads_in_transformers_with_our_logits(
+    tmp_path, n_kv_head, reference_class, bias, match_mha_params, capsys
+):
+    model = save_run(
+        tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, bias=bias, match_mha_params=match_mha_params, **SMALL
+    )
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])  # a run directory: its latest checkpoint
     assert reference_class.__name__ in capsys.readouterr().out
     reference = reference_class.from_pretrained(tmp_path / "hf").eval()
     assert_same_logits(model, reference)
     assert reference.config.eos_token_id == 8  # the char tokenizer's end-of-text
+
+
+def test_widened_multi_query_model_imports_back_as_itself(tmp_path):
+    model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=1, match_mha_params=True, **SMALL)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    config, state = load_hf_pretrained(tmp_path / "hf")
+    assert config == model.config
+    assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items() if name in state)
 
 
 def test_padded_vocab_exports_as_is_with_the_gpt2_tokenizer(tmp_path):

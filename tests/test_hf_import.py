@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from conftest import tiny_config
 from hf_reference import TINY, assert_same_logits, build, hf_bigcode, hf_gpt2, random_tokens
 from model import GPT, GPTConfig, Sampling, generate
 from model.hf import pool_kv_heads
@@ -129,10 +130,14 @@ def test_kv_heads_that_do_not_divide_n_head_are_refused(gpt2_dir):
         load_hf_pretrained(gpt2_dir, n_kv_head=3)
 
 
-def test_pooling_cannot_add_kv_heads():
-    mqa = GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32)
-    with pytest.raises(ValueError, match="cannot pool 1 key/value heads into 2"):
-        pool_kv_heads(GPT(mqa).state_dict(), mqa, 2)
+@pytest.mark.parametrize(
+    "n_kv_head, match_mha_params, n_target, reason",
+    [(1, False, 2, "cannot pool 1 key/value heads into 2"), (2, True, 1, "match_mha_params widened")],
+)
+def test_pooling_refuses_what_it_cannot_do(n_kv_head, match_mha_params, n_target, reason):
+    config = tiny_config(n_kv_head=n_kv_head, match_mha_params=match_mha_params)
+    with pytest.raises(ValueError, match=reason):
+        pool_kv_heads(GPT(config).state_dict(), config, n_target)
 
 
 def edit_config(directory, **changes):
