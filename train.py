@@ -119,7 +119,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         + (f"MFU against a peak of {peak / 1e9:,.0f} GFLOP/s" if peak else "MFU not reported: unknown peak")
     )
     if step == 0 and group.is_main:
-        logger.log({"kind": "eval", "step": 0, **evaluate(compiled, eval_loaders, config.eval_iters, precision)})
+        logger.log({"kind": "eval", "step": 0, "tokens": 0, **evaluate(compiled, eval_loaders, config.eval_iters, precision)})
 
     checkpoint = None
     window_start, window_steps = time.perf_counter(), 0
@@ -159,7 +159,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
                     is_best = False
                     if at_eval:
                         metrics = evaluate(compiled, eval_loaders, config.eval_iters, precision)
-                        logger.log({"kind": "eval", "step": step, **metrics})
+                        logger.log({"kind": "eval", "step": step, "tokens": step * tokens_per_step, **metrics})
                         is_best = metrics["val_loss"] < best_val_loss
                         best_val_loss = min(best_val_loss, metrics["val_loss"])
                     state = {

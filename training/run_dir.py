@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config
@@ -17,11 +18,12 @@ NOT_RECORDED = "<not recorded>"
 
 
 def new_run_dir(config: Config) -> Path:
-    """out_dir if given (and not already a run), else a fresh <runs_root>/<date>_<time>."""
-    if config.out_dir:
-        path = Path(config.out_dir)
+    """out_dir if given, else the job's directory of a Hydra sweep (`-m`), else a fresh
+    <runs_root>/<date>_<time>. Never a directory that already holds a run."""
+    if config.out_dir or _in_sweep():
+        path = Path(config.out_dir or HydraConfig.get().runtime.output_dir)
         if (path / RUN_CONFIG).exists():
-            raise ValueError(f"out_dir={path} already holds a run; pass resume={path} to continue it")
+            raise ValueError(f"{path} already holds a run; pass resume={path} to continue it")
         return path
     base = Path(config.runs_root) / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     path, n = base, 1
@@ -73,6 +75,10 @@ def group_choices() -> dict[str, str | None]:
     if not HydraConfig.initialized():
         return {}
     return {k: v for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")}
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _command_line_overrides() -> list[str]:
