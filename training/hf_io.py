@@ -47,7 +47,7 @@ def load_hf_pretrained(
     The config has dropout 0.0 and attn_impl "sdpa"; change those with
     dataclasses.replace. Raises CheckpointError with the reason on any failure.
     """
-    directory = resolve_hf_dir(str(model_path))
+    directory = _resolve_hf_dir(str(model_path))
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
     try:
         config, state = from_hf(hf_config, hf_state)
@@ -60,7 +60,7 @@ def load_hf_pretrained(
     return config, state
 
 
-def resolve_hf_dir(model_path: str) -> Path:
+def _resolve_hf_dir(model_path: str) -> Path:
     """A local directory as it is; anything shaped like a Hub name that is not a local
     path is fetched from the Hub (or its local cache) into the cache."""
     path = Path(model_path).expanduser()
