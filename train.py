@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
@@ -33,6 +33,7 @@ from training.distributed import (
     Distributed, all_ranks_mean, any_rank, barrier, broadcast_from_main, gather_to_main, gradient_sync,
     init_distributed, shutdown, wrap_model,
 )
+from training.init_from import initial_model
 from training.logger import RunLogger
 from training.mfu import estimate_mfu, peak_flops
 from training.run_dir import new_run_dir, resolve_resume, save_run_config
@@ -79,8 +80,13 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
 
     data = prepare_on_main_first(config, group)
     tokenizer = data.tokenizer()
-    model_config = replace(config.model, vocab_size=padded(tokenizer.vocab_size, config.pad_vocab_to))
+    if resume_from and config.init_from != "scratch":
+        model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
+    else:
+        model_config, initial_state = initial_model(config, cfg.model.n_kv_head, tokenizer)
     model = GPT(model_config).to(device)
+    if initial_state is not None and not resume_from:
+        load_weights(model, initial_state)
     optimizer = model.configure_optimizer(
         config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
     )
@@ -255,10 +261,6 @@ def grad_accum_steps(config: Config, block_size: int, world_size: int) -> int:
             f"world_size ({config.batch_size} * {block_size} * {world_size} = {per_micro_step})"
         )
     return config.tokens_per_step // per_micro_step
-
-
-def padded(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 if __name__ == "__main__":

@@ -99,6 +99,8 @@ class Config:
     out_dir: Optional[str] = None  # the run directory; None: <runs_root>/<date>_<time>
     runs_root: str = "runs"
     resume: Optional[str] = None  # true/latest (newest run), a run directory or a checkpoint
+    init_from: str = "scratch"  # scratch | checkpoint | hf: where a new run's weights come from
+    model_path: Optional[str] = None  # init_from=checkpoint: a run or checkpoint; hf: a directory or Hub name
     keep_last: int = 3  # step checkpoints kept besides the best one
 
     def __post_init__(self) -> None:
@@ -107,6 +109,10 @@ class Config:
             _positive(name, getattr(self, name))
         if self.tokens_per_step is not None:
             _positive("tokens_per_step", self.tokens_per_step)
+        if self.init_from not in ("scratch", "checkpoint", "hf"):
+            raise ValueError(f"init_from must be scratch, checkpoint or hf, got {self.init_from!r}")
+        if self.init_from != "scratch" and not self.model_path:
+            raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 

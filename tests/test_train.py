@@ -181,3 +181,33 @@ def test_compiled_training_matches_eager_and_saves_plain_checkpoints(train_overr
         assert a == pytest.approx(b, rel=1e-4), step
     checkpoint = load_checkpoint(find_checkpoint(compiled, runs_root=compiled.parent))
     assert not any(k.startswith("_orig_mod.") for k in checkpoint.model_state)
+
+
+def eval_records(run_dir):
+    return [r for r in read_metrics(run_dir) if r["kind"] == "eval"]
+
+
+def test_uptraining_an_mha_checkpoint_into_mqa_reports_the_converted_loss(train_overrides):
+    mha = run_in_process(*train_overrides)
+    mqa = run_in_process(*train_overrides, "init_from=checkpoint", f"model_path={mha}", "model.n_kv_head=1",
+                         "max_iters=5", "eval_interval=5")
+    assert load_checkpoint(find_checkpoint(mqa, runs_root=mqa.parent)).model_config.n_kv_head == 1
+    converted, mha_final = eval_records(mqa)[0], eval_records(mha)[-1]
+    assert converted["step"] == 0  # the pooled model's loss, before any uptraining
+    untrained = eval_records(mha)[0]["val_loss"]
+    # Pooling keeps most of what MHA learned: far closer to it than to a fresh model.
+    assert converted["val_loss"] - mha_final["val_loss"] < 0.5 * (untrained - mha_final["val_loss"])
+
+
+def test_init_from_hugging_face_weights(train_overrides, tmp_path):
+    from hf_reference import hf_gpt2
+
+    hf_dir = tmp_path / "hf"
+    hf_gpt2(n_layer=1, n_embd=16, n_head=2, vocab_size=50257, n_positions=32).save_pretrained(hf_dir)
+    overrides = [o for o in train_overrides if o != "data.tokenizer=char"] + ["data.tokenizer=gpt2", "data.name=hfinit"]
+    run_dir = run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", "max_iters=2", "eval_interval=2",
+                             f"data.data_dir={tmp_path / 'gpt2data'}")
+    config = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent)).model_config
+    assert (config.n_layer, config.n_embd, config.vocab_size, config.block_size) == (1, 16, 50257, 32)
+    with pytest.raises(ValueError, match="init_from=hf needs the gpt2 tokenizer"):
+        run_in_process(*train_overrides, "init_from=hf", f"model_path={hf_dir}")

@@ -1,0 +1,58 @@
+"""Where a new run's weights come from: scratch, a gptlab checkpoint, or Hugging Face.
+
+Starting from existing weights, the model's shape is theirs; the run may still
+choose fewer key/value heads (model.n_kv_head), which mean-pools the K/V heads of
+each group (Ainslie et al., 2023: "uptraining" MHA into GQA/MQA), and its own
+dropout and attention path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from torch import Tensor
+
+from conf import Config
+from data import Tokenizer
+from model import GPTConfig
+from model.hf import pool_kv_heads
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from training.hf_io import load_hf_pretrained
+
+SOURCES = ("scratch", "checkpoint", "hf")
+
+
+def initial_model(
+    config: Config, requested_kv_heads: Optional[int], tokenizer: Tokenizer
+) -> tuple[GPTConfig, dict[str, Tensor] | None]:
+    """The model config of a new run and the weights to start from (None: random init).
+
+    requested_kv_heads is model.n_kv_head as the user gave it (None when not set).
+    """
+    if config.init_from == "scratch":
+        return replace(config.model, vocab_size=padded(tokenizer.vocab_size, config.pad_vocab_to)), None
+    if config.init_from == "hf":
+        if tokenizer.name != "gpt2":
+            raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
+        source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
+    else:
+        checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root))
+        if checkpoint.config.get("tokenizer") != tokenizer.describe():
+            raise ValueError(
+                f"init_from=checkpoint: {checkpoint.path} was trained with another tokenizer "
+                f"({checkpoint.config.get('tokenizer', {}).get('name')}); use the same data settings"
+            )
+        source, state = checkpoint.model_config, checkpoint.model_state
+        if requested_kv_heads is not None and requested_kv_heads != source.n_kv_head:
+            try:
+                source, state = pool_kv_heads(state, source, requested_kv_heads)
+            except ValueError as err:
+                raise CheckpointError(f"cannot convert {checkpoint.path}: {err}") from err
+    if tokenizer.vocab_size > source.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the weights only {source.vocab_size}")
+    return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl), state
+
+
+def padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
