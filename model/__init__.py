@@ -2,7 +2,7 @@
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
-from .generate import generate, stream
+from .generate import generate, stream, to_decode_layout
 from .gpt import GPT, IGNORE_INDEX
 from .kv_cache import KVCache
 from .sampling import Sampling, sample_next
@@ -17,4 +17,5 @@ __all__ = [
     "sample_next",
     "generate",
     "stream",
+    "to_decode_layout",
 ]

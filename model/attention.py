@@ -87,15 +87,30 @@ class CausalSelfAttention(nn.Module):
         if self.impl == "manual" or return_weights:
             y, weights = manual_attention(q, k, v, self.attn_dropout, mask)
         else:
-            # is_causal aligns its mask top-left, which is right only when T == S; a
-            # single query needs no mask, and other cases come with an explicit mask.
-            y = F.scaled_dot_product_attention(
-                q, k, v,
-                attn_mask=mask,
-                dropout_p=self.dropout if self.training else 0.0,
-                is_causal=mask is None and T > 1,
-                enable_gqa=self.n_kv_head != self.n_head,
-            )
+            y = self._sdpa(q, k, v, mask)
         # Heads back side by side: (B, nh, T, hd) -> (B, T, C).
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y)), weights
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """torch's fused attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd)."""
+        B, _, T, hd = q.shape
+        group = self.n_head // self.n_kv_head
+        dropout_p = self.dropout if self.training else 0.0
+        if T == 1 and group > 1:
+            # One new token: each key/value head answers its group of query heads as
+            # `group` queries, (B, nh, 1, hd) -> (B, nkv, group, hd), so the cache is read
+            # once per kv head (enable_gqa reads it once per query head).
+            y = F.scaled_dot_product_attention(
+                q.reshape(B, self.n_kv_head, group, hd), k, v, attn_mask=mask, dropout_p=dropout_p
+            )
+            return y.reshape(B, self.n_head, 1, hd)
+        # is_causal aligns its mask top-left, which is right only when T == S; a
+        # single query needs no mask, and other cases come with an explicit mask.
+        return F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=mask is None and T > 1,
+            enable_gqa=group > 1,
+        )

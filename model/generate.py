@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .gpt import GPT
 from .kv_cache import KVCache
@@ -63,6 +63,20 @@ def stream(
             logits = _prefill(model, cache, history[:, :n], pad)
         else:
             logits = model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]
+
+
+def to_decode_layout(model: GPT) -> GPT:
+    """Lay out every Linear weight in memory for matrix-vector products, keeping its
+    shape, values and Parameter: column-major when it has at least as many outputs as
+    inputs, so that BLAS streams the longer dimension. Decoding one token multiplies
+    every weight by a vector, and on CPU this reads the weights about 1.4x faster than
+    PyTorch's row-major default (see bench/decode.py). Meant for inference: the weights
+    are no longer contiguous (call .contiguous() on them before saving)."""
+    for module in model.modules():
+        weight = module.weight if isinstance(module, nn.Linear) else None
+        if weight is not None and weight.size(0) >= weight.size(1) and weight.is_contiguous():
+            weight.data = weight.data.t().contiguous().t()
+    return model
 
 
 def generate(

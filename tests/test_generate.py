@@ -4,7 +4,7 @@ whole sequence (cropped to block_size) through the model for every new token."""
 import pytest
 import torch
 
-from model import GPT, Sampling, generate, stream
+from model import GPT, Sampling, generate, stream, to_decode_layout
 
 GREEDY = Sampling(temperature=0)
 
@@ -119,6 +119,27 @@ def test_stream_reports_only_rows_still_generating(make_model):
     free = [reference_greedy(model, p, 8) for p in prompts]
     steps = list(stream(model, prompts, 8, GREEDY, stop=lambda generated: len(generated) == 2 and generated == free[0][:2]))
     assert [sorted(step) for step in steps] == [[0, 1], [0, 1]] + [[1]] * 6
+
+
+def test_decode_layout_transposes_memory_but_not_the_model(make_model):
+    model = make_model(n_kv_head=2)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    idx = torch.randint(0, 97, (2, 16))
+    logits, _ = model(idx)
+    start = prompt(6, seed=12)
+    tokens = generate(model, [start], 24, GREEDY)
+    to_decode_layout(model)
+    assert dict(model.named_parameters()) == params  # the same Parameter objects, still tied
+    assert model.lm_head.weight is model.transformer.wte.weight
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name])
+        if name.endswith("c_fc.weight"):  # (4 * n_embd, n_embd): column-major, rows strided
+            assert p.stride() == (1, p.size(0))
+        if name.endswith("mlp.c_proj.weight"):  # (n_embd, 4 * n_embd): stays row-major
+            assert p.is_contiguous()
+    torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)
+    assert generate(model, [start], 24, GREEDY) == tokens
 
 
 @pytest.mark.parametrize(

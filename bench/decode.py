@@ -1,0 +1,222 @@
+"""Decode speed of the KV-cached generation engine for the gpt2 preset as MHA, GQA and MQA.
+
+    python bench/decode.py --threads 1                  # the full table (about 2 minutes on a CPU)
+    python bench/decode.py --batch 1 --long 256         # shorter
+    python bench/decode.py --json decode.json           # also write the figures as JSON
+
+How it is measured. Each model is the gpt2 preset (random weights: speed does not
+depend on their values) in fp32 on one device, in the layout sample.py uses
+(`to_decode_layout`). For every batch size and context length, `model.stream`
+generates greedily from random prompts of that length, and each decode step is
+timed from one yielded token to the next: sampling and Python overhead count, the
+prefill and --warmup steps do not. ms/token is the median step (one new token for
+every row; the median shrugs off other processes' bursts); tokens/s counts all rows.
+
+Batch-1 decode reads every weight once per token, so its ceiling is the memory read
+bandwidth over the bytes read per step: the weights (the position table counts one
+row) plus the cached keys and values. The bandwidth is measured as a large fp32
+matrix-vector product (the median of --repeats). At batch 8 a CPU is compute-bound,
+so that ceiling is far away. The full-recompute figure runs the whole sequence
+through the model for each token, as a loop without a cache does.
+
+On a shared CPU, --threads 1 gives steady figures: batch-1 decode is as fast with one
+thread (BLAS runs matrix-vector products on one core), and two threads stall
+whenever another process holds the second core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
+
+from conf import model_preset  # noqa: E402
+from model import GPT, KVCache, Sampling, stream, to_decode_layout  # noqa: E402
+
+VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
+GREEDY = Sampling(temperature=0)
+
+
+@dataclass
+class Row:
+    variant: str
+    n_kv_head: int
+    batch: int
+    context: int
+    kv_cache_mb: float  # for block_size positions
+    ms_per_token: float
+    tokens_per_s: float
+    ceiling_tokens_per_s: float  # memory read bandwidth / bytes read per decode step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_bandwidth(device: torch.device, repeats: int) -> float:
+    """Memory read bandwidth in bytes/s: an fp32 matrix-vector product over a matrix far
+    larger than any cache (256 MiB on CPU, 2 GiB on GPU) reads each element once. The
+    faster of the row-major and column-major layouts counts."""
+    rows, cols = (8192 if device.type == "cpu" else 65536), 8192
+    matrix = torch.randn(rows, cols, device=device)
+    # .t() reads the same bytes as a column-major (cols, rows) matrix
+    layouts = [(matrix, torch.randn(cols, device=device)), (matrix.t(), torch.randn(rows, device=device))]
+    return max(matrix.nbytes / median_seconds(lambda: torch.mv(m, v), device, repeats) for m, v in layouts)
+
+
+def median_seconds(fn, device: torch.device, repeats: int) -> float:
+    seconds = []
+    for _ in range(repeats + 2):  # the first two warm up
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds[2:])
+
+
+def bytes_per_step(model: GPT, batch: int, context: int) -> int:
+    """Bytes a decode step must read: every weight once (the position table: one row)
+    and the cached keys and values of every row."""
+    wpe = model.transformer.wpe.weight
+    weights = sum(p.nbytes for p in model.parameters()) - wpe.nbytes + wpe[0].nbytes
+    cache = KVCache(model.config, batch, max_len=context, device="meta")
+    return weights + cache.nbytes
+
+
+def random_prompts(batch: int, length: int, vocab_size: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (batch, length), generator=generator).tolist()
+
+
+def cached_step_seconds(model: GPT, prompts: list[list[int]], steps: int, warmup: int) -> float:
+    """Median seconds per decode step of the engine, after the prefill and `warmup` steps."""
+    stamps = [time.perf_counter() for _ in stream(model, prompts, warmup + steps + 1, GREEDY)]
+    return statistics.median(b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :]))
+
+
+@torch.inference_mode()
+def recompute_step_seconds(model: GPT, prompt: list[int], steps: int) -> float:
+    """Seconds per token of a loop without a cache: the whole sequence each time."""
+    idx = torch.tensor([prompt], device=model.lm_head.weight.device)
+    model(idx, last_only=True)  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        logits, _ = model(idx, last_only=True)
+        idx = torch.cat([idx[:, 1:], logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    synchronize(idx.device)
+    return (time.perf_counter() - start) / steps
+
+
+def build_model(n_kv_head: int, device: torch.device) -> GPT:
+    torch.manual_seed(0)
+    with device:
+        model = GPT(model_preset("gpt2", f"model.n_kv_head={n_kv_head}")).eval()
+    return to_decode_layout(model)
+
+
+def run(args: argparse.Namespace, device: torch.device, bandwidth: float) -> tuple[list[Row], dict[str, float]]:
+    rows, recompute_ratio = [], {}
+    for name in args.variants:
+        model = build_model(VARIANTS[name], device)
+        block_size = model.config.block_size
+        for batch in args.batch:
+            kv_mb = KVCache(model.config, batch, block_size, device="meta").megabytes
+            for context in (args.short, args.long):
+                prompts = random_prompts(batch, context, model.config.vocab_size)
+                seconds = cached_step_seconds(model, prompts, args.tokens, args.warmup)
+                ceiling = batch * bandwidth / bytes_per_step(model, batch, context)
+                rows.append(Row(name, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling))
+                print(format_row(rows[-1]), flush=True)
+        if args.recompute_steps:
+            prompt = random_prompts(1, args.long, model.config.vocab_size)[0]
+            cached = next(r for r in rows if (r.variant, r.batch, r.context) == (name, 1, args.long))
+            recomputed = recompute_step_seconds(model, prompt, args.recompute_steps)
+            recompute_ratio[name] = 1e3 * recomputed / cached.ms_per_token
+            print(f"{name}: full recompute at context {args.long}: {1e3 * recomputed:.0f} ms/token, "
+                  f"{recompute_ratio[name]:.1f}x slower than cached", flush=True)
+        del model
+    return rows, recompute_ratio
+
+
+HEADER = f"{'variant':<8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}"
+
+
+def format_row(r: Row) -> str:
+    return (f"{r.variant:<8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mb:>9.1f}{r.ms_per_token:>10.1f}"
+            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%")
+
+
+def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:
+    """MQA's tokens/s over MHA's at this batch and context, when both were measured."""
+    speed = {r.variant: r.tokens_per_s for r in rows if (r.batch, r.context) == (batch, context)}
+    return speed["MQA"] / speed["MHA"] if {"MQA", "MHA"} <= speed.keys() else None
+
+
+def describe_machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--short", type=int, default=32, help="short context: prompt tokens")
+    parser.add_argument("--long", type=int, default=960, help="long context: prompt tokens")
+    parser.add_argument("--tokens", type=int, default=24, help="timed decode steps per measurement")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps before them")
+    parser.add_argument("--recompute-steps", type=int, default=2, help="timed full-recompute steps (0: skip)")
+    parser.add_argument("--repeats", type=int, default=20, help="bandwidth measurements (median)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.long + args.warmup + args.tokens + 1 > 1024:
+        parser.error("--long + --warmup + --tokens must stay below the preset's block_size (1024)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    bandwidth = measure_bandwidth(device, args.repeats)
+    print(f"gpt2 preset, fp32, {device.type} ({describe_machine(device)}), torch {torch.__version__}")
+    print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, median of {args.repeats})")
+    print(f"greedy decode, {args.tokens} timed steps after {args.warmup} warm-up steps; "
+          "ceiling = bandwidth / bytes read per step (weights + KV cache)")
+    print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
+    print(HEADER)
+    rows, recompute_ratio = run(args, device, bandwidth)
+    speedup = mqa_speedup(rows, max(args.batch), args.long)
+    if speedup is not None:
+        print(f"MQA vs MHA at batch {max(args.batch)}, context {args.long}: {speedup:.2f}x the tokens/s")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "device": f"{device.type} ({describe_machine(device)})",
+            "torch": torch.__version__,
+            "bandwidth_gb_s": bandwidth / 1e9,
+            "rows": [asdict(r) for r in rows],
+            "recompute_over_cached": recompute_ratio,
+            "mqa_over_mha_tokens_per_s": speedup,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
