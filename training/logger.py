@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -131,7 +132,7 @@ def _start_wandb(settings: dict[str, Any], config: dict[str, Any], run_dir: Path
         project=settings["project"],
         name=settings.get("name") or run_dir.name,
         group=settings.get("group"),
-        id=run_dir.name,
+        id=hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16],  # one wandb run per run directory
         resume="allow",
         dir=str(run_dir),
         mode=mode,
