@@ -32,14 +32,16 @@ def stream(
     *,
     stop_tokens: Collection[int] = (),
     stop: StopCheck | None = None,
+    vocab_size: int | None = None,
 ) -> Iterator[dict[int, int]]:
     """Generate continuations of prompts (lists of token ids) as one batch, yielding
     after every step {row: new token} for the rows still generating.
 
     A row ends when it samples one of stop_tokens (such as <|endoftext|>, which is not
     yielded), when stop(its generated tokens) is true (the token that made it true is
-    yielded; sample.py maps stop strings to this), or after max_new_tokens.
-    Put the model in eval mode first.
+    yielded; sample.py maps stop strings to this), or after max_new_tokens. Only ids
+    below vocab_size are sampled: pass the tokenizer's when the model's vocabulary is
+    padded (the padding rows are never trained). Put the model in eval mode first.
     """
     _check_request(model, prompts, max_new_tokens)
     weight = model.lm_head.weight
@@ -51,7 +53,7 @@ def stream(
     rows = _Rows(len(prompts), stop_tokens, stop)
     logits = _prefill(model, cache, history[:, :n], pad)
     while True:
-        tokens = sample_next(logits, sampling, generator)  # (B,)
+        tokens = sample_next(logits[:, :vocab_size], sampling, generator)  # (B,)
         history[:, n] = tokens
         n += 1
         new = rows.accept(tokens.tolist())
@@ -87,10 +89,12 @@ def generate(
     *,
     stop_tokens: Collection[int] = (),
     stop: StopCheck | None = None,
+    vocab_size: int | None = None,
 ) -> list[list[int]]:
     """The generated tokens of every prompt: everything stream() yields, per row."""
     outputs: list[list[int]] = [[] for _ in prompts]
-    for new in stream(model, prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, stop=stop):
+    steps = stream(model, prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, stop=stop, vocab_size=vocab_size)
+    for new in steps:
         for row, token in new.items():
             outputs[row].append(token)
     return outputs

@@ -121,6 +121,21 @@ def test_stream_reports_only_rows_still_generating(make_model):
     assert [sorted(step) for step in steps] == [[0, 1], [0, 1]] + [[1]] * 6
 
 
+def test_vocab_size_limits_the_sampled_ids(make_model):
+    model = make_model()
+
+    def favour_top_ids(module, args, output):  # ids 90..96 become by far the likeliest
+        logits, loss = output
+        return logits + 100 * (torch.arange(97) >= 90), loss
+
+    model.register_forward_hook(favour_top_ids)
+    start = prompt(4, seed=13)
+    assert all(t >= 90 for t in generate(model, [start], 10, GREEDY)[0])
+    for sampling in (GREEDY, Sampling(seed=0)):
+        [tokens] = generate(model, [start], 30, sampling, vocab_size=90)
+        assert len(tokens) == 30 and all(t < 90 for t in tokens)
+
+
 def test_decode_layout_transposes_memory_but_not_the_model(make_model):
     model = make_model(n_kv_head=2)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}

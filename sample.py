@@ -1,0 +1,219 @@
+"""Continue a prompt with a trained model, streaming the text as it is generated.
+
+    python sample.py                                        # the newest run's latest checkpoint
+    python sample.py prompt="ROMEO:" num_samples=3 temperature=0.7
+    python sample.py checkpoint=runs/<run> prompt=FILE:prompt.txt max_new_tokens=500
+    python sample.py 'stop=["\\n\\n"]' json=true             # one JSON object, for scripts
+
+The story: check the settings, find the checkpoint and load it (weights through
+safetensors only, nothing unpickled), rebuild its model and the tokenizer it was
+trained with, encode the prompt, then generate every sample in one batch with the
+KV-cached engine, printing the first sample as it grows and the others at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from conf.sample_config import SampleConfig, load_sample_config
+from data import DataError, Tokenizer, load_tokenizer
+from model import GPT, GPTConfig, stream, to_decode_layout
+from model.generate import StopCheck
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.runtime import resolve_device, resolve_precision
+
+PROMPT_FILE = "FILE:"
+SEPARATOR = "\n" + "-" * 40 + "\n"
+UNFINISHED_CHARACTER = "\ufffd"  # how the first bytes of a multi-byte character decode
+ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
+ESCAPE = re.compile(r"\\[nt\\]")
+
+
+@hydra.main(config_path="conf", config_name="sample", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        config = load_sample_config(cfg)
+        result = sample(config, out=None if config.json else sys.stdout)
+    except (ValueError, CheckpointError, DataError) as err:
+        sys.exit(f"error: {err}")
+    if config.json:
+        print(json.dumps(result, ensure_ascii=False, indent=2))
+
+
+def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
+    """Generate config.num_samples continuations; print them to `out` as they grow
+    (when given) and return them with what produced them, as a JSON-able dict."""
+    device = resolve_device(config.device)
+    dtype = resolve_precision(config.dtype, device).dtype
+    checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    model = checkpoint_model(checkpoint, device, dtype)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
+                              f"only {model.config.vocab_size}: the checkpoint is mismatched")
+    prompt = read_prompt(config.prompt)
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    stops = [unescape(stop) for stop in config.stop]
+
+    completions = [Completion(tokenizer, stops) for _ in range(config.num_samples)]
+    live = LiveText(out, stops) if out is not None else None
+    if live:
+        live.write(prompt)
+    steps = stream(
+        model, [prompt_ids] * config.num_samples, config.max_new_tokens, config.sampling,
+        stop_tokens=[] if tokenizer.eot_id is None else [tokenizer.eot_id],
+        stop=stop_string_check(tokenizer, stops),
+        vocab_size=tokenizer.vocab_size,
+    )
+    for new in steps:
+        for row, token in new.items():
+            completions[row].tokens.append(token)
+        if live:
+            live.update(completions[0].raw_text())
+    if live:
+        live.finish(completions[0].text())
+        for completion in completions[1:]:
+            out.write(SEPARATOR + prompt + completion.text())
+        out.write("\n")
+        out.flush()
+    return {
+        "checkpoint": str(checkpoint.path),
+        "prompt": prompt,
+        "settings": {name: getattr(config, name) for name in
+                     ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")},
+        "samples": [c.summary(config.max_new_tokens) for c in completions],
+    }
+
+
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
+    description = checkpoint.config.get("tokenizer")
+    if not isinstance(description, dict):
+        raise CheckpointError(f"{checkpoint.path}: its config.yaml does not describe a tokenizer")
+    return load_tokenizer(description)
+
+
+def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> GPT:
+    """The checkpoint's model in eval mode on device, its weights in dtype."""
+    try:
+        model_config = GPTConfig(**checkpoint.config["model"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{checkpoint.path}: its config.yaml has an invalid model section: {err}") from err
+    model = GPT(model_config)
+    load_weights(model, checkpoint.model_state)
+    model = model.to(device=device, dtype=dtype).eval()
+    return to_decode_layout(model) if device.type == "cpu" else model
+
+
+def read_prompt(prompt: str) -> str:
+    """The prompt (escapes replaced), or the contents of the file a FILE:path prompt names."""
+    if not prompt.startswith(PROMPT_FILE):
+        return unescape(prompt)
+    path = Path(prompt[len(PROMPT_FILE):]).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read the prompt file {path}: {err}") from err
+
+
+def unescape(text: str) -> str:
+    """\\n, \\t and \\\\ as newline, tab and backslash: a command line cannot type the first two."""
+    return ESCAPE.sub(lambda match: ESCAPES[match.group()], text)
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """Token ids of the prompt. An empty prompt starts from <|endoftext|>, or from a
+    newline for a char tokenizer without one (a single-document corpus)."""
+    if not prompt:
+        if tokenizer.eot_id is not None:
+            return [tokenizer.eot_id]
+        prompt = "\n"
+    unknown = sorted({c for c in prompt if not _encodes(tokenizer, c)})
+    if unknown:
+        listed = " ".join(repr(c) for c in unknown)
+        raise ValueError(f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "
+                         f"{listed} (its vocabulary is the characters of its training text)")
+    return tokenizer.encode(prompt)
+
+
+def _encodes(tokenizer: Tokenizer, character: str) -> bool:
+    try:
+        tokenizer.encode(character)
+    except ValueError:
+        return False
+    return True
+
+
+def stop_string_check(tokenizer: Tokenizer, stops: list[str]) -> StopCheck | None:
+    """Ends a sample once its text contains one of the stop strings."""
+    if not stops:
+        return None
+    return lambda generated: cut_at_stop(tokenizer.decode(generated), stops)[1]
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """text up to the first stop string in it, and whether there was one."""
+    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+class Completion:
+    """One sample: its generated tokens and their text up to the first stop string."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.tokens: list[int] = []
+
+    def raw_text(self) -> str:
+        return self.tokenizer.decode(self.tokens)
+
+    def text(self) -> str:
+        return cut_at_stop(self.raw_text(), self.stops)[0]
+
+    def summary(self, max_new_tokens: int) -> dict[str, Any]:
+        if cut_at_stop(self.raw_text(), self.stops)[1]:
+            reason = "stop"
+        else:  # only <|endoftext|> ends a sample early besides a stop string
+            reason = "length" if len(self.tokens) == max_new_tokens else "eot"
+        return {"text": self.text(), "new_tokens": len(self.tokens), "finish_reason": reason}
+
+
+class LiveText:
+    """Prints a growing text as soon as later tokens can no longer change it: it holds
+    back an unfinished multi-byte character and any ending that could still become a
+    stop string, and never prints a stop string."""
+
+    def __init__(self, out: TextIO, stops: list[str]) -> None:
+        self.out, self.stops = out, stops
+        self.printed = 0  # characters of the text written so far
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def update(self, text: str) -> None:
+        text, stopped = cut_at_stop(text, self.stops)
+        if not stopped:
+            text = text[: len(text) - self._possible_stop_start(text)].rstrip(UNFINISHED_CHARACTER)
+        if len(text) > self.printed:
+            self.write(text[self.printed :])
+            self.printed = len(text)
+
+    def finish(self, text: str) -> None:
+        self.write(text[self.printed :])
+        self.printed = len(text)
+
+    def _possible_stop_start(self, text: str) -> int:
+        """Length of the longest ending of text that begins a stop string."""
+        return max((k for stop in self.stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+
+
+if __name__ == "__main__":
+    main()

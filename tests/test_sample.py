@@ -1,0 +1,218 @@
+"""sample.py end to end, on a checkpoint trained for a few steps here."""
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+
+import sample
+import train
+from conf import CONF_DIR
+from conf.sample_config import load_sample_config
+from conftest import training_overrides
+from data import CharTokenizer
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+
+from test_generate import reference_greedy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("sample")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        train.train(compose(config_name="train", overrides=training_overrides(directory)))
+    return directory / "runs"
+
+
+def settings(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return load_sample_config(compose(config_name="sample", overrides=list(overrides)))
+
+
+def run_sample(runs_root: Path, *overrides: str) -> tuple[dict, str]:
+    """sample.sample() on the newest run under runs_root: (result, printed text)."""
+    out = io.StringIO()
+    result = sample.sample(settings(f"runs_root={runs_root}", *overrides), out=out)
+    return result, out.getvalue()
+
+
+def greedy_text(runs_root: Path, prompt: str, max_new_tokens: int) -> str:
+    """What the checkpoint continues with greedily, by the uncached reference loop."""
+    checkpoint = load_checkpoint(find_checkpoint(None, runs_root))
+    tokenizer = sample.checkpoint_tokenizer(checkpoint)
+    model = sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
+    return tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), max_new_tokens))
+
+
+def test_greedy_sample_is_the_checkpoints_greedy_continuation(runs_root):
+    result, printed = run_sample(runs_root, "prompt=First", "temperature=0", "max_new_tokens=40")
+    expected = greedy_text(runs_root, "First", 40)
+    assert result["samples"] == [{"text": expected, "new_tokens": 40, "finish_reason": "length"}]
+    assert printed == "First" + expected + "\n"
+    assert result["checkpoint"].endswith("checkpoints/step_000030")  # the newest run's latest
+
+
+def test_samples_stream_first_then_the_rest(runs_root):
+    result, printed = run_sample(runs_root, "prompt=All", "num_samples=3", "max_new_tokens=30")
+    texts = [s["text"] for s in result["samples"]]
+    assert len(set(texts)) == 3  # sampled, not greedy
+    assert printed == sample.SEPARATOR.join("All" + text for text in texts) + "\n"
+
+
+def test_the_same_seed_gives_the_same_samples(runs_root):
+    first, _ = run_sample(runs_root, "seed=3", "num_samples=2", "max_new_tokens=30")
+    again, _ = run_sample(runs_root, "seed=3", "num_samples=2", "max_new_tokens=30")
+    other, _ = run_sample(runs_root, "seed=4", "num_samples=2", "max_new_tokens=30")
+    assert first["samples"] == again["samples"]
+    assert first["samples"] != other["samples"]
+
+
+def test_stop_strings_end_samples_and_are_left_out(runs_root):
+    free = greedy_text(runs_root, "First", 60)
+    stop = next(c for c in free[5:] if c.strip())  # a character the continuation will produce
+    result, printed = run_sample(runs_root, "prompt=First", "temperature=0", "max_new_tokens=60", f"stop=[{stop!r}]")
+    expected = free[: free.index(stop)]
+    assert result["samples"][0]["text"] == expected
+    assert result["samples"][0]["finish_reason"] == "stop"
+    assert printed == "First" + expected + "\n"
+
+
+def test_escaped_newline_in_stop_strings(runs_root):
+    common = ("prompt=All", "seed=5", "max_new_tokens=120")
+    free = run_sample(runs_root, *common)[0]["samples"][0]["text"]
+    assert "\n" in free
+    result, _ = run_sample(runs_root, *common, r'stop=["\n"]')  # a backslash and an n on the command line
+    assert result["samples"][0]["text"] == free[: free.index("\n")]
+
+
+def test_prompt_from_a_file(runs_root, tmp_path):
+    (tmp_path / "prompt.txt").write_text("All: Speak")
+    result, printed = run_sample(runs_root, f"prompt=FILE:{tmp_path / 'prompt.txt'}", "temperature=0", "max_new_tokens=10")
+    assert result["prompt"] == "All: Speak"
+    assert printed.startswith("All: Speak")
+
+
+def test_weights_load_without_unpickling(runs_root, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("sample.py must not unpickle anything")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    result, _ = run_sample(runs_root, "max_new_tokens=5")
+    assert result["samples"][0]["new_tokens"] == 5
+
+
+def test_json_output_from_the_command_line(runs_root, tmp_path):
+    process = subprocess.run(
+        [sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}", "num_samples=2", "max_new_tokens=12",
+         "json=true", "prompt=All"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert process.returncode == 0, process.stderr
+    result = json.loads(process.stdout)
+    assert result["prompt"] == "All" and result["settings"]["seed"] == 1337
+    assert [s["new_tokens"] for s in result["samples"]] == [12, 12]
+
+
+def test_missing_checkpoint_says_where_it_looked_and_how_to_train(tmp_path):
+    process = subprocess.run(
+        [sys.executable, str(REPO / "sample.py"), f"runs_root={tmp_path / 'runs'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert process.returncode == 1
+    assert f"error: no checkpoint found under {tmp_path / 'runs'}" in process.stderr
+    assert "python train.py" in process.stderr and "checkpoint=PATH" in process.stderr
+
+
+def damaged_copy(runs_root: Path, tmp_path: Path, damage) -> Path:
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(find_checkpoint(None, runs_root), copy)
+    damage(copy)
+    return copy
+
+
+def set_config_value(section: str, key: str, value):
+    def damage(checkpoint: Path) -> None:
+        config = yaml.safe_load((checkpoint / "config.yaml").read_text())
+        config[section][key] = value
+        (checkpoint / "config.yaml").write_text(yaml.safe_dump(config))
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda c: (c / "model.safetensors").write_bytes(b"not a safetensors file"), "corrupt weights file"),
+        (lambda c: (c / "model.safetensors").unlink(), "no checkpoint at"),
+        (set_config_value("model", "n_layer", 3), "checkpoint does not fit this model"),
+        (set_config_value("model", "n_heads", 2), "invalid model section"),
+        (set_config_value("tokenizer", "chars", "".join(chr(0x100 + i) for i in range(70))), "tokenizer has 70 ids"),
+    ],
+)
+def test_corrupt_or_mismatched_checkpoints_are_explained(runs_root, tmp_path, damage, message):
+    checkpoint = damaged_copy(runs_root, tmp_path, damage)
+    with pytest.raises(CheckpointError, match=message):
+        run_sample(runs_root, f"checkpoint={checkpoint}")
+
+
+def test_unknown_characters_are_listed(runs_root):
+    with pytest.raises(ValueError, match=r"does not know: 'Z' 'q' '€'"):
+        run_sample(runs_root, "prompt='qZ€ First Z'")
+
+
+def test_empty_prompt_starts_from_endoftext_or_a_newline():
+    with_eot = CharTokenizer("\nab", with_eot=True)
+    assert sample.encode_prompt(with_eot, "") == [with_eot.eot_id]
+    without_eot = CharTokenizer("\nab", with_eot=False)
+    assert sample.encode_prompt(without_eot, "") == without_eot.encode("\n")
+    with pytest.raises(ValueError, match=r"does not know: '\\n'"):
+        sample.encode_prompt(CharTokenizer("ab", with_eot=False), "")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("temperature=-0.5", "temperature must be"),
+        ("top_p=0", r"top_p must be in \(0, 1\]"),
+        ("top_p=1.5", r"top_p must be in \(0, 1\]"),
+        ("top_k=0", "top_k must be an integer >= 1"),
+        ("num_samples=0", "num_samples must be an integer >= 1"),
+        ("max_new_tokens=0", "max_new_tokens must be an integer >= 1"),
+        ("dtype=fp8", "dtype must be one of"),
+        ("stop=['']", "stop must be a list of non-empty strings"),
+        ("+promt=hi", "promt is not a setting of sample.py"),
+    ],
+)
+def test_invalid_settings_are_rejected_before_any_work(override, message):
+    with pytest.raises(ValueError, match=message):
+        settings(override)
+
+
+def test_missing_prompt_file_is_explained(runs_root, tmp_path):
+    with pytest.raises(ValueError, match="cannot read the prompt file"):
+        run_sample(runs_root, f"prompt=FILE:{tmp_path / 'absent.txt'}")
+
+
+def test_live_text_holds_back_what_may_still_change():
+    out = io.StringIO()
+    live = sample.LiveText(out, stops=["\n\n", "END"])
+    for text, printed in [
+        ("ab", "ab"),
+        ("ab\n", "ab"),  # the newline may become "\n\n"
+        ("ab\nEN", "ab\n"),  # "EN" may become "END"
+        ("ab\nENx\ufffd", "ab\nENx"),  # the first bytes of an unfinished character
+        ("ab\nENxé\n\nmore", "ab\nENxé"),  # never a stop string or what follows it
+    ]:
+        live.update(text)
+        assert out.getvalue() == printed
+    live.finish("ab\nENxé")
+    assert out.getvalue() == "ab\nENxé"
