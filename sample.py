@@ -108,8 +108,7 @@ def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.
         raise CheckpointError(f"{checkpoint.path}: its config.yaml has an invalid model section: {err}") from err
     model = GPT(model_config)
     load_weights(model, checkpoint.model_state)
-    model = model.to(device=device, dtype=dtype).eval()
-    return to_decode_layout(model) if device.type == "cpu" else model
+    return to_decode_layout(model.to(device=device, dtype=dtype).eval())
 
 
 def read_prompt(prompt: str) -> str:
