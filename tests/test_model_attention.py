@@ -13,7 +13,7 @@ KV_HEADS = [4, 2, 1]  # with n_head=4: MHA, GQA, MQA
 IMPLS = ["sdpa", "manual"]
 
 
-@pytest.mark.parametrize("n_kv_head, attn_impl", itertools.product(KV_HEADS, IMPLS))
+@pytest.mark.parametrize("n_kv_head, attn_impl", list(itertools.product(KV_HEADS, IMPLS)))
 def test_future_tokens_never_change_past_outputs(make_model, n_kv_head, attn_impl):
     model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
     gen = torch.Generator().manual_seed(1)
@@ -47,7 +47,7 @@ def replicate_kv_into_mha(grouped: GPT) -> GPT:
     return mha.eval()
 
 
-@pytest.mark.parametrize("n_kv_head, attn_impl", itertools.product([2, 1], IMPLS))
+@pytest.mark.parametrize("n_kv_head, attn_impl", list(itertools.product([2, 1], IMPLS)))
 def test_grouped_attention_equals_mha_with_replicated_kv_heads(make_model, n_kv_head, attn_impl):
     grouped = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
     mha = replicate_kv_into_mha(grouped)
