@@ -130,6 +130,32 @@ def test_optimizer_decays_only_matrices(make_model):
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
 
 
+def test_fused_cpu_optimizer_updates_like_torchs_default(make_model):
+    """configure_optimizer's fused kernel (chosen on CPU for speed) is the same AdamW
+    as torch's default foreach implementation, up to float rounding."""
+    # Without biases: the key bias's true gradient is zero (softmax ignores a shift shared
+    # by all keys), so Adam would amplify the two kernels' rounding noise there.
+    fused_model, default_model = make_model(bias=False).train(), make_model(bias=False).train()
+    fused = fused_model.configure_optimizer(weight_decay=0.1, learning_rate=1e-2, device_type="cpu")
+    assert fused.defaults["fused"]
+    default = torch.optim.AdamW(
+        [
+            {"params": [p for p in default_model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in default_model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2, betas=(0.9, 0.95),
+    )
+    assert not default.defaults["fused"]
+    idx = torch.randint(0, 97, (4, 16))
+    for model, opt in ((fused_model, fused), (default_model, default)):
+        for _ in range(5):
+            model(idx, idx)[1].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(fused_model.parameters(), default_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 def test_tiny_model_overfits_one_batch(n_kv_head):
     torch.manual_seed(0)
