@@ -1,8 +1,8 @@
 """Training throughput (tokens/s) and MFU of gptlab, side by side with a minimal reference GPT-2.
 
-    python bench/train_throughput.py                                   # the CPU table (about 8 minutes on 2 cores)
+    python bench/train_throughput.py                        # README's table: ~3 min on 2 CPU cores, ~8 the first time
     python bench/train_throughput.py --presets gpt2 --variants gptlab-compiled --no-json
-    python bench/train_throughput.py --json /tmp/now.json              # compare with bench/results/
+    python bench/train_throughput.py --json /tmp/now.json   # compare with bench/results/train_throughput_cpu.json
 
 How it is measured. A training step is train.py's own `train_step` (forward with the
 loss under autocast, backward, gradient clipping at 1.0, the AdamW step, zero_grad

@@ -172,7 +172,8 @@ class GPT(nn.Module):
         ]
         # The fused kernel updates each parameter in one pass. On a CPU, torch's default
         # (a chain of foreach ops, each sweeping all the optimizer state) is ~10x slower:
-        # ~0.45 s of every gpt2-preset step on two cores. fused=None (not False) leaves
-        # torch its default elsewhere; False would force the slowest per-tensor loop.
+        # 0.39 s against 0.04 s, ~5% of a gpt2-preset step on two cores. fused=None
+        # (not False) leaves torch its default elsewhere; False would force the slowest
+        # per-tensor loop.
         fused = device_type in ("cuda", "cpu")
         return torch.optim.AdamW(groups, lr=learning_rate, betas=tuple(betas), fused=fused or None)
