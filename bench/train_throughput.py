@@ -41,7 +41,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from train import train_step  # noqa: E402
 from training.distributed import Distributed  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
-from training.runtime import DTYPES, Precision, configure_cuda, resolve_precision  # noqa: E402
+from training.runtime import DTYPES, Precision, configure_cuda, resolve_device, resolve_precision  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
 DEFAULT_BATCH = {"nano": 8, "mini": 8, "small": 8, "gpt2": 1}
@@ -191,7 +191,7 @@ def format_row(r: Row) -> str:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--presets", nargs="+", default=["mini", "small", "gpt2"], choices=list(DEFAULT_BATCH))
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
@@ -207,12 +207,16 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be at least 1: the first step compiles and allocates")
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     return args
 
 
 def main() -> None:
     args = parse_args()
-    device = torch.device(args.device)
+    device = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
