@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from conf import model_preset  # noqa: E402
 from model import GPT, KVCache, Sampling, stream, to_decode_layout  # noqa: E402
+from training.runtime import synchronize  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
 GREEDY = Sampling(temperature=0)
@@ -57,11 +58,6 @@ class Row:
     ms_per_token: float
     tokens_per_s: float
     ceiling_tokens_per_s: float  # memory read bandwidth / bytes read per decode step
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_bandwidth(device: torch.device, repeats: int) -> float:

@@ -41,7 +41,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from train import train_step  # noqa: E402
 from training.distributed import Distributed  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
-from training.runtime import DTYPES, Precision, configure_cuda, resolve_device, resolve_precision  # noqa: E402
+from training.runtime import DTYPES, Precision, configure_cuda, resolve_device, resolve_precision, synchronize  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
 DEFAULT_BATCH = {"nano": 8, "mini": 8, "small": 8, "gpt2": 1}
@@ -109,11 +109,6 @@ def build_trainers(
             model.load_state_dict(weights)
             trainers[variant] = Trainer(model, mode == "compiled", precision, device)
     return trainers
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed_steps(trainers: dict[str, Trainer], loader: FixedBatch, warmup: int, steps: int) -> dict[str, list[float]]:

@@ -69,6 +69,12 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     return Precision(name, device.type)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued CUDA work, so wall-clock timings cover it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def configure_cuda() -> None:
     """TF32 tensor cores for fp32 matmuls and convolutions: ~10 bits of mantissa,
     plenty for training, several times faster on Ampere and newer."""
