@@ -2,9 +2,11 @@
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
-from .generate import generate, stream, to_decode_layout
+from .decode_layout import to_decode_layout
+from .generate import generate, stream
 from .gpt import GPT, IGNORE_INDEX
 from .kv_cache import KVCache
+from .memory import huge_page_zeros
 from .sampling import Sampling, sample_next
 
 __all__ = [
@@ -18,4 +20,5 @@ __all__ = [
     "generate",
     "stream",
     "to_decode_layout",
+    "huge_page_zeros",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .gpt import GPT
 from .kv_cache import KVCache
@@ -65,21 +65,6 @@ def stream(
             logits = _prefill(model, cache, history[:, :n], pad)
         else:
             logits = model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]
-
-
-def to_decode_layout(model: GPT) -> GPT:
-    """Lay out every Linear weight on the CPU for matrix-vector products, keeping its
-    shape, values and Parameter: column-major when it has at least as many outputs as
-    inputs, so that BLAS streams the longer dimension. Decoding one token multiplies
-    every weight by a vector, and this reads the weights about 1.4x faster than
-    PyTorch's row-major default (see bench/decode.py). Weights on other devices are
-    left as they are. Meant for inference: the weights are no longer contiguous (call
-    .contiguous() on them before saving)."""
-    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    for weight in (linear.weight for linear in linears):
-        if weight.device.type == "cpu" and weight.size(0) >= weight.size(1) and weight.is_contiguous():
-            weight.data = weight.data.t().contiguous().t()  # same shape, transposed memory
-    return model
 
 
 def generate(

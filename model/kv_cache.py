@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from .config import GPTConfig
+from .memory import huge_page_zeros
 
 
 class KVCache:
@@ -29,8 +30,9 @@ class KVCache:
     ) -> None:
         self.max_len = max_len or config.block_size
         shape = (batch_size, config.n_kv_head, self.max_len, config.head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        self.keys = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
+        self.values = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
         self.length = 0
         self.pad: Tensor | None = None  # (batch,) padding per row; None when no row is padded
 
@@ -89,3 +91,10 @@ class KVCache:
     def advance(self, T: int) -> None:
         """Count the T positions every layer has just stored."""
         self.length += T
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A decode step streams the whole cache, so on a CPU it lives in huge pages."""
+    if device.type == "cpu":
+        return huge_page_zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,44 @@
+"""Weights laid out for decoding on a CPU.
+
+Decoding one token multiplies every weight matrix by a vector, so a batch-1 decode
+step streams all the weights from memory once and its speed is how fast they arrive.
+Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset):
+- orientation: BLAS streams a matrix faster along its longer dimension, so a weight
+  with at least as many outputs as inputs is stored column-major (about 1.4x faster
+  than PyTorch's row-major default);
+- pages: all weights share one buffer of huge pages (see memory.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .gpt import GPT
+from .memory import huge_page_zeros
+
+_ALIGN = 64  # bytes: every packed weight starts on a cache line
+
+
+def to_decode_layout(model: GPT) -> GPT:
+    """Repack every Linear weight on the CPU for matrix-vector products, keeping its
+    shape, values and Parameter (tied weights stay tied): column-major when it has at
+    least as many outputs as inputs, row-major otherwise, all in one huge-page buffer.
+    Weights on other devices are left as they are. Meant for inference: the weights
+    are no longer separate contiguous tensors (call .contiguous() on them before saving)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
+    weights = [w for w in weights.values() if w.device.type == "cpu"]
+    starts = [0]
+    for weight in weights:
+        starts.append(starts[-1] + -(-weight.nbytes // _ALIGN) * _ALIGN)
+    arena = huge_page_zeros((starts[-1],), torch.uint8)
+    with torch.no_grad():
+        for weight, start in zip(weights, starts):
+            out_features, in_features = weight.shape
+            column_major = out_features >= in_features
+            # Column-major (out, in) is row-major (in, out) memory, seen through .t().
+            rows, cols = (in_features, out_features) if column_major else (out_features, in_features)
+            packed = arena[start : start + weight.nbytes].view(weight.dtype).view(rows, cols)
+            packed.copy_(weight.t() if column_major else weight)
+            weight.data = packed.t() if column_major else packed
+    return model

@@ -1,0 +1,81 @@
+"""Huge-page memory for decoding: what it holds, and that the OS really backs it with
+huge pages where it offers them."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from model import KVCache, huge_page_zeros, to_decode_layout
+from tests.conftest import tiny_config
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+thp_offered = pytest.mark.skipif(
+    sys.platform != "linux" or not THP.exists() or "[never]" in THP.read_text(),
+    reason="the OS offers no transparent huge pages",
+)
+
+
+def huge_page_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of huge pages in the memory mapping that holds tensor's data."""
+    address = tensor.data_ptr()
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split()[0]
+        if "-" in first and ":" not in first:  # a mapping's header: start-end perms ...
+            start, end = (int(part, 16) for part in first.split("-"))
+            inside = start <= address < end
+        elif inside and first == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds address {address:#x}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+def test_huge_page_zeros_is_a_zeroed_writable_contiguous_tensor(dtype):
+    tensor = huge_page_zeros((3, 5, 7), dtype)
+    assert tensor.shape == (3, 5, 7) and tensor.dtype == dtype and tensor.is_contiguous()
+    assert tensor.device.type == "cpu" and not tensor.any()
+    tensor[1, 2] = 3
+    assert int(tensor.sum()) == 3 * 7
+    assert huge_page_zeros((0, 4), dtype).shape == (0, 4)
+
+
+@thp_offered
+def test_huge_page_zeros_is_backed_by_huge_pages():
+    tensor = huge_page_zeros((4, 2**20))  # 16 MiB
+    tensor.fill_(1.0)  # pages exist once touched
+    # All but the unaligned 2 MiB at either end can be huge pages.
+    assert huge_page_bytes(tensor) >= tensor.nbytes - 4 * 2**20
+
+
+def gpt2_like_shapes_model(make_model):
+    """Two layers wide enough that the packed weights span several huge pages."""
+    return make_model(n_embd=256, n_head=4, block_size=64, vocab_size=4096)
+
+
+@thp_offered
+def test_decode_layout_packs_every_linear_weight_into_one_huge_page_buffer(make_model):
+    model = to_decode_layout(gpt2_like_shapes_model(make_model))
+    weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    storages = {w.untyped_storage().data_ptr() for w in weights}
+    assert len(storages) == 1
+    total = sum(w.nbytes for w in {id(w): w for w in weights}.values())
+    assert huge_page_bytes(weights[0]) >= total - 4 * 2**20
+
+
+@thp_offered
+def test_cpu_kv_cache_lives_in_huge_pages():
+    cache = KVCache(tiny_config(n_embd=64, block_size=1024), batch_size=64)  # 16 MiB per tensor
+    for tensor in cache.keys + cache.values:
+        tensor.fill_(1.0)
+        assert huge_page_bytes(tensor) >= tensor.nbytes - 4 * 2**20
+
+
+def test_kv_cache_layers_are_separate_zeroed_tensors():
+    cache = KVCache(tiny_config(), batch_size=2, max_len=8, dtype=torch.bfloat16)
+    tensors = cache.keys + cache.values
+    assert all(t.dtype == torch.bfloat16 and not t.any() for t in tensors)
+    cache.keys[0].fill_(1.0)
+    assert all(not t.any() for t in tensors[1:])
