@@ -6,11 +6,22 @@
     x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
 """
 
+import importlib
+
 from data.config import DataConfig
 from data.errors import DataError
 from data.loader import BatchLoader
-from data.prepare import PreparedData, prepare
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
+
+_PREPARATION = {"PreparedData", "prepare"}
+
+
+def __getattr__(name: str):
+    # Preparing data needs `datasets`, about a second to import; sample.py, which only
+    # reads a tokenizer, should not pay for it. So these names load on first use.
+    if name in _PREPARATION:
+        return getattr(importlib.import_module("data.preparation"), name)
+    raise AttributeError(f"module 'data' has no attribute {name!r}")
 
 __all__ = [
     "BatchLoader",

@@ -20,7 +20,7 @@ import yaml
 
 from data.config import DataConfig
 from data.errors import DataError
-from data.prepare import prepare
+from data.preparation import prepare
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "data"
 

@@ -1,19 +1,17 @@
 """The prepare step: shards and meta.json, reuse by fingerprint, safety under interruption."""
 
 import dataclasses
-import importlib
 import json
 import os
 
 import numpy as np
 import pytest
 
+import data.preparation as prepare_module
 import data.sources
 from data import BatchLoader, DataConfig, DataError, Gpt2Tokenizer, load_tokenizer, prepare
 from data.cli import PRESETS_DIR, config_from_overrides, main
 
-# The module, not the function `data.prepare` that the package exports under the same name.
-prepare_module = importlib.import_module("data.prepare")
 EOT = "<|endoftext|>"
 DOCUMENTS = ["alpha beta gamma\n", "the second document, longer than the first one\n", "third: ünïcödé ✓\n"]
 
