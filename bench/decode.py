@@ -16,9 +16,15 @@ the bandwidth below is taken the same way. tokens/s counts all rows.
 Batch-1 decode reads every weight once per token, so its ceiling is the memory read
 bandwidth over the bytes read per step: the weights (the position table counts one
 row) plus the cached keys and values. The bandwidth is measured as a large fp32
-matrix-vector product (the fastest of --repeats). At batch 8 a CPU is compute-bound,
+matrix-vector product (the fastest of --repeats), over a matrix in huge pages like the
+decode weights. A plain sum over the same matrix is printed beside it: it reads faster
+than BLAS's matrix-vector product does. At batch 8 a CPU is compute-bound,
 so that ceiling is far away. The full-recompute figure runs the whole sequence
 through the model for each token, as a loop without a cache does.
+
+Last, each weight's matrix-vector product of the first variant is timed alone, in the
+model's order (so each weight comes from memory), as a rate against the bandwidth: this
+shows which matrix shapes BLAS streams slower than the large one.
 
 On a shared CPU, --threads 1 gives steady figures: batch-1 decode is as fast with one
 thread (BLAS runs matrix-vector products on one core), and two threads stall
@@ -31,12 +37,15 @@ import argparse
 import json
 import os
 import platform
+import re
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
@@ -120,6 +129,28 @@ def recompute_step_seconds(model: GPT, prompt: list[int], steps: int) -> float:
         synchronize(idx.device)
         seconds.append(time.perf_counter() - start)
     return min(seconds)
+
+
+@torch.inference_mode()
+def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
+    """Where batch-1 decode loses to the ceiling: each weight's matrix-vector product
+    timed alone, in the model's order so that each weight comes from memory as in a
+    decode step. Returns {role: ("out x in", bytes/s)}, the median over passes."""
+    linears = [(re.sub(r"^transformer\.h\.\d+\.", "", name), m) for name, m in model.named_modules()
+               if isinstance(m, nn.Linear)]
+    device = model.lm_head.weight.device
+    inputs = {id(m): torch.randn(1, m.in_features, device=device) for _, m in linears}
+    seconds: dict[str, list[float]] = {}
+    for _ in range(passes):
+        for role, linear in linears:
+            synchronize(device)
+            start = time.perf_counter()
+            linear(inputs[id(linear)])
+            synchronize(device)
+            seconds.setdefault(role, []).append(time.perf_counter() - start)
+    shapes = {role: m.weight for role, m in linears}
+    return {role: ("x".join(map(str, shapes[role].shape)), shapes[role].nbytes / statistics.median(times))
+            for role, times in seconds.items()}
 
 
 def build_model(n_kv_head: int, device: torch.device) -> GPT:
@@ -210,6 +241,11 @@ def main() -> None:
     speedup = mqa_speedup(rows, max(args.batch), args.long)
     if speedup is not None:
         print(f"MQA vs MHA at batch {max(args.batch)}, context {args.long}: {speedup:.2f}x the tokens/s")
+    variant = args.variants[0]
+    rates = matrix_rates(build_model(VARIANTS[variant], device), args.repeats)
+    print(f"{variant} batch 1: each weight's matrix-vector product timed alone (median of {args.repeats} passes)")
+    for role, (shape, rate) in rates.items():
+        print(f"  {role:<12}{shape:>11}{rate / 1e9:>7.1f} GB/s{100 * rate / bandwidth:>5.0f}% of the bandwidth")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({
@@ -220,6 +256,7 @@ def main() -> None:
             "rows": [asdict(r) for r in rows],
             "recompute_over_cached": recompute_ratio,
             "mqa_over_mha_tokens_per_s": speedup,
+            "matrix_gb_s": {role: rate / 1e9 for role, (_, rate) in rates.items()},
         }, indent=2))
 
 

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from model import KVCache, huge_page_zeros, to_decode_layout
-from tests.conftest import tiny_config
+
+from conftest import tiny_config
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 thp_offered = pytest.mark.skipif(
