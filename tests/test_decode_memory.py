@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from model import KVCache, huge_page_zeros, to_decode_layout
+from model import KVCache, Sampling, generate, huge_page_zeros, to_decode_layout
 
 from conftest import tiny_config
 
@@ -80,3 +80,13 @@ def test_kv_cache_layers_are_separate_zeroed_tensors():
     assert all(t.dtype == torch.bfloat16 and not t.any() for t in tensors)
     cache.keys[0].fill_(1.0)
     assert all(not t.any() for t in tensors[1:])
+
+
+def test_decode_layout_keeps_a_bf16_model_and_its_generation(make_model):
+    model = make_model(n_kv_head=2).to(torch.bfloat16)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    start = [5, 17, 3, 44]
+    tokens = generate(model, [start], 12, Sampling(temperature=0))
+    to_decode_layout(model)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert generate(model, [start], 12, Sampling(temperature=0)) == tokens
