@@ -16,8 +16,8 @@ the bandwidth below is taken the same way. tokens/s counts all rows.
 Batch-1 decode reads every weight once per token, so its ceiling is the memory read
 bandwidth over the bytes read per step: the weights (the position table counts one
 row) plus the cached keys and values. The bandwidth is measured as a large fp32
-matrix-vector product (the fastest of --repeats), over a matrix in huge pages like the
-decode weights. A plain sum over the same matrix is printed beside it: it reads faster
+matrix-vector product (the fastest of --repeats, of a square and a wide 256 MiB matrix,
+each read in both layouts), in huge pages like the decode weights. A plain sum over the same matrix is printed beside it: it reads faster
 than BLAS's matrix-vector product does. At batch 8 a CPU is compute-bound,
 so that ceiling is far away. The full-recompute figure runs the whole sequence
 through the model for each token, as a loop without a cache does.
@@ -70,19 +70,21 @@ class Row:
 
 
 def measure_bandwidth(device: torch.device, repeats: int) -> tuple[float, float]:
-    """Memory read bandwidth in bytes/s over a matrix far larger than any cache (256 MiB
-    on CPU, in huge pages like the decode weights; 2 GiB on GPU), two ways: an fp32
-    matrix-vector product, which reads each element once (the faster of the row-major
-    and column-major layouts counts), and a plain sum, the fastest read there is."""
-    rows, cols = (8192 if device.type == "cpu" else 65536), 8192
-    if device.type == "cpu":
-        matrix = huge_page_zeros((rows, cols)).normal_()
-    else:
-        matrix = torch.randn(rows, cols, device=device)
-    # .t() reads the same bytes as a column-major (cols, rows) matrix
-    layouts = [(matrix, torch.randn(cols, device=device)), (matrix.t(), torch.randn(rows, device=device))]
-    mv = max(matrix.nbytes / fastest_seconds(lambda: torch.mv(m, v), device, repeats) for m, v in layouts)
-    return mv, matrix.nbytes / fastest_seconds(matrix.sum, device, repeats)
+    """Memory read bandwidth in bytes/s, two ways, over matrices far larger than any
+    cache (256 MiB on CPU, in huge pages like the decode weights; 2 GiB on GPU): an fp32
+    matrix-vector product, which reads each element once (the fastest of a square and
+    a wide matrix, each read row-major and column-major: BLAS streams long rows or
+    columns fastest), and a plain sum, the fastest read there is."""
+    fastest_mv, plain_read = 0.0, 0.0
+    for rows, cols in ((8192, 8192), (1024, 65536)):
+        rows *= 1 if device.type == "cpu" else 8
+        matrix = huge_page_zeros((rows, cols)).normal_() if device.type == "cpu" else torch.randn(rows, cols, device=device)
+        # .t() reads the same bytes as a column-major (cols, rows) matrix
+        for m, v in ((matrix, torch.randn(cols, device=device)), (matrix.t(), torch.randn(rows, device=device))):
+            fastest_mv = max(fastest_mv, matrix.nbytes / fastest_seconds(lambda: torch.mv(m, v), device, repeats))
+        plain_read = max(plain_read, matrix.nbytes / fastest_seconds(matrix.sum, device, repeats))
+        del matrix
+    return fastest_mv, plain_read
 
 
 def fastest_seconds(fn, device: torch.device, repeats: int) -> float:
@@ -153,17 +155,17 @@ def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
             for role, times in seconds.items()}
 
 
-def build_model(n_kv_head: int, device: torch.device) -> GPT:
+def build_model(n_kv_head: int, device: torch.device, huge_pages: bool) -> GPT:
     torch.manual_seed(0)
     with device:
         model = GPT(model_preset("gpt2", f"model.n_kv_head={n_kv_head}")).eval()
-    return to_decode_layout(model)
+    return to_decode_layout(model, huge_pages)
 
 
 def run(args: argparse.Namespace, device: torch.device, bandwidth: float) -> tuple[list[Row], dict[str, float]]:
     rows, recompute_ratio = [], {}
     for name in args.variants:
-        model = build_model(VARIANTS[name], device)
+        model = build_model(VARIANTS[name], device, huge_pages=not args.small_pages)
         block_size = model.config.block_size
         for batch in args.batch:
             kv_mb = KVCache(model.config, batch, block_size, device="meta").megabytes
@@ -216,6 +218,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps before them")
     parser.add_argument("--recompute-steps", type=int, default=2, help="timed full-recompute steps (0: skip)")
     parser.add_argument("--repeats", type=int, default=20, help="bandwidth measurements (the fastest counts)")
+    parser.add_argument("--small-pages", action="store_true",
+                        help="decode weights in ordinary 4 KiB pages, to compare with the huge-page default")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.long + args.warmup + args.tokens + 1 > 1024:
@@ -230,7 +234,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     bandwidth, plain_read = measure_bandwidth(device, args.repeats)
-    print(f"gpt2 preset, fp32, {device.type} ({describe_machine(device)}), torch {torch.__version__}")
+    pages = "4 KiB pages" if args.small_pages else "huge pages"
+    print(f"gpt2 preset, fp32, {device.type} ({describe_machine(device)}), torch {torch.__version__}, weights in {pages}")
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, fastest of {args.repeats}); "
           f"a plain sum reads {plain_read / 1e9:.1f} GB/s")
     print(f"greedy decode, the fastest of {args.tokens} steps after {args.warmup} warm-up steps; "
@@ -242,8 +247,9 @@ def main() -> None:
     if speedup is not None:
         print(f"MQA vs MHA at batch {max(args.batch)}, context {args.long}: {speedup:.2f}x the tokens/s")
     variant = args.variants[0]
-    rates = matrix_rates(build_model(VARIANTS[variant], device), args.repeats)
-    print(f"{variant} batch 1: each weight's matrix-vector product timed alone (median of {args.repeats} passes)")
+    rates = matrix_rates(build_model(VARIANTS[variant], device, huge_pages=not args.small_pages), args.repeats)
+    print(f"{variant} batch 1: each weight's matrix-vector product timed alone "
+          f"(median over its layers and {args.repeats} passes)")
     for role, (shape, rate) in rates.items():
         print(f"  {role:<12}{shape:>11}{rate / 1e9:>7.1f} GB/s{100 * rate / bandwidth:>5.0f}% of the bandwidth")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
@@ -251,6 +257,7 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "device": f"{device.type} ({describe_machine(device)})",
             "torch": torch.__version__,
+            "huge_pages": not args.small_pages,
             "bandwidth_gb_s": bandwidth / 1e9,
             "plain_read_gb_s": plain_read / 1e9,
             "rows": [asdict(r) for r in rows],

@@ -7,6 +7,7 @@
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from data.config import DataConfig
 from data.errors import DataError
@@ -14,6 +15,8 @@ from data.loader import BatchLoader
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
 
 _PREPARATION = {"PreparedData", "prepare"}
+if TYPE_CHECKING:
+    from data.preparation import PreparedData, prepare
 
 
 def __getattr__(name: str):
@@ -22,6 +25,10 @@ def __getattr__(name: str):
     if name in _PREPARATION:
         return getattr(importlib.import_module("data.preparation"), name)
     raise AttributeError(f"module 'data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(globals().keys() | _PREPARATION)
 
 __all__ = [
     "BatchLoader",

@@ -1,8 +1,8 @@
 """CPU memory backed by transparent huge pages, for tensors that are streamed whole.
 
 A batch-1 decode step reads every weight and every cached key and value once. With
-ordinary 4 KiB pages such a stream misses the TLB every 4 KiB; with 2 MiB pages it
-reads measurably faster (bench/decode.py: about 1.12x for the gpt2 preset's weights).
+ordinary 4 KiB pages such a stream needs a new TLB entry every 4 KiB; with 2 MiB pages
+it reads measurably faster (bench/decode.py --small-pages compares the two).
 """
 
 from __future__ import annotations
@@ -14,19 +14,30 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+HUGE_PAGE = 2 * 2**20  # bytes: x86-64's and arm64's usual transparent huge page
+
 
 def huge_page_zeros(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
     """A zero-filled contiguous CPU tensor, backed by transparent huge pages where the
     OS offers them (Linux, with THP in `madvise` or `always` mode) and by ordinary
-    memory elsewhere."""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    memory elsewhere. Huge pages are only a hint: without them this is torch.zeros."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if advice is None or nbytes == 0:
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if advice is None or nbytes < HUGE_PAGE:
         return torch.zeros(shape, dtype=dtype)
-    # Private, not mmap's default shared mapping: shared memory takes huge pages only
-    # under a separate kernel setting (shmem_enabled), usually off. Fresh anonymous
-    # pages read as zeros.
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buffer.madvise(advice)
-    # The tensor holds a reference to the mapping, which lives as long as it does.
-    return torch.frombuffer(buffer, dtype=dtype).view(shape)
+    try:
+        # Private, not mmap's default shared mapping: shared memory takes huge pages only
+        # under a separate kernel setting (shmem_enabled), usually off. One spare huge
+        # page lets the tensor start on a huge-page boundary.
+        buffer = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return torch.zeros(shape, dtype=dtype)
+    try:
+        buffer.madvise(advice)
+    except OSError:  # a kernel built without THP refuses the advice; plain pages do
+        pass
+    # Fresh anonymous pages read as zeros; the tensor holds a reference to the mapping,
+    # which lives as long as any view of it.
+    whole = torch.frombuffer(buffer, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE
+    return whole[start : start + nbytes].view(dtype).view(shape)

@@ -16,7 +16,7 @@ def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     run = subprocess.run([sys.executable, "bench/decode.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
-    assert result["bandwidth_gb_s"] > 0 and result["plain_read_gb_s"] > 0
+    assert result["bandwidth_gb_s"] > 0 and result["plain_read_gb_s"] > 0 and result["huge_pages"] is True
     assert [(r["variant"], r["context"]) for r in result["rows"]] == [("MQA", 4), ("MQA", 8), ("MHA", 4), ("MHA", 8)]
     for row in result["rows"]:
         assert row["ms_per_token"] > 0 and row["ceiling_tokens_per_s"] > 0

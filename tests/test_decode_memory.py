@@ -1,6 +1,7 @@
 """Huge-page memory for decoding: what it holds, and that the OS really backs it with
 huge pages where it offers them."""
 
+import mmap
 import sys
 from pathlib import Path
 
@@ -33,14 +34,33 @@ def huge_page_bytes(tensor: torch.Tensor) -> int:
     raise AssertionError(f"no mapping holds address {address:#x}")
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 2**20 + 3)])  # below and above one huge page
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
-def test_huge_page_zeros_is_a_zeroed_writable_contiguous_tensor(dtype):
-    tensor = huge_page_zeros((3, 5, 7), dtype)
-    assert tensor.shape == (3, 5, 7) and tensor.dtype == dtype and tensor.is_contiguous()
+def test_huge_page_zeros_is_a_zeroed_writable_contiguous_tensor(shape, dtype):
+    tensor = huge_page_zeros(shape, dtype)
+    assert tensor.shape == shape and tensor.dtype == dtype and tensor.is_contiguous()
     assert tensor.device.type == "cpu" and not tensor.any()
-    tensor[1, 2] = 3
-    assert int(tensor.sum()) == 3 * 7
+    tensor.view(-1)[-5:-2] = 3
+    assert int(tensor.sum()) == 9
     assert huge_page_zeros((0, 4), dtype).shape == (0, 4)
+
+
+class RefusingMmap(mmap.mmap):
+    """A mapping on a kernel built without transparent huge pages."""
+
+    def madvise(self, *args):
+        raise OSError(22, "Invalid argument")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no huge-page advice on this OS")
+def test_a_kernel_that_refuses_huge_pages_still_gets_working_memory(monkeypatch, make_model):
+    monkeypatch.setattr(mmap, "mmap", RefusingMmap)
+    tensor = huge_page_zeros((4, 2**20))
+    assert not tensor.any() and tensor.is_contiguous()
+    model = make_model(n_embd=256, n_head=4, vocab_size=4096)
+    logits, _ = model(torch.arange(12)[None])
+    to_decode_layout(model)
+    torch.testing.assert_close(model(torch.arange(12)[None])[0], logits)
 
 
 @thp_offered
