@@ -6,8 +6,8 @@ Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset):
 - orientation: BLAS streams a matrix faster along its longer dimension, so a weight
   with at least as many outputs as inputs is stored column-major (about 1.4x faster
   than PyTorch's row-major default);
-- pages: all weights share one buffer of huge pages (see memory.py; 1.03-1.10x faster
-  in one-process A/B runs, and every matrix streams 5-15% faster).
+- pages: all weights share one buffer of huge pages (see memory.py; 1.01-1.11x faster
+  decode in side-by-side runs, and every matrix streams 5-15% faster).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
     starts = [0]
     for weight in weights:
         starts.append(starts[-1] + -(-weight.nbytes // _ALIGN) * _ALIGN)
-    arena = huge_page_zeros((starts[-1],), torch.uint8) if huge_pages else torch.zeros(starts[-1], dtype=torch.uint8)
+    zeros = huge_page_zeros if huge_pages else torch.zeros
+    arena = zeros((starts[-1],), dtype=torch.uint8)
     with torch.no_grad():
         for weight, start in zip(weights, starts):
             out_features, in_features = weight.shape
