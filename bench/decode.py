@@ -17,10 +17,11 @@ Batch-1 decode reads every weight once per token, so its ceiling is the memory r
 bandwidth over the bytes read per step: the weights (the position table counts one
 row) plus the cached keys and values. The bandwidth is measured as a large fp32
 matrix-vector product (the fastest of --repeats, of a square and a wide 256 MiB matrix,
-each read in both layouts), in huge pages like the decode weights. A plain sum over the same matrix is printed beside it: it reads faster
-than BLAS's matrix-vector product does. At batch 8 a CPU is compute-bound,
-so that ceiling is far away. The full-recompute figure runs the whole sequence
-through the model for each token, as a loop without a cache does.
+each read in both layouts), in huge pages like the decode weights. A plain sum over the
+same matrices is printed beside it: it reads faster than BLAS's matrix-vector product
+does. At batch 8 a CPU is compute-bound, so that ceiling is far away. The
+full-recompute figure runs the whole sequence through the model for each token, as a
+loop without a cache does.
 
 Last, each weight's matrix-vector product of the first variant is timed alone, in the
 model's order (so each weight comes from memory), as a rate against the bandwidth: this
@@ -150,8 +151,8 @@ def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
             linear(inputs[id(linear)])
             synchronize(device)
             seconds.setdefault(role, []).append(time.perf_counter() - start)
-    shapes = {role: m.weight for role, m in linears}
-    return {role: ("x".join(map(str, shapes[role].shape)), shapes[role].nbytes / statistics.median(times))
+    weights = {role: m.weight for role, m in linears}
+    return {role: ("x".join(map(str, weights[role].shape)), weights[role].nbytes / statistics.median(times))
             for role, times in seconds.items()}
 
 

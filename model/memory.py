@@ -21,7 +21,7 @@ def huge_page_zeros(shape: Sequence[int], dtype: torch.dtype = torch.float32) ->
     """A zero-filled contiguous CPU tensor, backed by transparent huge pages where the
     OS offers them (Linux, with THP in `madvise` or `always` mode) and by ordinary
     memory elsewhere. Huge pages are only a hint: without them this is torch.zeros."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
     if advice is None or nbytes < HUGE_PAGE:
         return torch.zeros(shape, dtype=dtype)
