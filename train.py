@@ -9,8 +9,10 @@
 The story of one run, top to bottom: validate the config, join the process group
 (under torchrun), find or create the run directory, prepare the data, build the
 model (fresh or from a checkpoint), then step: forward under autocast, backward with
-gradient accumulation, clip, update; evaluate and checkpoint every eval_interval
-steps; stop cleanly on a signal. Rank 0 alone evaluates, logs and writes files.
+gradient accumulation, clip, update, all decided on the device. The host reads the
+step's results only at boundaries (every log_interval steps, at evaluation and at a
+stop), where it logs; every eval_interval steps all ranks evaluate and rank 0 saves
+a checkpoint; a signal stops the run cleanly at a boundary.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hydra
@@ -30,18 +32,17 @@ from data import BatchLoader, DataError, prepare
 from model import GPT
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
-    Distributed, all_ranks_mean, any_rank, barrier, broadcast_from_main, gather_to_main, gradient_sync,
-    init_distributed, shutdown, wrap_model,
+    Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
 )
+from training.evaluate import Evaluator
 from training.init_from import initial_model
 from training.logger import RunLogger
-from training.mfu import estimate_mfu, peak_flops
+from training.mfu import Peak, estimate_mfu, peak_flops
 from training.run_dir import new_run_dir, resolve_resume, save_run_config
-from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything, set_rng_state
+from training.runtime import configure_cuda, reseed, resolve_precision, rng_state, seed_everything, set_rng_state
 from training.schedule import learning_rate
 from training.signals import GracefulStop
-
-EVAL_SEED_OFFSET = 1_000_003  # evaluation batches come from their own draw
+from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
 
 
 class NonFiniteLoss(RuntimeError):
@@ -67,11 +68,36 @@ def train(cfg: DictConfig) -> Path:
         shutdown(group)
 
 
-def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed, device: torch.device) -> Path:
+@dataclass
+class Session:
+    """Everything the loop works with, built once by run()."""
+
+    config: Config
+    group: Distributed
+    device: torch.device
+    run_dir: Path
+    model: GPT  # the plain model: what checkpoints hold
+    compiled: torch.nn.Module  # what evaluation runs (torch.compile'd when asked)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    train_step: TrainStep
+    batches: Prefetcher
+    evaluate: Evaluator
+    logger: RunLogger
+    checkpoint_config: dict
+    tokens_per_step: int
+    flops_per_token: float
+    peak: Peak | None
+
+
+def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
+        device: torch.device) -> Path:
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
-        configure_cuda()
-    accum = grad_accum_steps(config, config.model.block_size, group.world_size)
+        configure_cuda(config.tf32)
+    # The context of the model about to be built (a new run's from init_from is cropped to it).
+    block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
+    accum = grad_accum_steps(config, block_size, group.world_size)  # checked before any heavy work
     if resume_from:
         run_dir = resume_from.run_dir
     else:  # only rank 0 chooses: a timestamp read on each rank could differ
@@ -80,155 +106,164 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
 
     data = prepare_on_main_first(config, group)
     tokenizer = data.tokenizer()
+    model, origin = build_model(cfg, config, resume_from, tokenizer, device)
+    optimizer = model.configure_optimizer(
+        config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
+    )
+    scaler = precision.grad_scaler()
+    peak = peak_of(config, device, precision.name) if group.is_main else None
+    step, best_val_loss, resumed = 0, math.inf, ""
+    if resume_from:  # nothing draws from the random streams between this and the first step
+        step, best_val_loss, resumed = restore(resume_from, model, optimizer, scaler, config, group, device)
+    elif group.is_main:
+        save_run_config(run_dir, cfg)
+    compiled = torch.compile(model) if config.compile else model
+    train_model = wrap_model(compiled, group, device)  # DDP broadcasts rank 0's weights here
+
+    loader = BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.seed,
+                         rank=group.rank, world_size=group.world_size, device=device, accum_steps=accum)
+    session = Session(
+        config=config, group=group, device=device, run_dir=run_dir, model=model, compiled=compiled,
+        optimizer=optimizer, scaler=scaler,
+        train_step=TrainStep(train_model, optimizer, scaler, precision=precision, accum_steps=accum,
+                             grad_clip=config.optim.grad_clip, group=group),
+        batches=Prefetcher(loader),
+        evaluate=Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, seed=config.seed,
+                           eval_iters=config.eval_iters, precision=precision, group=group, device=device),
+        logger=RunLogger(
+            run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
+            wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
+            enabled=group.is_main,
+        ),
+        checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
+        tokens_per_step=config.batch_size * block_size * accum * group.world_size,
+        flops_per_token=model.flops_per_token(block_size),
+        peak=peak,
+    )
+    session.logger.print(header(session, precision.name, accum, origin, resumed))
+    checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
+    session.logger.close()
+    barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
+    session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
+    return run_dir
+
+
+def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> Path | None:
+    """Step to max_iters (or a stop); returns the last checkpoint."""
+    config = s.config
+    if step == 0:
+        log_eval(s, 0, s.evaluate(s.compiled))
+    window, window_start = TrainWindow(s.device), time.perf_counter()
+    with GracefulStop() as stop:
+        while step < config.max_iters:
+            lr = set_learning_rate(s.optimizer, step, config)
+            result = s.train_step(s.batches, step, stop_requested=stop.requested is not None)
+            step += 1
+            window.add(step, result)
+            at_eval = step % config.eval_interval == 0 or step == config.max_iters
+            # Alone, a signal is acted on at once; under DDP at the next boundary, where
+            # every rank reads the same all-reduced stop flag.
+            stop_alone = stop.requested is not None and not s.group.enabled
+            if not (step % config.logging.log_interval == 0 or at_eval or stop_alone):
+                continue
+            summary = window.read()  # the host waits for the device here, and only here
+            check_finite(summary, config.on_nonfinite, checkpoint, s.logger)
+            log_train(s, step, lr, summary, time.perf_counter() - window_start)
+            if at_eval or summary.stop:
+                checkpoint, best_val_loss = evaluate_and_save(s, step, best_val_loss, evaluate=at_eval)
+            if summary.stop:
+                s.logger.print(f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}")
+                break
+            window_start = time.perf_counter()  # evaluation and saving are not training time
+    return checkpoint
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:
+    lr = learning_rate(
+        step, max_lr=config.optim.learning_rate, min_lr=config.optim.min_lr, warmup_iters=config.optim.warmup_iters,
+        decay_iters=config.optim.decay_iters or config.max_iters,
+    )
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = lr
+    return lr
+
+
+def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger) -> None:
+    """Non-finite steps applied no update; `stop` ends the run here, at the first
+    boundary after them, before anything is saved."""
+    if not summary.nonfinite:
+        return
+    if policy == "stop":
+        raise NonFiniteLoss(
+            f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
+            f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "
+            "optim.learning_rate, or set on_nonfinite=skip to skip such steps"
+        )
+    logger.print(f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
+                 "updates skipped (on_nonfinite=skip)")
+
+
+def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> None:
+    tok_per_s = s.tokens_per_step * summary.steps / seconds
+    s.logger.log({
+        "kind": "train", "step": step, "loss": summary.loss, "lr": lr, "tokens": step * s.tokens_per_step,
+        "tok_per_s": tok_per_s, "mfu": estimate_mfu(s.flops_per_token, tok_per_s, s.peak.flops) if s.peak else None,
+        "grad_norm": summary.grad_norm, "skipped": summary.skipped,
+    })
+
+
+def log_eval(s: Session, step: int, metrics: dict[str, float]) -> None:
+    s.logger.log({"kind": "eval", "step": step, "tokens": step * s.tokens_per_step, **metrics})
+
+
+def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: bool) -> tuple[Path | None, float]:
+    """Evaluate on every rank (when due), then rank 0 writes the checkpoint."""
+    is_best = False
+    if evaluate:
+        metrics = s.evaluate(s.compiled)
+        log_eval(s, step, metrics)
+        is_best = metrics["val_loss"] < best_val_loss
+        best_val_loss = min(best_val_loss, metrics["val_loss"])
+    rng_states = gather_to_main(s.group, rng_state(s.device))
+    if not s.group.is_main:
+        return None, best_val_loss
+    state = {
+        "step": step, "best_val_loss": best_val_loss, "optimizer": s.optimizer.state_dict(),
+        "scaler": s.scaler.state_dict(), "rng": rng_states,
+    }
+    checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last, is_best)
+    return checkpoint, best_val_loss
+
+
+def header(s: Session, precision: str, accum: int, origin: str, resumed: str) -> str:
+    c = s.model.config
+    peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
+    lines = [
+        f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
+        f"{c.n_kv_head} kv heads, context {c.block_size}) | {s.device} {precision} x {s.group.world_size} "
+        f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
+        origin, resumed,
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+def build_model(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, tokenizer,
+                device: torch.device) -> tuple[GPT, str]:
+    """The model of this run and a line saying where its weights come from ('' for a fresh one)."""
     if resume_from and config.init_from != "scratch":
         model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
     else:
         model_config, initial_state = initial_model(config, cfg.model.n_kv_head, tokenizer)
     model = GPT(model_config).to(device)
-    if initial_state is not None and not resume_from:
-        load_weights(model, initial_state)
-    optimizer = model.configure_optimizer(
-        config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
-    )
-    scaler = precision.grad_scaler()
-    step, best_val_loss = 0, math.inf
-    if resume_from:
-        step, best_val_loss = restore(resume_from, model, optimizer, scaler, group)
-    elif group.is_main:
-        save_run_config(run_dir, cfg)
-    checkpoint_config = {"model": asdict(model_config), "data": asdict(config.data), "tokenizer": tokenizer.describe()}
-    compiled = torch.compile(model) if config.compile else model
-    train_model = wrap_model(compiled, group, device)  # DDP broadcasts rank 0's weights here
-
-    train_loader = BatchLoader(
-        data.data_dir, "train", model_config.block_size, config.batch_size, config.seed,
-        rank=group.rank, world_size=group.world_size, device=device, accum_steps=accum,
-    )
-    # The same eval_iters batches of each split every time: evaluations differ only by the model.
-    eval_loaders = {
-        split: BatchLoader(data.data_dir, split, model_config.block_size, config.batch_size,
-                           config.seed + EVAL_SEED_OFFSET, device=device)
-        for split in ("train", "val")
-    }
-    tokens_per_step = config.batch_size * model_config.block_size * accum * group.world_size
-    flops_per_token = model.flops_per_token(model_config.block_size)
-    peak = (config.logging.peak_flops or peak_flops(device, precision.name)) if group.is_main else None
-    logger = RunLogger(
-        run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
-        wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
-        enabled=group.is_main,
-    )
-    logger.print(
-        f"run {run_dir} | {model.num_params():,} parameters ({model_config.attention_kind}, "
-        f"{model_config.n_head} heads, {model_config.n_kv_head} kv heads) | {device} {precision.name} x "
-        f"{group.world_size} process(es) | {tokens_per_step:,} tokens/step ({accum} micro-batches per process) | "
-        + (f"MFU against a peak of {peak / 1e9:,.0f} GFLOP/s" if peak else "MFU not reported: unknown peak")
-    )
-    if step == 0 and group.is_main:
-        logger.log({"kind": "eval", "step": 0, "tokens": 0, **evaluate(compiled, eval_loaders, config.eval_iters, precision)})
-
-    checkpoint = None
-    window_start, window_steps = time.perf_counter(), 0
-    with GracefulStop() as stop:
-        while step < config.max_iters:
-            lr = learning_rate(
-                step, max_lr=config.optim.learning_rate, min_lr=config.optim.min_lr,
-                warmup_iters=config.optim.warmup_iters, decay_iters=config.optim.decay_iters or config.max_iters,
-            )
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = lr
-            loss = train_step(train_model, optimizer, scaler, train_loader, step, accum, precision, config.optim.grad_clip, group)
-            if loss is None:
-                if config.on_nonfinite == "stop":
-                    raise NonFiniteLoss(
-                        f"the loss became non-finite at step {step + 1}; the last good checkpoint "
-                        f"({checkpoint or 'none yet'}) is untouched. Lower optim.learning_rate, or set "
-                        "on_nonfinite=skip to skip such steps"
-                    )
-                logger.print(f"step {step + 1}: non-finite loss, update skipped (on_nonfinite=skip)")
-            step += 1
-            window_steps += 1
-
-            if step % config.logging.log_interval == 0 or step == config.max_iters:
-                tok_per_s = tokens_per_step * window_steps / (time.perf_counter() - window_start)
-                logger.log({
-                    "kind": "train", "step": step, "loss": loss, "lr": lr, "tokens": step * tokens_per_step,
-                    "tok_per_s": tok_per_s, "mfu": estimate_mfu(flops_per_token, tok_per_s, peak) if peak else None,
-                })
-                window_start, window_steps = time.perf_counter(), 0
-
-            at_eval = step % config.eval_interval == 0 or step == config.max_iters
-            stopping = any_rank(group, stop.requested is not None, device)  # all ranks stop at the same step
-            if at_eval or stopping:
-                rng_states = gather_to_main(group, rng_state())
-                if group.is_main:
-                    is_best = False
-                    if at_eval:
-                        metrics = evaluate(compiled, eval_loaders, config.eval_iters, precision)
-                        logger.log({"kind": "eval", "step": step, "tokens": step * tokens_per_step, **metrics})
-                        is_best = metrics["val_loss"] < best_val_loss
-                        best_val_loss = min(best_val_loss, metrics["val_loss"])
-                    state = {
-                        "step": step, "best_val_loss": best_val_loss, "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "rng": rng_states,
-                    }
-                    checkpoint = save_checkpoint(run_dir, step, model, checkpoint_config, state, config.keep_last, is_best)
-                window_start = time.perf_counter()  # evaluation and saving are not training time
-            if stopping:
-                logger.print(f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}")
-                break
-    logger.close()
-    barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
-    logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
-    return run_dir
+    if initial_state is None or resume_from:
+        return model, ""
+    load_weights(model, initial_state)
+    return model, f"weights: init_from={config.init_from} {config.model_path} at context {model_config.block_size}"
 
 
-def train_step(model, optimizer, scaler, loader: BatchLoader, step: int, accum: int, precision: Precision,
-               grad_clip: float, group: Distributed) -> float | None:
-    """One optimizer step over `accum` micro-batches (per process). Returns the mean loss
-    over all ranks, or None (and no update anywhere) when it is not finite."""
-    total = 0.0
-    for micro in range(accum):
-        x, y = loader.get_batch(step, micro)
-        with gradient_sync(model, sync=micro == accum - 1):
-            with precision.autocast():
-                _, loss = model(x, y)
-            scaler.scale(loss / accum).backward()
-        total += loss.detach()
-    # One host sync per step (and one tiny all-reduce under DDP): the price of never
-    # applying, or saving, a NaN update, and of every rank deciding the same way.
-    mean_loss = all_ranks_mean(group, float(total) / accum, loader.device)
-    if not math.isfinite(mean_loss):
-        optimizer.zero_grad(set_to_none=True)
-        return None
-    if grad_clip > 0:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return mean_loss
-
-
-@torch.no_grad()
-def evaluate(model, loaders: dict[str, BatchLoader], eval_iters: int, precision: Precision) -> dict[str, float]:
-    """Mean loss and perplexity over the same eval_iters batches of each split every time."""
-    model.eval()
-    metrics = {}
-    for split, loader in loaders.items():
-        losses = []
-        for i in range(eval_iters):
-            x, y = loader.get_batch(i)
-            with precision.autocast():
-                losses.append(model(x, y)[1].item())
-        mean = sum(losses) / len(losses)
-        metrics[f"{split}_loss"] = mean
-        metrics[f"{split}_ppl"] = math.exp(min(mean, 50.0))
-    model.train()
-    return metrics
-
-
-def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, group: Distributed) -> tuple[int, float]:
+def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, config: Config, group: Distributed,
+            device: torch.device) -> tuple[int, float, str]:
+    """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
     if checkpoint.model_config != model.config:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
@@ -237,10 +272,21 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, group: Distri
     state = checkpoint.training_state()
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
-    # Each rank continues its own random stream; a different number of ranks reuses rank 0's.
-    rng_states = state["rng"]
-    set_rng_state(rng_states[group.rank] if group.rank < len(rng_states) else rng_states[0])
-    return state["step"], state["best_val_loss"]
+    step, rng_states = state["step"], state["rng"]
+    note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
+    if len(rng_states) == group.world_size:  # each rank continues its own random streams
+        set_rng_state(rng_states[group.rank], device)
+    else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
+        seed_everything(reseed(config.seed, group.rank, step))
+        note += (f" (saved by {len(rng_states)} process(es), resumed on {group.world_size}: "
+                 "the data order is exact, the dropout masks are new)")
+    return step, state["best_val_loss"], note
+
+
+def peak_of(config: Config, device: torch.device, precision: str) -> Peak | None:
+    if config.logging.peak_flops:
+        return Peak(config.logging.peak_flops, "logging.peak_flops")
+    return peak_flops(device, precision, tf32=config.tf32)
 
 
 def prepare_on_main_first(config: Config, group: Distributed):

@@ -4,9 +4,10 @@
     python bench/train_throughput.py --presets gpt2 --variants gptlab-compiled --no-json
     python bench/train_throughput.py --json /tmp/now.json   # compare with bench/results/train_throughput_cpu.json
 
-How it is measured. A training step is train.py's own `train_step` (forward with the
-loss under autocast, backward, gradient clipping at 1.0, the AdamW step, zero_grad
-with set_to_none), fed the same random batch every step: data loading is not timed.
+How it is measured. A training step is train.py's own `training.step.TrainStep`
+(forward with the loss under autocast, backward, gradient norm and clipping at 1.0,
+the fused AdamW step that skips a non-finite update on the device, zero_grad with
+set_to_none), fed the same random batch every step: data loading is not timed.
 For each preset and precision, every variant (gptlab's GPT eager or torch.compiled,
 and the reference GPT-2 of bench/reference_gpt.py, all starting from the same
 weights) runs --warmup untimed steps (compilation, optimizer state allocation) and
@@ -38,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from train import train_step  # noqa: E402
 from training.distributed import Distributed  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.runtime import DTYPES, Precision, configure_cuda, resolve_device, resolve_precision, synchronize  # noqa: E402
+from training.step import TrainStep  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
 DEFAULT_BATCH = {"nano": 8, "mini": 8, "small": 8, "gpt2": 1}
@@ -70,7 +71,8 @@ class Row:
 
 
 class FixedBatch:
-    """The loader interface train_step expects, always answering with the same batch."""
+    """The batch source TrainStep expects (a Prefetcher's get and fetch_after), always
+    answering with the same batch."""
 
     def __init__(self, config: GPTConfig, batch: int, device: torch.device) -> None:
         generator = torch.Generator().manual_seed(0)
@@ -79,21 +81,25 @@ class FixedBatch:
         self.y = torch.randint(config.vocab_size, shape, generator=generator).to(device)
         self.device = device
 
-    def get_batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x, self.y
+
+    def fetch_after(self, step: int, micro: int) -> None:
+        pass
 
 
 class Trainer:
     """One variant: a model with its own optimizer, stepped exactly as train.py steps one."""
 
     def __init__(self, model: torch.nn.Module, compiled: bool, precision: Precision, device: torch.device) -> None:
-        self.optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
-        self.model = torch.compile(model) if compiled else model
-        self.precision = precision
-        self.scaler = precision.grad_scaler()
+        optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
+        self.train_step = TrainStep(
+            torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision=precision,
+            accum_steps=1, grad_clip=GRAD_CLIP, group=Distributed(),
+        )
 
-    def step(self, loader: FixedBatch, step: int) -> None:
-        train_step(self.model, self.optimizer, self.scaler, loader, step, 1, self.precision, GRAD_CLIP, Distributed())
+    def step(self, batches: FixedBatch, step: int) -> None:
+        self.train_step(batches, step)
 
 
 def build_trainers(
@@ -164,7 +170,8 @@ def precisions_for(preset: str, asked: list[str] | None, device: torch.device) -
 def measure_peak(device: torch.device, precision: str) -> float | None:
     if device.type == "cpu":
         return measure_matmul_flops(size=CPU_PEAK_MATMUL_SIZE, dtype=DTYPES[precision])
-    return peak_flops(device, precision)
+    peak = peak_flops(device, precision)
+    return peak.flops if peak else None
 
 
 def describe_machine(device: torch.device) -> str:
@@ -215,7 +222,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
-        configure_cuda()
+        configure_cuda(tf32=True)
     plan = [(preset, precision)
             for preset in args.presets for precision in precisions_for(preset, args.precisions, device)]
     load_before = os.getloadavg()[0]
@@ -225,7 +232,7 @@ def main() -> None:
                                for name, peak in peaks.items())
           + (f" (measured: {CPU_PEAK_MATMUL_SIZE}x{CPU_PEAK_MATMUL_SIZE} matmuls, best of 5)"
              if device.type == "cpu" else " (datasheet)"))
-    print(f"step: train.py's train_step (AdamW, clip {GRAD_CLIP}), the same batch every step; {args.warmup} "
+    print(f"step: train.py's TrainStep (fused AdamW, clip {GRAD_CLIP}), the same batch every step; {args.warmup} "
           f"warm-up + {args.steps} timed steps per variant, variants taking turns; the fastest step is reported")
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)
@@ -249,7 +256,8 @@ def write_json(path: Path, args: argparse.Namespace, device: torch.device, peaks
         "device": f"{device.type} ({describe_machine(device)})",
         "torch": torch.__version__,
         "method": {
-            "step": "train.train_step: forward + loss under autocast, backward, clip, AdamW, zero_grad(set_to_none)",
+            "step": "training.step.TrainStep: forward + loss under autocast, backward, grad norm + clip, "
+                    "fused AdamW (found_inf skip), zero_grad(set_to_none)",
             "warmup_steps": args.warmup, "timed_steps": args.steps, "tokens_per_s": "fastest timed step",
         },
         "peak_flops": peaks,

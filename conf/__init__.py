@@ -93,9 +93,10 @@ class Config:
     eval_iters: int = 20  # batches per split per evaluation
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32
     compile: bool = False  # torch.compile the model
     pad_vocab_to: int = 64  # round the tokenizer's vocabulary up to a multiple of this
-    on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss does
+    on_nonfinite: str = "stop"  # stop | skip: what a step with a NaN/inf loss or gradient does
     out_dir: Optional[str] = None  # the run directory; None: <runs_root>/<date>_<time>
     runs_root: str = "runs"
     resume: Optional[str] = None  # true/latest (newest run), a run directory or a checkpoint

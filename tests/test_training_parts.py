@@ -69,12 +69,12 @@ def test_mixed_precision_step_on_cpu_updates_weights(precision):
 
 
 def test_rng_state_survives_weights_only_serialisation():
-    state = rng_state()
+    state = rng_state(torch.device("cpu"))
     expected = (torch.rand(3), np.random.rand(3), random.random())
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
-    set_rng_state(torch.load(buffer, weights_only=True))
+    set_rng_state(torch.load(buffer, weights_only=True), torch.device("cpu"))
     actual = (torch.rand(3), np.random.rand(3), random.random())
     torch.testing.assert_close(actual[0], expected[0])
     np.testing.assert_array_equal(actual[1], expected[1])

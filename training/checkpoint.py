@@ -96,6 +96,7 @@ def save_checkpoint(
     tmp.mkdir()
 
     weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
+    _check_finite(weights, final)
     save_file(weights, tmp / WEIGHTS)
     OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
     torch.save(state, tmp / STATE)
@@ -103,17 +104,17 @@ def save_checkpoint(
         _fsync(tmp / name)
     _fsync(tmp)
 
+    best = root / "best"
+    links = [root / "latest"] + ([best] if is_best else [])
     if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
-        stale = root / f".stale_{final.name}_{os.getpid()}"
-        final.rename(stale)
-        tmp.rename(final)
-        shutil.rmtree(stale)
+        leads_here = [best] if not is_best and best.resolve() == final.resolve() else []
+        _replace_keeping_links_valid(final, tmp, links + leads_here)
     else:
         tmp.rename(final)
+        _fsync(root)
+    for link in links:
+        _point(link, final)
     _fsync(root)
-    _point(root / "latest", final)
-    if is_best:
-        _point(root / "best", final)
     _prune(root, keep_last)
     return final
 
@@ -176,14 +177,39 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     ]
     problems = []
     if missing:
-        problems.append(f"missing {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        problems.append(f"missing {_first_few(missing)}")
     if unexpected:
-        problems.append(f"unexpected {', '.join(unexpected[:5])}" + (" ..." if len(unexpected) > 5 else ""))
+        problems.append(f"unexpected {_first_few(unexpected)}")
     if wrong_shape:
         problems.append("different shapes: " + "; ".join(wrong_shape[:5]))
     if problems:
         raise CheckpointError("checkpoint does not fit this model (a different model shape?): " + "; ".join(problems))
     target.load_state_dict(state, strict=False)
+
+
+def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> None:
+    """Swap the complete checkpoint `new` in for `final` so that every link in `links`
+    always leads to a complete checkpoint: first to `new`, then to the new `final`
+    (hard links to new's files, so nothing is copied)."""
+    for link in links:
+        _point(link, new)
+    stale = final.with_name(f".stale_{final.name}_{os.getpid()}")
+    final.rename(stale)
+    shutil.copytree(new, final, copy_function=_link_or_copy)
+    for name in (WEIGHTS, CONFIG, STATE):
+        _fsync(final / name)
+    _fsync(final.parent)
+    for link in links:
+        _point(link, final)
+    shutil.rmtree(stale)
+    shutil.rmtree(new)
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, destination)
 
 
 def _point(link: Path, target: Path) -> None:
@@ -195,11 +221,32 @@ def _point(link: Path, target: Path) -> None:
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    steps = sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink()), key=lambda p: p.name)
+    """Delete all but the newest keep_last step checkpoints (by step number, not by
+    name: step_1000000 is newer than step_999999) and leftovers of interrupted saves,
+    never what `latest` or `best` points at."""
     protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
-    for old in steps[: max(len(steps) - keep_last, 0)]:
+    steps = sorted(
+        (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink()),
+        key=lambda p: int(STEP_DIR.match(p.name).group(1)),
+    )
+    leftovers = [p for p in root.iterdir() if p.name.startswith((".tmp_", ".stale_")) and p.is_dir()]
+    for old in steps[: max(len(steps) - keep_last, 0)] + leftovers:
         if old.resolve() not in protected:
             shutil.rmtree(old)
+
+
+def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:
+    finite = torch.stack([torch.isfinite(t).all() for t in weights.values()])  # one host read for all
+    if not bool(finite.all()):
+        bad = [name for name, ok in zip(weights, finite.tolist()) if not ok]
+        raise CheckpointError(
+            f"refusing to write {destination}: non-finite weights in {_first_few(bad)}; "
+            "the earlier checkpoints are untouched"
+        )
+
+
+def _first_few(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
 
 
 def _fsync(path: Path) -> None:

@@ -85,22 +85,11 @@ def gather_to_main(group: Distributed, value: Any) -> list[Any]:
     return gathered
 
 
-def all_ranks_mean(group: Distributed, value: float, device: torch.device) -> float:
-    """The mean of a float over all ranks (NaN anywhere gives NaN everywhere)."""
-    if not group.enabled:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return tensor.item() / group.world_size
-
-
-def any_rank(group: Distributed, flag: bool, device: torch.device) -> bool:
-    """True on every rank if it is true on any: all ranks stop at the same step."""
-    if not group.enabled:
-        return flag
-    tensor = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+def all_reduce_sum(group: Distributed, tensor: torch.Tensor) -> torch.Tensor:
+    """The sum over all ranks (in place; queued on the device, the host does not wait)."""
+    if group.enabled:
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def barrier(group: Distributed) -> None:

@@ -2,8 +2,10 @@
 
 Starting from existing weights, the model's shape is theirs; the run may still
 choose fewer key/value heads (model.n_kv_head), which mean-pools the K/V heads of
-each group (Ainslie et al., 2023: "uptraining" MHA into GQA/MQA), and its own
-dropout and attention path.
+each group (Ainslie et al., 2023: "uptraining" MHA into GQA/MQA), a shorter context
+(model.block_size below the weights' own crops the position table, as nanoGPT does;
+a longer one is refused: learned positions cannot be extended), and its own dropout
+and attention path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch import Tensor
 from conf import Config
 from data import Tokenizer
 from model import GPTConfig
-from model.hf import pool_kv_heads
+from model.hf import crop_block_size, pool_kv_heads
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.hf_io import load_hf_pretrained
 
@@ -51,7 +53,21 @@ def initial_model(
                 raise CheckpointError(f"cannot convert {checkpoint.path}: {err}") from err
     if tokenizer.vocab_size > source.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the weights only {source.vocab_size}")
+    source, state = _at_context(source, state, config.model.block_size, config.model_path)
     return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl), state
+
+
+def _at_context(
+    source: GPTConfig, state: dict[str, Tensor], block_size: int, model_path: str
+) -> tuple[GPTConfig, dict[str, Tensor]]:
+    if block_size > source.block_size:
+        raise ValueError(
+            f"model.block_size ({block_size}) is longer than the context of {model_path} ({source.block_size}): "
+            f"learned positions cannot be extended; set model.block_size={source.block_size} or less"
+        )
+    if block_size < source.block_size:
+        return crop_block_size(state, source, block_size)
+    return source, state
 
 
 def padded(n: int, multiple: int) -> int:

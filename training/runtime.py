@@ -75,11 +75,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def configure_cuda() -> None:
-    """TF32 tensor cores for fp32 matmuls and convolutions: ~10 bits of mantissa,
-    plenty for training, several times faster on Ampere and newer."""
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+def configure_cuda(tf32: bool) -> None:
+    """tf32=True: fp32 matmuls (precision=fp32, and the fp32 parts of autocast) run on
+    TF32 tensor cores, ~10 bits of mantissa, plenty for training and several times
+    faster on Ampere and newer. tf32=False: true IEEE fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def seed_everything(seed: int) -> None:
@@ -88,26 +89,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def rng_state() -> dict:
-    """The random generators' states, as tensors and plain containers (weights_only-safe)."""
+def reseed(seed: int, rank: int, step: int) -> int:
+    """A fresh, reproducible seed for rank `rank` resuming at `step` where the saved
+    random streams do not fit (another number of processes)."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's random generators (its own CUDA device's only), as tensors and
+    plain containers (weights_only-safe)."""
     state = {
         "torch": torch.get_rng_state(),
         "numpy": _numpy_state_to_plain(np.random.get_state()),
         "python": list(random.getstate()),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and isinstance(state.get("cuda"), torch.Tensor):
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _numpy_state_to_plain(state: tuple) -> list:
