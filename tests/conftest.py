@@ -12,6 +12,16 @@ torch.set_num_threads(1)
 from model import GPT, GPTConfig
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` need a CUDA GPU: they run on one and skip elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_config(**overrides) -> GPTConfig:
     """A model small enough that every test runs in milliseconds."""
     base = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)

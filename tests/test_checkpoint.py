@@ -59,12 +59,59 @@ def test_crash_while_saving_leaves_previous_checkpoint_in_place(tmp_path, make_m
     load_weights(make_model(seed=3), load_checkpoint(good).model_state)
 
 
-def test_saving_the_same_step_again_replaces_it(tmp_path, make_model):
-    save(tmp_path, 5, make_model(seed=1))
+def test_saving_the_same_step_again_replaces_it_and_no_link_ever_dangles(tmp_path, make_model, monkeypatch):
+    save(tmp_path, 5, make_model(seed=1), is_best=True)
+    root = tmp_path / "checkpoints"
+    seen = []
+
+    def links_lead_to_complete_checkpoints(*args):
+        for name in ("latest", "best"):
+            assert os.readlink(root / name) == os.path.basename(os.readlink(root / name))  # relative
+            assert (root / name / "model.safetensors").is_file() and (root / name / "state.pt").is_file(), name
+        seen.append(args)
+
+    for module, name in [(ckpt.os, "rename"), (ckpt.os, "replace"), (ckpt.shutil, "rmtree"), (ckpt.shutil, "copytree")]:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, **k: (links_lead_to_complete_checkpoints(*a), _o(*a, **k))[1])
+    original_rename = ckpt.Path.rename
+    monkeypatch.setattr(ckpt.Path, "rename", lambda self, target: (links_lead_to_complete_checkpoints(self), original_rename(self, target))[1])
+
     second = make_model(seed=2)
-    path = save(tmp_path, 5, second)
+    path = save(tmp_path, 5, second)  # not the best any more, but best still leads to step 5
+    monkeypatch.undo()
+    assert len(seen) >= 4  # the checks ran at every move
     torch.testing.assert_close(load_checkpoint(path).model_state["transformer.wte.weight"], second.transformer.wte.weight)
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")] == []
+    for name in ("latest", "best"):
+        assert os.readlink(root / name) == "step_000005"
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
+
+
+def test_pruning_keeps_the_newest_by_step_number_past_step_999999(tmp_path, make_model):
+    model = make_model()
+    for step in (999_998, 999_999, 1_000_000, 1_000_001):
+        save(tmp_path, step, model, keep_last=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_1000000", "step_1000001"]
+    assert os.readlink(root / "latest") == "step_1000001"
+
+
+def test_leftovers_of_an_interrupted_save_are_cleaned_up(tmp_path, make_model):
+    save(tmp_path, 1, make_model())
+    leftover = tmp_path / "checkpoints" / ".tmp_step_000002_99999"
+    leftover.mkdir()
+    save(tmp_path, 2, make_model())
+    assert not leftover.exists()
+
+
+def test_non_finite_weights_are_never_written(tmp_path, make_model):
+    good = save(tmp_path, 1, make_model())
+    broken = make_model()
+    with torch.no_grad():
+        broken.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"non-finite weights in transformer.h.0.mlp.c_fc.weight.*untouched"):
+        save(tmp_path, 2, broken)
+    assert find_checkpoint(tmp_path, runs_root=tmp_path) == good.resolve()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
 
 
 @pytest.mark.parametrize("prefix", ["_orig_mod.", "module.", "module._orig_mod."])

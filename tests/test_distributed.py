@@ -33,14 +33,16 @@ def final_weights(run_dir):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process accumulating 2 micro-batches of 4, and 2 processes with 4 each:
-    the same 8 sequences per step."""
+    """One process accumulating 4 micro-batches of 2, and 2 processes accumulating 2
+    each: the same 8 sequences per step, so a sync on the wrong micro-step, or ranks
+    reading overlapping windows, changes the weights."""
     directory = tmp_path_factory.mktemp("ddp")
     overrides = training_overrides(directory)
     single = directory / "single"
-    run(train_command(*overrides, *STEPS, "batch_size=4", "grad_accum_steps=2", f"out_dir={single}"), directory)
+    run(train_command(*overrides, *STEPS, "batch_size=2", "grad_accum_steps=4", f"out_dir={single}"), directory)
     ddp_root = directory / "ddp_runs"
-    run(train_command(*overrides, *STEPS, "batch_size=4", f"runs_root={ddp_root}", processes=2), directory)
+    run(train_command(*overrides, *STEPS, "batch_size=2", "grad_accum_steps=2", f"runs_root={ddp_root}", processes=2),
+        directory)
     return directory, overrides, single, ddp_root
 
 
@@ -55,17 +57,36 @@ def test_two_processes_train_the_same_weights_as_one_process_accumulating(runs):
     single_state, ddp_state = final_weights(single), final_weights(ddp)
     assert single_state.keys() == ddp_state.keys()
     for name in single_state:
-        torch.testing.assert_close(ddp_state[name], single_state[name], rtol=1e-5, atol=1e-6, msg=name)
+        # Summation order differs (4 micro-steps vs 2 x 2 ranks): ~1e-5 apart after 6
+        # steps at lr 1e-2, where any mistake in the sync or the windows moves weights ~1e-2.
+        torch.testing.assert_close(ddp_state[name], single_state[name], rtol=0, atol=1e-4, msg=name)
     single_losses = [r["loss"] for r in read_metrics(single) if r["kind"] == "train"]
     ddp_losses = [r["loss"] for r in read_metrics(ddp) if r["kind"] == "train"]
     assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
     assert len(ddp_losses) == 6
 
 
-def test_checkpoints_move_between_ddp_and_one_process(runs):
-    directory, overrides, single, ddp_root = runs
+def test_every_rank_evaluates_and_the_result_does_not_depend_on_the_number_of_ranks(runs):
+    _, _, single, ddp_root = runs
     ddp = next(ddp_root.iterdir())
-    run(train_command(f"resume={ddp}", "max_iters=8"), directory)  # DDP checkpoint, one process
-    run(train_command(f"resume={single}", "max_iters=8", processes=2), directory)  # and the other way
-    for run_dir in (ddp, single):
-        assert load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent)).training_state()["step"] == 8
+    evals = [[(r["step"], r["val_loss"], r["train_loss"]) for r in read_metrics(d) if r["kind"] == "eval"]
+             for d in (single, ddp)]
+    assert [s for s, _, _ in evals[1]] == [0, 3, 6]
+    for (_, *a), (_, *b) in zip(*evals):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_ranks_draw_different_dropout_masks_and_resume_their_own_streams(runs, tmp_path):
+    directory, overrides, _, _ = runs
+    common = [*overrides, "eval_interval=2", "model.dropout=0.1", "grad_accum_steps=2"]
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    run(train_command(*common, "max_iters=4", f"out_dir={straight}", processes=2), directory)
+    run(train_command(*common, "max_iters=2", f"out_dir={interrupted}", processes=2), directory)
+    resumed = run(train_command(f"resume={interrupted}", "max_iters=4", processes=2), directory)
+    assert f"resumed from {interrupted.resolve()}/checkpoints/step_000002 at step 2; 2 steps to go" in resumed.stdout
+
+    streams = load_checkpoint(find_checkpoint(straight, runs_root=tmp_path)).training_state()["rng"]
+    assert len(streams) == 2
+    assert not torch.equal(streams[0]["torch"], streams[1]["torch"])  # each rank its own dropout masks
+    train_losses = [[r["loss"] for r in read_metrics(d) if r["kind"] == "train"] for d in (straight, interrupted)]
+    assert train_losses[0] == train_losses[1] and len(train_losses[0]) == 4  # each rank resumed its own stream

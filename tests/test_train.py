@@ -1,5 +1,6 @@
 """train.py end to end: a real (tiny) run, exact resume after SIGKILL, SIGTERM, NaN, errors."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def test_short_run_learns_and_leaves_a_complete_run_directory(train_overrides):
 
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
-    common = [*train_overrides, "max_iters=60", "model.dropout=0.1"]  # dropout: RNG state must resume too
+    # Dropout: the RNG state must resume too; accumulation: so must the micro-step batches.
+    common = [*train_overrides, "max_iters=60", "model.dropout=0.1", "grad_accum_steps=2"]
     straight = run_in_process(*common, f"out_dir={tmp_path / 'straight'}")
 
     killed_dir = tmp_path / "killed"
@@ -67,6 +69,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overri
     resumed = start_train(*common, f"resume={killed_dir}", cwd=tmp_path)
     output = resumed.communicate(timeout=120)[0]
     assert resumed.returncode == 0, output
+    assert "resumed from" in output and "steps to go" in output
     assert losses(killed_dir) == losses(straight)  # step by step, bit for bit
     assert len(losses(straight)) == 60
 
@@ -83,9 +86,8 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(train_overrides, tmp_
     assert step >= 3 and step == max(s for s, _ in losses(run_dir))
 
 
-@pytest.fixture
-def nan_after_twelve_forwards(monkeypatch):
-    """Make the loss NaN from the 13th training forward on."""
+def break_training_forward(monkeypatch, forwards, corrupt):
+    """Apply corrupt(loss) to the loss of the given training forwards (1-based)."""
     original = train.GPT.forward
     calls = {"n": 0}
 
@@ -93,27 +95,63 @@ def nan_after_twelve_forwards(monkeypatch):
         logits, loss = original(self, idx, targets, **kwargs)
         if self.training:
             calls["n"] += 1
-            if calls["n"] > 12:
-                loss = loss * float("nan")
+            if calls["n"] in forwards:
+                loss = corrupt(loss)
         return logits, loss
 
     monkeypatch.setattr(train.GPT, "forward", forward)
 
 
-def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(train_overrides, nan_after_twelve_forwards):
+def nan_loss(loss):
+    return loss * float("nan")
+
+
+def inf_gradients(loss):
+    """The loss stays finite; every gradient behind it becomes inf or NaN."""
+    loss.register_hook(lambda grad: grad * float("inf"))
+    return loss
+
+
+def final_checkpoint(run_dir):
+    return load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
+
+
+@pytest.mark.parametrize("corrupt", [nan_loss, inf_gradients])
+def test_nonfinite_step_stops_the_run_and_keeps_the_last_good_checkpoint(train_overrides, monkeypatch, corrupt):
+    break_training_forward(monkeypatch, range(13, 10**6), corrupt)
     with pytest.raises(train.NonFiniteLoss, match="non-finite at step 13.*step_000010"):
         run_in_process(*train_overrides)
     runs = list((Path(train_overrides[7].split("=", 1)[1])).glob("*"))
-    checkpoint = load_checkpoint(find_checkpoint(runs[0], runs_root=runs[0].parent))
+    checkpoint = final_checkpoint(runs[0])
     assert checkpoint.training_state()["step"] == 10
     assert all(torch.isfinite(t).all() for t in checkpoint.model_state.values())
 
 
-def test_nonfinite_loss_can_skip_the_update(train_overrides, nan_after_twelve_forwards):
+@pytest.mark.parametrize("corrupt", [nan_loss, inf_gradients])
+def test_a_skipped_nonfinite_step_leaves_later_steps_training(train_overrides, monkeypatch, corrupt):
+    break_training_forward(monkeypatch, {13}, corrupt)
     run_dir = run_in_process(*train_overrides, "on_nonfinite=skip")
-    checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
+    records = [r for r in read_metrics(run_dir) if r["kind"] == "train"]
+    assert [r["step"] for r in records if r["skipped"]] == [13]  # that step only: no stale gradient after it
+    assert records[13]["loss"] < records[11]["loss"]  # and the updates go on
+    checkpoint = final_checkpoint(run_dir)
     assert checkpoint.training_state()["step"] == 30
     assert all(torch.isfinite(t).all() for t in checkpoint.model_state.values())
+
+
+def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch):
+    scripted = iter([5.0, 3.0, 1.0, 2.0, 4.0])  # val loss at steps 0, 10, 20, 30, 40
+
+    def evaluate(self, model):
+        loss = next(scripted)
+        return {"train_loss": loss, "train_ppl": 1.0, "val_loss": loss, "val_ppl": 1.0}
+
+    monkeypatch.setattr(train.Evaluator, "__call__", evaluate)
+    run_dir = run_in_process(*train_overrides, "max_iters=40", "keep_last=1")
+    root = run_dir / "checkpoints"
+    assert os.readlink(root / "best") == "step_000020"
+    assert os.readlink(root / "latest") == "step_000040"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_000020", "step_000040"]
 
 
 @pytest.mark.parametrize(
@@ -209,5 +247,14 @@ def test_init_from_hugging_face_weights(train_overrides, tmp_path):
                              f"data.data_dir={tmp_path / 'gpt2data'}")
     config = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent)).model_config
     assert (config.n_layer, config.n_embd, config.vocab_size, config.block_size) == (1, 16, 50257, 32)
+
+    # A shorter context crops the position table, and the step's size is counted at it.
+    cropped = run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", "max_iters=2", "eval_interval=2",
+                             f"data.data_dir={tmp_path / 'gpt2data'}", "model.block_size=16", "tokens_per_step=128")
+    assert final_checkpoint(cropped).model_config.block_size == 16
+    assert [r["tokens"] for r in read_metrics(cropped) if r["kind"] == "train"] == [128, 256]  # 4 x 16 x 2 micro-steps
+    with pytest.raises(ValueError, match=r"model.block_size \(64\) is longer than the context of .* \(32\)"):
+        run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", f"data.data_dir={tmp_path / 'gpt2data'}",
+                       "model.block_size=64")
     with pytest.raises(ValueError, match="init_from=hf needs the gpt2 tokenizer"):
         run_in_process(*train_overrides, "init_from=hf", f"model_path={hf_dir}")

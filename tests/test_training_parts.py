@@ -9,8 +9,8 @@ import torch
 
 from model import GPT
 from training.logger import RunLogger, read_metrics
-from training.mfu import estimate_mfu
-from training.runtime import resolve_device, resolve_precision, rng_state, set_rng_state
+from training.mfu import estimate_mfu, gpu_datasheet_peak, measure_matmul_flops
+from training.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
 from training.schedule import learning_rate
 
 from conftest import tiny_config
@@ -46,28 +46,6 @@ def test_device_choices_are_validated():
             resolve_device("cuda")
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_step_on_cpu_updates_weights(precision):
-    """The CUDA code path (autocast + GradScaler for fp16) exercised on the CPU."""
-    torch.manual_seed(0)
-    model = GPT(tiny_config())
-    prec = resolve_precision(precision, torch.device("cpu"))
-    scaler = prec.grad_scaler()
-    assert scaler.is_enabled() == (precision == "fp16")
-    opt = model.configure_optimizer(0.0, 1e-2)
-    before = model.transformer.wpe.weight.clone()
-    idx = torch.randint(0, 97, (2, 16))
-    with prec.autocast():
-        _, loss = model(idx, idx)
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    scaler.step(opt)
-    scaler.update()
-    assert torch.isfinite(loss)
-    assert not torch.equal(before, model.transformer.wpe.weight)
-
-
 def test_rng_state_survives_weights_only_serialisation():
     state = rng_state(torch.device("cpu"))
     expected = (torch.rand(3), np.random.rand(3), random.random())
@@ -83,6 +61,75 @@ def test_rng_state_survives_weights_only_serialisation():
 
 def test_mfu_is_achieved_over_peak():
     assert estimate_mfu(6e9, 1000.0, 12e12) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name, precision, label, flops", [
+    ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989e12),
+    ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", "bf16", "H100 NVL", 835e12),
+    ("NVIDIA H200", "tf32", "H200 SXM", 494e12),
+    ("NVIDIA H200 NVL", "bf16", "H200 NVL", 835e12),
+    ("NVIDIA A100-SXM4-80GB", "bf16", "A100", 312e12),
+    ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5e12),
+    ("NVIDIA L4", "bf16", "L4", 121e12),
+    ("NVIDIA L40", "bf16", "L40", 181e12),
+    ("NVIDIA L40S", "bf16", "L40S", 362e12),
+    ("NVIDIA GeForce RTX 4090", "bf16", "RTX 4090", 165e12),
+    ("Tesla V100-SXM2-16GB", "fp16", "V100 SXM2", 125e12),
+    ("Tesla T4", "fp16", "T4", 65e12),
+])
+def test_gpu_peaks_match_the_whole_device_name(name, precision, label, flops):
+    peak = gpu_datasheet_peak(name, precision)
+    assert peak.flops == flops and peak.source == f"{label} datasheet, {precision}"
+
+
+@pytest.mark.parametrize("name, precision", [("NVIDIA A10G", "bf16"), ("NVIDIA L40G", "bf16"), ("Tesla T4", "bf16"),
+                                             ("NVIDIA H100X", "bf16")])
+def test_unknown_gpus_and_precisions_have_no_peak(name, precision):
+    assert gpu_datasheet_peak(name, precision) is None  # MFU is then not reported, rather than wrong
+
+
+def test_measuring_the_cpu_peak_draws_nothing_from_the_global_random_streams():
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    measure_matmul_flops(size=64, trials=1)
+    torch.testing.assert_close(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_switch_sets_cuda_matmul_precision(tf32):
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        configure_cuda(tf32)
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.cuda
+def test_cuda_rng_state_is_the_devices_own_and_restores_exactly():
+    device = torch.device("cuda", torch.cuda.current_device())
+    state = rng_state(device)
+    assert isinstance(state["cuda"], torch.Tensor)  # one device's state, not a list of all of them
+    expected = torch.rand(4, device=device)
+    set_rng_state(state, device)
+    torch.testing.assert_close(torch.rand(4, device=device), expected)
+
+
+@pytest.mark.cuda
+def test_tf32_false_means_true_fp32_matmuls():
+    a, b = torch.randn(512, 512, dtype=torch.float64), torch.randn(512, 512, dtype=torch.float64)
+    exact = a @ b
+    errors = {}
+    try:
+        for tf32 in (True, False):
+            configure_cuda(tf32)
+            product = (a.float().cuda() @ b.float().cuda()).double().cpu()
+            errors[tf32] = (product - exact).abs().max().item()
+    finally:
+        configure_cuda(True)
+    assert errors[False] < 1e-3 < errors[True]  # fp32 keeps ~7 digits, TF32 ~3
 
 
 def make_logger(run_dir, start_step):

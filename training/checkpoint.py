@@ -91,12 +91,11 @@ def save_checkpoint(
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
+    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
+    _check_finite(weights, final)
     tmp = root / f".tmp_{final.name}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-
-    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
-    _check_finite(weights, final)
     save_file(weights, tmp / WEIGHTS)
     OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
     torch.save(state, tmp / STATE)
