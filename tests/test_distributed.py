@@ -1,5 +1,6 @@
 """DDP on the CPU: two gloo processes launched by torchrun, against one process."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,10 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from model import GPT
 from training.checkpoint import find_checkpoint, load_checkpoint
+from training.distributed import Distributed
+from training.evaluate import Evaluator
 from training.logger import read_metrics
+from training.runtime import resolve_precision
 
-from conftest import training_overrides
+from conftest import tiny_config, training_overrides
+
+CPU = torch.device("cpu")
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ["max_iters=6", "eval_interval=3", "model.dropout=0.0"]
@@ -90,3 +97,52 @@ def test_ranks_draw_different_dropout_masks_and_resume_their_own_streams(runs, t
     assert not torch.equal(streams[0]["torch"], streams[1]["torch"])  # each rank its own dropout masks
     train_losses = [[r["loss"] for r in read_metrics(d) if r["kind"] == "train"] for d in (straight, interrupted)]
     assert train_losses[0] == train_losses[1] and len(train_losses[0]) == 4  # each rank resumed its own stream
+
+
+def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    from training.evaluate import Evaluator
+    from training.runtime import resolve_precision
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = GPT(tiny_config(vocab_size=64, block_size=32))
+        evaluate = Evaluator(data_dir, block_size=32, batch_size=2, seed=1, eval_iters=5,
+                             precision=resolve_precision("fp32", CPU), group=Distributed(rank, 0, world_size), device=CPU)
+        asked = []
+        for loader in evaluate.loaders.values():
+            original = loader.get_batch
+            loader.get_batch = lambda i, _original=original: (asked.append(i), _original(i))[1]
+        metrics = evaluate(model)
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"asked": asked, "metrics": metrics}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_rank_evaluates_its_own_share_of_the_batches(runs, tmp_path):
+    """Batch i goes to rank i mod 2, and the all-reduced result is one process's."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    directory = runs[0]
+    data_dir = next((directory / "data").rglob("meta.json")).parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_evaluate_on_rank, args=(2, port, data_dir, tmp_path), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["asked"] == [0, 2, 4] * 2 and ranks[1]["asked"] == [1, 3] * 2  # train and val splits
+
+    torch.manual_seed(0)
+    alone = Evaluator(data_dir, block_size=32, batch_size=2, seed=1, eval_iters=5,
+                      precision=resolve_precision("fp32", CPU), group=Distributed(), device=CPU)
+    expected = alone(GPT(tiny_config(vocab_size=64, block_size=32)))
+    for rank in ranks:
+        assert rank["metrics"] == pytest.approx(expected, rel=1e-6)
