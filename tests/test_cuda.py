@@ -1,0 +1,134 @@
+"""On a CUDA GPU: the KV cache, sampling, torch.compile, checkpoints moving between GPU
+and CPU, and torchrun with NCCL through the real train.py. Every test here is marked
+`cuda` and skips on a machine without one (the GPU acceptance run, bench/gpu_check.py,
+runs them with `python -m pytest -m cuda`).
+
+Tolerances: fp32 runs with TF32 off, so cached and uncached logits agree to a few ulps
+(rtol = atol = 1e-4 leaves room for other kernels); bf16 keeps ~3 significant digits,
+and logits of order 1 agree to 5e-2.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import GPT, KVCache, Sampling, generate
+from training.checkpoint import find_checkpoint, load_checkpoint
+from training.logger import read_metrics
+from training.runtime import configure_cuda
+
+from conftest import tiny_config, training_overrides
+
+pytestmark = pytest.mark.cuda
+REPO = Path(__file__).resolve().parents[1]
+CUDA = torch.device("cuda")
+TOLERANCE = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+
+
+@pytest.fixture(autouse=True)
+def true_fp32():
+    configure_cuda(tf32=False)
+    yield
+    configure_cuda(tf32=True)
+
+
+def cuda_model(dtype=torch.float32, **overrides):
+    torch.manual_seed(0)
+    return GPT(tiny_config(**overrides)).to(CUDA, dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_cached_decode_equals_the_full_forward_on_a_padded_batch(dtype, n_kv_head):
+    model = cuda_model(dtype, n_kv_head=n_kv_head)
+    generator = torch.Generator().manual_seed(n_kv_head)
+    lengths = [16, 9, 3]
+    rows = [torch.randint(0, 97, (n,), generator=generator) for n in lengths]
+    pad = torch.tensor([16 - n for n in lengths])
+    batch = torch.stack([torch.cat([torch.zeros(p, dtype=torch.long), r]) for p, r in zip(pad, rows)]).to(CUDA)
+    with torch.inference_mode():
+        cache = KVCache(model.config, batch_size=3, device=CUDA, dtype=dtype)
+        cache.reset(pad.to(CUDA))
+        prefill, _ = model(batch[:, :11], kv_cache=cache)
+        steps = [model(batch[:, t : t + 1], kv_cache=cache, last_only=True)[0][:, 0] for t in range(11, 16)]
+        for i, (row, p) in enumerate(zip(rows, pad.tolist())):
+            alone, _ = model(row.view(1, -1).to(CUDA))  # the row without padding, uncached
+            cached = torch.cat([prefill[i, p:], torch.stack([s[i] for s in steps])])
+            torch.testing.assert_close(cached.float(), alone[0].float(), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_greedy_sampling_on_the_gpu_matches_the_cpu(n_kv_head):
+    model = cuda_model(n_kv_head=n_kv_head)
+    prompts = [[1, 2, 3], [5, 8, 13, 21, 34, 55]]
+    greedy = Sampling(temperature=0)
+    on_gpu = generate(model, prompts, 24, greedy)  # slides past block_size (16)
+    seeded = Sampling(temperature=1.0, top_k=20, seed=1)
+    assert generate(model, prompts, 8, seeded) == generate(model, prompts, 8, seeded)  # reproducible on the GPU
+    assert on_gpu == generate(model.cpu(), prompts, 24, greedy)
+
+
+def test_compiled_model_equals_eager_on_the_gpu():
+    model = cuda_model().train()
+    idx = torch.randint(0, 97, (4, 16), device=CUDA)
+    logits, loss = model(idx, idx)
+    compiled_logits, compiled_loss = torch.compile(model)(idx, idx)
+    torch.testing.assert_close(compiled_logits, logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-4, atol=1e-4)
+
+
+def train(*overrides, cwd, processes=0):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    command = [*(launcher if processes else [sys.executable]), str(REPO / "train.py"), *overrides]
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_a_checkpoint_moves_from_the_gpu_to_the_cpu_and_back(tmp_path):
+    overrides = training_overrides(tmp_path)
+    run_dir = tmp_path / "run"
+    gpu = [o for o in overrides if o != "device=cpu"] + ["device=cuda", "precision=bf16"]
+    train(*gpu, "max_iters=4", "eval_interval=2", f"out_dir={run_dir}", cwd=tmp_path)
+    train(f"resume={run_dir}", "device=cpu", "precision=fp32", "max_iters=6", cwd=tmp_path)
+    train(f"resume={run_dir}", "device=cuda", "precision=bf16", "max_iters=8", cwd=tmp_path)
+    checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=tmp_path))
+    assert checkpoint.training_state()["step"] == 8
+    assert all(torch.isfinite(t).all() for t in checkpoint.model_state.values())
+    assert [r["step"] for r in read_metrics(run_dir) if r["kind"] == "train"] == list(range(1, 9))
+
+
+def test_torchrun_with_nccl_through_train_py(tmp_path):
+    overrides = [o for o in training_overrides(tmp_path) if o != "device=cpu"] + ["device=cuda"]
+    output = train(*overrides, "max_iters=4", "eval_interval=2", f"out_dir={tmp_path / 'run'}", cwd=tmp_path, processes=1)
+    assert "cuda:0 bf16 x 1 process(es)" in output
+    assert load_checkpoint(find_checkpoint(tmp_path / "run", runs_root=tmp_path)).training_state()["step"] == 4
+
+
+def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
+    from training.distributed import Distributed
+    from training.runtime import resolve_precision
+    from training.step import TrainStep
+
+    model = cuda_model().train()
+    precision = resolve_precision("fp16", CUDA)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**120)
+    step = TrainStep(model, model.configure_optimizer(0.1, 1e-3, device_type="cuda"), scaler, precision=precision,
+                     accum_steps=1, grad_clip=1.0, group=Distributed())
+
+    class Batches:
+        def get(self, step, micro):
+            x = torch.randint(0, 97, (2, 16), device=CUDA)
+            return x, x
+
+        def fetch_after(self, step, micro):
+            pass
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = step(Batches(), 0)
+    assert bool(result.skipped) and not bool(result.nonfinite)
+    assert scaler.get_scale() == 2.0**119
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
