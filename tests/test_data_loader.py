@@ -93,7 +93,7 @@ def test_a_prepared_corpus_batches_back_to_its_text(tmp_path):
         assert tokenizer.decode(row_x) in text and tokenizer.decode(row_x)[1:] == tokenizer.decode(row_y)[:-1]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_batches_arrive_on_the_device_unchanged(tmp_path):
     write_shards(tmp_path)
     x_cpu, y_cpu = loader(tmp_path).get_batch(2)
