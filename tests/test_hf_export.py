@@ -7,12 +7,12 @@ import huggingface_hub
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, GPT2LMHeadModel, GPTBigCodeForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, GPTBigCodeForCausalLM
 
 import export
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Sampling, generate
 from training.checkpoint import save_checkpoint
 from training.hf_io import load_hf_pretrained, save_hf
 
@@ -78,6 +78,22 @@ def test_exported_gpt2_tokenizer_encodes_like_ours(tmp_path):
     assert theirs.decode(ours.encode(SAMPLE_TEXT)) == SAMPLE_TEXT
     assert theirs.eos_token_id == ours.eot_id == theirs("<|endoftext|>")["input_ids"][0]
     assert theirs.model_max_length == 32
+
+
+@pytest.mark.parametrize("n_kv_head, model_type", [(2, "gpt2"), (1, "gpt_bigcode")])
+def test_mha_and_mqa_exports_load_with_the_auto_classes_and_generate_our_tokens(tmp_path, capsys, n_kv_head, model_type):
+    model = save_run(tmp_path / "run", {"name": "gpt2"}, vocab_size=50257, block_size=32, n_layer=1, n_head=2,
+                     n_kv_head=n_kv_head, n_embd=32)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert "tokenizer.json" in capsys.readouterr().out
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")  # fast-only for gpt_bigcode: needs tokenizer.json
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert reference.config.model_type == model_type
+    prompt = tokenizer("Hello world, it's", return_tensors="pt")
+    theirs = reference.generate(**prompt, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    [ours] = generate(model.eval(), [prompt["input_ids"][0].tolist()], 8, Sampling(temperature=0))
+    assert theirs[0, prompt["input_ids"].shape[1]:].tolist() == ours
+    assert tokenizer.decode(ours) == load_tokenizer({"name": "gpt2"}).decode(ours)
 
 
 def test_char_tokenizer_is_not_exported_but_the_weights_are(tmp_path, capsys):

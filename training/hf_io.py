@@ -162,17 +162,19 @@ def save_hf(
     save_file(hf_state, out_dir / HF_SAFETENSORS, metadata={"format": "pt"})
     lines = [f"{out_dir}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
     if tokenizer is not None and tokenizer.name == "gpt2":
-        _save_gpt2_tokenizer(out_dir, config.block_size)
-        lines.append(f"{out_dir}: gpt2 tokenizer (vocab.json, merges.txt, tokenizer_config.json)")
+        written = _save_gpt2_tokenizer(out_dir, config.block_size)
+        lines.append(f"{out_dir}: gpt2 tokenizer ({', '.join(written)})")
     else:
         name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
         lines.append(f"tokenizer ({name}) not exported: only gpt2 has a transformers equivalent; weights only")
     return lines
 
 
-def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> None:
+def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> list[str]:
     """GPT-2's own files under transformers' names, with <|endoftext|> as its bos, eos
-    and unk token, as in OpenAI's gpt2 repository on the Hub."""
+    and unk token, as in OpenAI's gpt2 repository on the Hub; and the same tokenizer as
+    one tokenizer.json, which fast-only tokenizer classes (GPTBigCode's, for MQA) need.
+    Returns the names written."""
     shutil.copyfile(GPT2_FILES_DIR / "encoder.json", out_dir / "vocab.json")
     shutil.copyfile(GPT2_FILES_DIR / "vocab.bpe", out_dir / "merges.txt")
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
@@ -184,3 +186,26 @@ def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> None:
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    (out_dir / "tokenizer.json").write_text(json.dumps(_gpt2_tokenizer_json(), ensure_ascii=False) + "\n")
+    return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def _gpt2_tokenizer_json() -> dict:
+    """GPT-2's byte-level BPE in the `tokenizers` library's serialised form."""
+    vocab = json.loads((GPT2_FILES_DIR / "encoder.json").read_text(encoding="utf-8"))
+    merges = (GPT2_FILES_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]  # "#version" first
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": vocab[EOT_TEXT], "content": EOT_TEXT, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
