@@ -54,6 +54,8 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     device = resolve_device(config.device)
     dtype = resolve_precision(config.dtype, device).dtype
     checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
+    if config.checkpoint is None:
+        print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
     tokenizer = checkpoint_tokenizer(checkpoint)
     model = checkpoint_model(checkpoint, device, dtype)
     if tokenizer.vocab_size > model.config.vocab_size:

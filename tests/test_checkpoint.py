@@ -172,6 +172,14 @@ def test_missing_checkpoint_says_where_it_looked(tmp_path):
         find_checkpoint(tmp_path, runs_root=tmp_path)
 
 
+def test_the_newest_run_is_found_at_any_depth_such_as_inside_a_sweep(tmp_path, make_model):
+    save(tmp_path / "single_run", 1, make_model())
+    newest = save(tmp_path / "attention_ablation_2026-12-01" / "kv1", 1, make_model())
+    assert find_checkpoint(None, runs_root=tmp_path) == newest.resolve()
+    with pytest.raises(CheckpointError, match="pass resume=PATH"):
+        find_checkpoint(None, runs_root=tmp_path / "empty", setting="resume")
+
+
 def test_run_saved_most_recently_is_found_without_a_path(tmp_path, make_model):
     save(tmp_path / "run_a", 1, make_model())
     save(tmp_path / "run_b", 1, make_model())

@@ -163,6 +163,7 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
         ("on_nonfinite=ignore", "on_nonfinite must be one of"),
         ("logging.wandb.mode=cloud", "logging.wandb.mode must be disabled, offline or online"),
         ("resume=nowhere", "no checkpoint at nowhere"),
+        ("resume=true", r"no checkpoint found under .*pass resume=PATH"),
     ],
 )
 def test_invalid_settings_fail_before_any_work(train_overrides, tmp_path, override, message):
@@ -258,3 +259,12 @@ def test_init_from_hugging_face_weights(train_overrides, tmp_path):
                        "model.block_size=64")
     with pytest.raises(ValueError, match="init_from=hf needs the gpt2 tokenizer"):
         run_in_process(*train_overrides, "init_from=hf", f"model_path={hf_dir}")
+
+
+def test_a_sweep_ends_with_its_directory_and_the_report_command_and_its_runs_are_found(train_overrides, tmp_path):
+    result = run_cli("-m", *train_overrides, "max_iters=2", "eval_interval=2", "model.n_kv_head=4,1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [sweep] = list((tmp_path / "runs").glob("multirun_*"))
+    assert f"sweep: {sweep}\nreport on it: python report.py {sweep}" in result.stdout
+    newest = find_checkpoint(None, runs_root=tmp_path / "runs")  # what sample.py and resume=true pick
+    assert newest == (sweep / "1" / "checkpoints" / "step_000002").resolve()

@@ -118,19 +118,20 @@ def save_checkpoint(
     return final
 
 
-def find_checkpoint(target: str | Path | None, runs_root: str | Path) -> Path:
+def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
     """Resolve what the user asked for to one checkpoint directory.
 
     target may be a checkpoint directory, a run directory (its latest checkpoint), a
-    checkpoints/ directory, or None for the latest checkpoint of the most recent run
-    under runs_root.
+    checkpoints/ directory, or None for the latest checkpoint of the run saved most
+    recently anywhere under runs_root (sweep members included). `setting` is what the
+    user would pass a path as, for the message when there is none.
     """
     if target is None:
-        runs = sorted(Path(runs_root).glob(f"*/{CHECKPOINTS}/latest"), key=lambda p: p.lstat().st_mtime)
+        runs = sorted(Path(runs_root).glob(f"**/{CHECKPOINTS}/latest"), key=lambda p: p.lstat().st_mtime)
         if not runs:
             raise CheckpointError(
                 f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "
-                "`python train.py`, or pass checkpoint=PATH"
+                f"`python train.py`, or pass {setting}=PATH"
             )
         return runs[-1].resolve()
     path = Path(target)

@@ -39,7 +39,7 @@ def initial_model(
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
         source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
     else:
-        checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root))
+        checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root, setting="model_path"))
         if checkpoint.config.get("tokenizer") != tokenizer.describe():
             raise ValueError(
                 f"init_from=checkpoint: {checkpoint.path} was trained with another tokenizer "

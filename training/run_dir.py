@@ -45,7 +45,7 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     if cfg.resume is None:
         return cfg, None
     target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
-    checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root))
+    checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
     run_dir = checkpoint.run_dir
     if not (run_dir / RUN_CONFIG).is_file():
         raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
