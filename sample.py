@@ -1,7 +1,8 @@
 """Continue a prompt with a trained model, streaming the text as it is generated.
 
     python sample.py                                        # the newest run's latest checkpoint
-    python sample.py prompt="ROMEO:" num_samples=3 temperature=0.7
+    python sample.py "it's a prompt, typed plainly" num_samples=3 temperature=0.7
+    echo "a prompt from stdin" | python sample.py prompt=-
     python sample.py checkpoint=runs/<run> prompt=FILE:prompt.txt max_new_tokens=500
     python sample.py 'stop=["\\n\\n"]' json=true             # one JSON object, for scripts
 
@@ -14,6 +15,7 @@ KV-cached engine, printing the first sample as it grows and the others at the en
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from conf.cli import check_setting_names, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer, load_tokenizer
 from model import GPT, GPTConfig, stream, to_decode_layout
@@ -31,6 +34,7 @@ from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, lo
 from training.runtime import resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
+STDIN = "-"  # prompt=- reads the prompt from standard input
 SEPARATOR = "\n" + "-" * 40 + "\n"
 UNFINISHED_CHARACTER = "\ufffd"  # how the first bytes of a multi-byte character decode
 ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
@@ -42,10 +46,12 @@ def main(cfg: DictConfig) -> None:
     try:
         config = load_sample_config(cfg)
         result = sample(config, out=None if config.json else sys.stdout)
+        if config.json:
+            print(json.dumps(result, ensure_ascii=False, indent=2))
     except (ValueError, CheckpointError, DataError) as err:
         sys.exit(f"error: {err}")
-    if config.json:
-        print(json.dumps(result, ensure_ascii=False, indent=2))
+    except BrokenPipeError:  # the reader left early (`| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
 def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
@@ -114,7 +120,10 @@ def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.
 
 
 def read_prompt(prompt: str) -> str:
-    """The prompt (escapes replaced), or the contents of the file a FILE:path prompt names."""
+    """The prompt (escapes replaced), standard input for `-`, or the contents of the file
+    a FILE:path prompt names."""
+    if prompt == STDIN:
+        return sys.stdin.read()
     if not prompt.startswith(PROMPT_FILE):
         return unescape(prompt)
     path = Path(prompt[len(PROMPT_FILE):]).expanduser()
@@ -217,4 +226,6 @@ class LiveText:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = prompt_from_words(sys.argv[1:])
+    check_setting_names(sys.argv[1:], SampleConfig)
     main()

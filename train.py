@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
+from conf.cli import check_setting_names
 from data import BatchLoader, DataError, prepare
 from model import GPT
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
@@ -310,4 +311,5 @@ def grad_accum_steps(config: Config, block_size: int, world_size: int) -> int:
 
 
 if __name__ == "__main__":
+    check_setting_names(sys.argv[1:], Config)
     main()

@@ -17,7 +17,7 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 class SampleConfig:
     checkpoint: Optional[str] = None  # a checkpoint or run directory; None: the newest run's latest
     runs_root: str = "runs"
-    prompt: str = ""  # text, or FILE:path; empty: start from <|endoftext|>
+    prompt: str = ""  # text, FILE:path, or - for standard input; empty: start from <|endoftext|>
     num_samples: int = 1
     max_new_tokens: int = 256
     temperature: float = 0.8

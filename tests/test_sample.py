@@ -216,3 +216,52 @@ def test_live_text_holds_back_what_may_still_change():
         assert out.getvalue() == printed
     live.finish("ab\nENxé")
     assert out.getvalue() == "ab\nENxé"
+
+
+@pytest.mark.parametrize("text", [
+    "it's, a (test) [with] {brackets}", 'def main(', 'He said "hi", then left', "back\\slash and \\n escapes",
+    "cost ${x} = 3", "ends in a backslash\\", "quote after a backslash \\'", "x = 1, with spaces",
+])
+def test_plain_words_reach_the_prompt_as_typed(text):
+    from conf.cli import prompt_from_words
+
+    args = prompt_from_words([text, "max_new_tokens=3"])
+    assert args[0] == "max_new_tokens=3"
+    assert settings(*args).prompt == text
+
+
+def sample_cli(*args, cwd, **kwargs):
+    return subprocess.run([sys.executable, str(REPO / "sample.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def test_a_prompt_as_plain_words_or_from_stdin(runs_root, tmp_path):
+    words = sample_cli("All: Speak, speak", f"runs_root={runs_root}", "max_new_tokens=3", "json=true", cwd=tmp_path)
+    assert words.returncode == 0, words.stderr
+    assert json.loads(words.stdout)["prompt"] == "All: Speak, speak"
+    assert "sampling from " in words.stderr  # which run was picked
+    piped = sample_cli("prompt=-", f"runs_root={runs_root}", "max_new_tokens=3", "json=true", cwd=tmp_path,
+                       input="First Citizen, hear me")
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["prompt"] == "First Citizen, hear me"
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(runs_root, tmp_path):
+    process = subprocess.Popen([sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}",
+                                "max_new_tokens=400"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(1)  # `| head -c 1`: the reader leaves while the text still streams
+    process.stdout.close()
+    stderr = process.communicate(timeout=120)[1].decode()
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("script, override, message", [
+    ("sample.py", "max_new_token=5", "error: max_new_token is not a setting of SampleConfig (did you mean max_new_tokens?)"),
+    ("train.py", "max_iter=5", "error: max_iter is not a setting of Config (did you mean max_iters?)"),
+    ("train.py", "optim.lr=1e-3", "error: optim.lr is not a setting of OptimConfig; known: learning_rate"),
+])
+def test_a_misspelt_setting_gets_our_message_not_hydras(tmp_path, script, override, message):
+    result = subprocess.run([sys.executable, str(REPO / script), override], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert message in result.stderr and "+max" not in result.stderr and "Traceback" not in result.stderr
