@@ -38,10 +38,10 @@ from training.distributed import (
 from training.evaluate import Evaluator
 from training.init_from import initial_model
 from training.logger import RunLogger
-from training.mfu import Peak, estimate_mfu, peak_flops
+from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
 from training.run_dir import new_run_dir, resolve_resume, save_run_config
 from training.runtime import configure_cuda, reseed, resolve_precision, rng_state, seed_everything, set_rng_state
-from training.schedule import learning_rate
+from training.schedule import learning_rate, schedule_warnings
 from training.signals import GracefulStop
 from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
 
@@ -142,6 +142,8 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         peak=peak,
     )
     session.logger.print(header(session, precision.name, accum, origin, resumed))
+    for warning in run_warnings(config, device, precision.name) if group.is_main else ():
+        session.logger.print(f"warning: {warning}")
     checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
     session.logger.close()
     barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
@@ -282,6 +284,14 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, config: Confi
         note += (f" (saved by {len(rng_states)} process(es), resumed on {group.world_size}: "
                  "the data order is exact, the dropout masks are new)")
     return step, state["best_val_loss"], note
+
+
+def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:
+    """Settings that are legal but probably not meant, or slow where they run."""
+    warnings = schedule_warnings(max_iters=config.max_iters, warmup_iters=config.optim.warmup_iters,
+                                 decay_iters=config.optim.decay_iters or config.max_iters)
+    slow = slow_cpu_precision(precision) if device.type == "cpu" else None
+    return warnings + ([slow] if slow else [])
 
 
 def peak_of(config: Config, device: torch.device, precision: str) -> Peak | None:

@@ -268,3 +268,8 @@ def test_a_sweep_ends_with_its_directory_and_the_report_command_and_its_runs_are
     assert f"sweep: {sweep}\nreport on it: python report.py {sweep}" in result.stdout
     newest = find_checkpoint(None, runs_root=tmp_path / "runs")  # what sample.py and resume=true pick
     assert newest == (sweep / "1" / "checkpoints" / "step_000002").resolve()
+
+
+def test_a_run_that_ends_inside_the_warmup_is_warned_about(train_overrides, capsys):
+    run_in_process(*train_overrides, "max_iters=3", "eval_interval=3")  # warmup_iters=5
+    assert "warning: max_iters (3) ends inside the warmup (optim.warmup_iters=5)" in capsys.readouterr().out

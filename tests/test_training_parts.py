@@ -150,3 +150,25 @@ def test_resumed_metrics_log_drops_records_after_the_checkpoint(tmp_path, capsys
     assert [(r["kind"], r["step"]) for r in read_metrics(tmp_path)] == [
         ("train", 1), ("train", 2), ("train", 3), ("train", 4), ("eval", 4), ("train", 5)
     ]
+
+
+def test_a_precision_slower_than_fp32_on_this_cpu_is_named_with_both_rates(monkeypatch):
+    from training import mfu
+
+    rates = {torch.float32: 150e9, torch.bfloat16: 5e9, torch.float16: 300e9}
+    monkeypatch.setattr(mfu, "measure_matmul_flops", lambda size=2048, trials=3, dtype=torch.float32: rates[dtype])
+    assert mfu.slow_cpu_precision("bf16") == (
+        "precision=bf16 on this CPU: matmuls run 30x slower than in fp32 (measured just now: 5 against 150 "
+        "GFLOP/s); precision=fp32 is faster here")
+    assert mfu.slow_cpu_precision("fp16") is None  # faster than fp32 here: nothing to say
+    assert mfu.slow_cpu_precision("fp32") is None
+
+
+def test_schedules_that_end_early_are_pointed_out():
+    from training.schedule import schedule_warnings
+
+    [inside] = schedule_warnings(max_iters=50, warmup_iters=100, decay_iters=50)
+    assert "never reaches its peak and never decays" in inside
+    [early] = schedule_warnings(max_iters=500, warmup_iters=100, decay_iters=1000)
+    assert "stops above optim.min_lr" in early
+    assert schedule_warnings(max_iters=1000, warmup_iters=100, decay_iters=1000) == []

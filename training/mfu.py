@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from training.runtime import DTYPES
+
 # Dense peak FLOP/s per GPU from NVIDIA's datasheets (the sparsity figures halved),
 # by the precision the matmuls run in: "tf32" is precision=fp32 on TF32 tensor cores
 # (the default, see training.runtime.configure_cuda), "fp32" is true fp32 (tf32=false).
@@ -63,8 +65,22 @@ def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> Peak 
     if device.type == "cuda":
         matmul_precision = "tf32" if precision == "fp32" and tf32 else precision
         return gpu_datasheet_peak(torch.cuda.get_device_name(device), matmul_precision)
-    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    return Peak(measure_matmul_flops(dtype=dtype), f"measured CPU matmul rate, {precision}")
+    return Peak(measure_matmul_flops(dtype=DTYPES[precision]),
+                f"CPU matmul rate measured at start-up, {precision}: this run's own, so MFU compares "
+                "across runs only on an otherwise idle machine")
+
+
+def slow_cpu_precision(precision: str) -> str | None:
+    """A warning when `precision` multiplies slower than fp32 on this CPU (bf16 without
+    AVX512-BF16 or AMX, fp16 on most CPUs), with both rates measured just now."""
+    if precision == "fp32":
+        return None
+    fp32, chosen = (measure_matmul_flops(size=512, dtype=DTYPES[p]) for p in ("fp32", precision))
+    if chosen * 1.5 > fp32:
+        return None
+    return (f"precision={precision} on this CPU: matmuls run {fp32 / chosen:.0f}x slower than in fp32 "
+            f"(measured just now: {chosen / 1e9:.0f} against {fp32 / 1e9:.0f} GFLOP/s); precision=fp32 is "
+            "faster here")
 
 
 def measure_matmul_flops(size: int = 2048, trials: int = 3, dtype: torch.dtype = torch.float32) -> float:

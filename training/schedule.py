@@ -18,3 +18,14 @@ def learning_rate(step: int, *, max_lr: float, min_lr: float, warmup_iters: int,
         return min_lr
     progress = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def schedule_warnings(*, max_iters: int, warmup_iters: int, decay_iters: int) -> list[str]:
+    """What about a schedule is legal but probably not meant."""
+    if max_iters < warmup_iters:
+        return [f"max_iters ({max_iters}) ends inside the warmup (optim.warmup_iters={warmup_iters}): the "
+                "learning rate never reaches its peak and never decays; lower optim.warmup_iters"]
+    if max_iters < decay_iters:
+        return [f"max_iters ({max_iters}) ends before the decay does (optim.decay_iters={decay_iters}): the "
+                "run stops above optim.min_lr"]
+    return []
