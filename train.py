@@ -58,12 +58,15 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"error: {err}")
 
 
-def train(cfg: DictConfig) -> Path:
-    """Run training for a composed config; returns the run directory."""
+def train(cfg: DictConfig) -> Path | None:
+    """Run training for a composed config; returns the run directory (None for
+    max_iters=0, which evaluates the model and writes nothing)."""
     cfg, resume_from = resolve_resume(cfg)
     config = load_config(cfg)  # every rule checked here, before any heavy work
     group, device = init_distributed(config.device)
     try:
+        if config.max_iters == 0:
+            return evaluate_only(cfg, config, resume_from, group, device)
         return run(cfg, config, resume_from, group, device)
     finally:
         shutdown(group)
@@ -129,8 +132,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         train_step=TrainStep(train_model, optimizer, scaler, precision=precision, accum_steps=accum,
                              grad_clip=config.optim.grad_clip, group=group),
         batches=Prefetcher(loader),
-        evaluate=Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, seed=config.seed,
-                           eval_iters=config.eval_iters, precision=precision, group=group, device=device),
+        evaluate=evaluator(config, data, block_size, precision, group, device),
         logger=RunLogger(
             run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
             wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
@@ -149,6 +151,34 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
     barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
     session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
     return run_dir
+
+
+def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
+                  device: torch.device) -> None:
+    """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
+    the data, printed; no run directory is made."""
+    precision = resolve_precision(config.precision, device)
+    if device.type == "cuda":
+        configure_cuda(config.tf32)
+    seed_everything(config.seed + group.rank)
+    data = prepare_on_main_first(config, group)
+    model, origin = build_model(cfg, config, resume_from, data.tokenizer(), device)
+    if resume_from:
+        load_weights(model, resume_from.model_state)
+    metrics = evaluator(config, data, model.config.block_size, precision, group, device)(model)
+    if group.is_main:
+        source = resume_from.path if resume_from else (origin or "a freshly initialised model (init_from=scratch)")
+        print(f"evaluated {source} on {data.data_dir}: {config.eval_iters} batches of {config.batch_size} x "
+              f"{model.config.block_size} tokens per split, {precision.name}")
+        for split in ("train", "val"):
+            print(f"{split:<5} loss {metrics[f'{split}_loss']:.4f} | ppl {metrics[f'{split}_ppl']:.2f} | "
+                  f"{metrics[f'{split}_bpb']:.4f} bits/byte")
+
+
+def evaluator(config: Config, data, block_size: int, precision, group: Distributed, device: torch.device) -> Evaluator:
+    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, seed=config.seed,
+                     eval_iters=config.eval_iters, token_bytes=data.tokenizer().token_bytes(), precision=precision,
+                     group=group, device=device)
 
 
 def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> Path | None:

@@ -83,7 +83,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 1337
-    max_iters: int = 2000  # optimizer steps
+    max_iters: int = 2000  # optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing
     batch_size: int = 12  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     # Alternative to grad_accum_steps: tokens per optimizer step over all processes;
@@ -105,8 +105,8 @@ class Config:
     keep_last: int = 3  # step checkpoints kept besides the best one
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters",
-                     "pad_vocab_to", "keep_last"):
+        _at_least("max_iters", self.max_iters, 0)
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "pad_vocab_to", "keep_last"):
             _positive(name, getattr(self, name))
         if self.tokens_per_step is not None:
             _positive("tokens_per_step", self.tokens_per_step)

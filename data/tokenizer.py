@@ -56,6 +56,11 @@ class Tokenizer(ABC):
     def describe(self) -> dict:
         """A JSON-able dict from which `load_tokenizer` rebuilds this tokenizer."""
 
+    @abstractmethod
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes of each id's text (0 for end-of-text): the bytes a run of tokens
+        stands for is the sum over its ids, for losses in bits per byte."""
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
@@ -79,6 +84,11 @@ class Gpt2Tokenizer(Tokenizer):
 
     def describe(self) -> dict:
         return {"name": self.name}
+
+    def token_bytes(self) -> list[int]:
+        # Byte-level BPE: a token may hold part of a character, but its bytes add up exactly.
+        return [0 if i == self.eot_id else len(self._encoding.decode_single_token_bytes(i))
+                for i in range(self.vocab_size)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,6 +193,9 @@ class CharTokenizer(Tokenizer):
 
     def describe(self) -> dict:
         return {"name": self.name, "chars": self.chars, "eot": self.eot_id is not None}
+
+    def token_bytes(self) -> list[int]:
+        return [len(c.encode("utf-8")) for c in self.chars] + ([0] if self.eot_id is not None else [])
 
 
 def _codepoints(text: str) -> np.ndarray:

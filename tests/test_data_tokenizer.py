@@ -127,3 +127,13 @@ def test_descriptions_rebuild_equal_tokenizers(tmp_path):
 def test_unknown_description_is_rejected():
     with pytest.raises(DataError, match="unknown tokenizer description"):
         load_tokenizer({"name": "sentencepiece"})
+
+
+def test_token_bytes_add_up_to_the_texts_utf8_bytes():
+    text = "naïve café 🤖, spaces   and\ttabs\n" * 3
+    for tokenizer in (load_tokenizer({"name": "gpt2"}), CharTokenizer.from_texts([text, "x"])):
+        sizes = tokenizer.token_bytes()
+        assert len(sizes) == tokenizer.vocab_size
+        assert sum(sizes[i] for i in tokenizer.encode(text)) == len(text.encode("utf-8"))
+        if tokenizer.eot_id is not None:
+            assert sizes[tokenizer.eot_id] == 0

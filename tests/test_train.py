@@ -1,5 +1,6 @@
 """train.py end to end: a real (tiny) run, exact resume after SIGKILL, SIGTERM, NaN, errors."""
 
+import math
 import os
 import signal
 import subprocess
@@ -273,3 +274,17 @@ def test_a_sweep_ends_with_its_directory_and_the_report_command_and_its_runs_are
 def test_a_run_that_ends_inside_the_warmup_is_warned_about(train_overrides, capsys):
     run_in_process(*train_overrides, "max_iters=3", "eval_interval=3")  # warmup_iters=5
     assert "warning: max_iters (3) ends inside the warmup (optim.warmup_iters=5)" in capsys.readouterr().out
+
+
+def test_max_iters_zero_evaluates_a_checkpoint_and_writes_nothing(train_overrides, capsys):
+    run_dir = run_in_process(*train_overrides)
+    final = eval_records(run_dir)[-1]
+    assert final["val_bpb"] == pytest.approx(final["val_loss"] / math.log(2))  # ASCII text: one byte a character
+    runs_before = sorted(run_dir.parent.iterdir())
+    capsys.readouterr()
+    assert run_in_process(*train_overrides, "max_iters=0", "init_from=checkpoint", f"model_path={run_dir}") is None
+    printed = capsys.readouterr().out
+    assert f"evaluated weights: init_from=checkpoint {run_dir}" in printed
+    # The same eval batches as the run's own last evaluation, so the same figures.
+    assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in printed
+    assert sorted(run_dir.parent.iterdir()) == runs_before
