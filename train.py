@@ -264,7 +264,8 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
         "step": step, "best_val_loss": best_val_loss, "optimizer": s.optimizer.state_dict(),
         "scaler": s.scaler.state_dict(), "rng": rng_states,
     }
-    checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last, is_best)
+    checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last, is_best,
+                                 keep_state=s.config.keep_state)
     return checkpoint, best_val_loss
 
 

@@ -103,6 +103,7 @@ class Config:
     init_from: str = "scratch"  # scratch | checkpoint | hf: where a new run's weights come from
     model_path: Optional[str] = None  # init_from=checkpoint: a run or checkpoint; hf: a directory or Hub name
     keep_last: int = 3  # step checkpoints kept besides the best one
+    keep_state: str = "all"  # all | latest: which checkpoints keep state.pt (optimizer, scaler, RNG) besides weights
 
     def __post_init__(self) -> None:
         _at_least("max_iters", self.max_iters, 0)
@@ -114,6 +115,8 @@ class Config:
             raise ValueError(f"init_from must be scratch, checkpoint or hf, got {self.init_from!r}")
         if self.init_from != "scratch" and not self.model_path:
             raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
+        if self.keep_state not in ("all", "latest"):
+            raise ValueError(f"keep_state must be all or latest, got {self.keep_state!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 

@@ -116,13 +116,26 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
 
 
 def _load(path: str, what: str, cfg: DataConfig, **options) -> Documents:
-    """datasets.load_dataset, with its failures (offline, missing, malformed) explained."""
+    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
+    Local files load without datasets' progress bars: they would say "Downloading data"."""
     options.setdefault("split", "train")
     try:
-        with _no_usage_ping():
+        with _no_usage_ping(), _quiet(local="data_files" in options):
             return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
     except Exception as err:  # datasets raises many types; all mean "this source did not load"
         raise DataError(f"could not load {what} through datasets ({type(err).__name__}: {err})") from err
+
+
+@contextlib.contextmanager
+def _quiet(local: bool):
+    was_disabled = datasets.are_progress_bars_disabled()
+    if local:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if local and not was_disabled:
+            datasets.enable_progress_bars()
 
 
 @contextlib.contextmanager

@@ -186,3 +186,17 @@ def test_run_saved_most_recently_is_found_without_a_path(tmp_path, make_model):
     assert find_checkpoint(None, runs_root=tmp_path).parent.parent.name == "run_b"
     newest = save(tmp_path / "run_a", 2, make_model())
     assert find_checkpoint(None, runs_root=tmp_path) == newest.resolve()
+
+
+def test_keep_state_latest_leaves_weights_only_in_older_and_best_checkpoints(tmp_path, make_model):
+    model = make_model()
+    save(tmp_path, 1, model, is_best=True, keep_state="latest")
+    for step in (2, 3):
+        save(tmp_path, step, model, keep_last=2, keep_state="latest")
+    root = tmp_path / "checkpoints"
+    with_state = sorted(p.name for p in root.glob("step_*") if (p / "state.pt").exists())
+    assert with_state == ["step_000003"]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000001", "step_000002", "step_000003"]
+    load_weights(make_model(seed=4), load_checkpoint(root / "best").model_state)  # best still loads
+    with pytest.raises(CheckpointError, match="holds weights only and cannot be resumed"):
+        load_checkpoint(root / "step_000002").training_state()

@@ -320,3 +320,14 @@ def test_local_sources_never_touch_the_network(tmp_path, monkeypatch):
     prepare(config(tmp_path / "a", tmp_path / "docs"))
     prepare(config(tmp_path / "b", tmp_path / "rows.jsonl", val_fraction=0.5))
     assert attempts == []
+
+
+def test_local_files_load_without_datasets_download_bars(tmp_path, capfd):
+    import datasets
+
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    prepare(config(tmp_path, tmp_path / "docs"))
+    printed = capfd.readouterr().err
+    assert "Downloading data" not in printed and "Generating train split" not in printed
+    assert "tokenizing" in printed  # our own progress still shows
+    assert not datasets.are_progress_bars_disabled()  # and the setting is given back

@@ -85,9 +85,11 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int = 3,
     is_best: bool = False,
+    keep_state: str = "all",
 ) -> Path:
     """Write checkpoint `step` under run_dir/checkpoints, point `latest` (and `best`
-    if is_best) at it, and delete all but the newest keep_last others. Returns its path."""
+    if is_best) at it, and delete all but the newest keep_last others. keep_state="latest"
+    also drops state.pt from every checkpoint but the newest (weights stay). Returns its path."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -115,6 +117,10 @@ def save_checkpoint(
         _point(link, final)
     _fsync(root)
     _prune(root, keep_last)
+    if keep_state == "latest":
+        for older in root.iterdir():
+            if STEP_DIR.match(older.name) and older != final:
+                (older / STATE).unlink(missing_ok=True)
     return final
 
 
