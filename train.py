@@ -237,10 +237,11 @@ def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, l
 
 
 def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> None:
-    tok_per_s = s.tokens_per_step * summary.steps / seconds
+    tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
+    mfu = estimate_mfu(s.flops_per_token, tok_per_s / s.group.world_size, s.peak.flops) if s.peak else None  # per device
     s.logger.log({
         "kind": "train", "step": step, "loss": summary.loss, "lr": lr, "tokens": step * s.tokens_per_step,
-        "tok_per_s": tok_per_s, "mfu": estimate_mfu(s.flops_per_token, tok_per_s, s.peak.flops) if s.peak else None,
+        "tok_per_s": tok_per_s, "mfu": mfu,
         "grad_norm": summary.grad_norm, "skipped": summary.skipped,
     })
 
@@ -305,7 +306,8 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, config: Confi
     load_weights(model, checkpoint.model_state)
     state = checkpoint.training_state()
     optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
+    if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
+        scaler.load_state_dict(state["scaler"])
     step, rng_states = state["step"], state["rng"]
     note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
     if len(rng_states) == group.world_size:  # each rank continues its own random streams

@@ -146,3 +146,13 @@ def test_each_rank_evaluates_its_own_share_of_the_batches(runs, tmp_path):
     expected = alone(GPT(tiny_config(vocab_size=64, block_size=32)))
     for rank in ranks:
         assert rank["metrics"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_mfu_under_ddp_is_per_device(runs):
+    _, _, _, ddp_root = runs
+    ddp = next(ddp_root.iterdir())
+    config = load_checkpoint(find_checkpoint(ddp, runs_root=ddp_root)).model_config
+    flops_per_token = GPT(config).flops_per_token(config.block_size)
+    for record in (r for r in read_metrics(ddp) if r["kind"] == "train"):
+        # tok_per_s counts both processes; each device does half of it (peak_flops=1e12 per device)
+        assert record["mfu"] == pytest.approx(flops_per_token * record["tok_per_s"] / 2 / 1e12)

@@ -288,3 +288,10 @@ def test_max_iters_zero_evaluates_a_checkpoint_and_writes_nothing(train_override
     # The same eval batches as the run's own last evaluation, so the same figures.
     assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in printed
     assert sorted(run_dir.parent.iterdir()) == runs_before
+
+
+def test_a_run_without_loss_scaling_resumes_in_fp16(train_overrides, tmp_path):
+    run_dir = run_in_process(*train_overrides, "max_iters=3", "eval_interval=3")  # fp32: an empty scaler state
+    result = run_cli(f"resume={run_dir}", "precision=fp16", "max_iters=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert final_checkpoint(run_dir).training_state()["scaler"]["scale"] == 65536.0  # fp16's own, fresh

@@ -230,15 +230,18 @@ class _CudaLoader:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("precision, atol", [("bf16", 2e-2), ("fp16", 5e-3)])
-def test_cuda_mixed_precision_steps_track_fp32(precision, atol):
-    mixed_model, _, mixed = make_step(precision, device=CUDA)
-    fp32_model, _, fp32 = make_step("fp32", device=CUDA)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cuda_mixed_precision_steps_track_fp32(precision):
+    """Losses and gradient norms within 2% and 5% of fp32's over three steps. (Weights are
+    not compared element by element: AdamW's first steps move each weight by about
+    lr * sign(gradient), so a near-zero gradient whose sign differs in bf16 lands 2 lr away.)"""
+    _, _, mixed = make_step(precision, device=CUDA)
+    _, _, fp32 = make_step("fp32", device=CUDA)
     for i in range(3):
         a, b = mixed(Batches(CUDA), i), fp32(Batches(CUDA), i)
+        assert not bool(a.skipped)
         assert float(a.loss) == pytest.approx(float(b.loss), rel=2e-2)
-    for name, value in weights(fp32_model).items():
-        torch.testing.assert_close(weights(mixed_model)[name], value, rtol=0, atol=atol, msg=name)
+        assert float(a.grad_norm) == pytest.approx(float(b.grad_norm), rel=5e-2)
 
 
 @pytest.mark.cuda

@@ -98,5 +98,5 @@ def barrier(group: Distributed) -> None:
 
 
 def shutdown(group: Distributed) -> None:
-    if group.enabled and dist.is_initialized():
+    if dist.is_initialized():  # also a group of one (torchrun --nproc_per_node=1)
         dist.destroy_process_group()
