@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {args.sweep_dir} is not a directory")
     try:
         path = write_report(args.sweep_dir, args.out or args.sweep_dir, args.decode_tokens, args.prompt)
-    except CheckpointError as err:
+    except (CheckpointError, ValueError) as err:  # ValueError: a malformed metrics.jsonl, named
         sys.exit(f"error: {err}")
     print(f"wrote {path}")
 

@@ -31,7 +31,7 @@ from conf import Config, load_config
 from conf.cli import check_setting_names
 from data import BatchLoader, DataError, prepare
 from model import GPT
-from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
+from training.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
     Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
 )
@@ -310,6 +310,11 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, config: Confi
         scaler.load_state_dict(state["scaler"])
     step, rng_states = state["step"], state["rng"]
     note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
+    latest = (checkpoint.run_dir / CHECKPOINTS / "latest").resolve()
+    if latest.exists() and latest != checkpoint.path.resolve():
+        note += (f" (an older checkpoint than latest, {latest.name}: "
+                 + ("the log after it is replaced as the run goes on)" if step < config.max_iters
+                    else "nothing to train, so the log is kept whole)"))
     if len(rng_states) == group.world_size:  # each rank continues its own random streams
         set_rng_state(rng_states[group.rank], device)
     else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible

@@ -295,3 +295,12 @@ def test_a_run_without_loss_scaling_resumes_in_fp16(train_overrides, tmp_path):
     result = run_cli(f"resume={run_dir}", "precision=fp16", "max_iters=4", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert final_checkpoint(run_dir).training_state()["scaler"]["scale"] == 65536.0  # fp16's own, fresh
+
+
+def test_resuming_an_older_checkpoint_says_so_and_a_resume_with_nothing_to_train_keeps_the_log(train_overrides, tmp_path):
+    run_dir = run_in_process(*train_overrides)  # checkpoints at steps 10, 20, 30
+    before = read_metrics(run_dir)
+    result = run_cli(f"resume={run_dir / 'checkpoints' / 'step_000020'}", "max_iters=20", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "an older checkpoint than latest, step_000030: nothing to train, so the log is kept whole" in result.stdout
+    assert read_metrics(run_dir) == before

@@ -172,3 +172,39 @@ def test_schedules_that_end_early_are_pointed_out():
     [early] = schedule_warnings(max_iters=500, warmup_iters=100, decay_iters=1000)
     assert "stops above optim.min_lr" in early
     assert schedule_warnings(max_iters=1000, warmup_iters=100, decay_iters=1000) == []
+
+
+def test_a_torn_last_line_is_dropped_and_said_so_and_appending_goes_on(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n{"kind": "train", "step": 2, "lo')  # disk full
+    assert read_metrics(tmp_path) == [{"kind": "train", "step": 1, "loss": 2.0}]
+    logger = make_logger(tmp_path, 1)
+    logger.log({"kind": "train", "step": 2, "loss": 1.5})
+    logger.close()
+    assert "dropped its last line, cut short by an interrupted write" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_a_last_record_without_its_newline_is_kept_and_the_next_starts_a_new_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 2.0}')
+    logger = make_logger(tmp_path, 1)
+    logger.log({"kind": "train", "step": 2, "loss": 1.5})
+    logger.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_a_malformed_line_before_the_last_is_an_error_naming_the_file_and_line(tmp_path):
+    from training.logger import MetricsError
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(MetricsError, match=r"metrics.jsonl line 2 is not a JSON record"):
+        read_metrics(tmp_path)
+
+
+def test_a_resume_that_trains_nothing_keeps_the_whole_log(tmp_path):
+    logger = make_logger(tmp_path, 0)
+    for step in range(1, 5):
+        logger.log({"kind": "train", "step": step, "loss": 1.0})
+    logger.close()
+    RunLogger(tmp_path, start_step=2, max_iters=2, progress=False, wandb_settings={"mode": "disabled"}, config={}).close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]

@@ -20,8 +20,10 @@ class RunLogger:
     console (a live bar on a terminal, plain lines otherwise) and mirrors
     records to wandb when wandb.mode is offline or online.
 
-    Resuming at step k drops records after k, so the log of a resumed run reads
-    exactly like the log of a run that was never interrupted.
+    Resuming at step k drops records after k when steps after k are about to be
+    trained (start_step < max_iters), so the log of a resumed run reads exactly like the
+    log of a run that was never interrupted; a resume that trains nothing keeps the log
+    whole. A last line cut short by a crash or a full disk is dropped, and said so.
     """
 
     def __init__(
@@ -39,7 +41,7 @@ class RunLogger:
         if not enabled:
             return
         self.path = Path(run_dir) / METRICS
-        _truncate_after(self.path, start_step)
+        torn = _rewrite_up_to(self.path, start_step if start_step < max_iters else None)
         self.file = self.path.open("a")
         self.bar = tqdm(
             total=max_iters,
@@ -49,6 +51,8 @@ class RunLogger:
             disable=not (progress and sys.stderr.isatty()),
         )
         self.wandb_run = _start_wandb(wandb_settings, config, Path(run_dir))
+        if torn:
+            self.print(f"{self.path}: dropped its last line, cut short by an interrupted write: {torn[:60]!r}")
 
     def log(self, record: dict[str, Any]) -> None:
         """One record: {"kind": "train" | "eval", "step": ..., metrics...}."""
@@ -78,20 +82,46 @@ class RunLogger:
             self.wandb_run.finish()
 
 
+class MetricsError(ValueError):
+    """A metrics.jsonl line that is not a JSON record (other than a torn last line)."""
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parse(Path(run_dir) / METRICS)[0]
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of a metrics file, and its torn last line if it has one (a write cut
+    short: no newline after it, and not valid JSON), which is left out."""
     if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        return [], None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # the last line, with no newline after it
+                return records, line
+            raise MetricsError(f"{path} line {number} is not a JSON record ({err.msg}): fix or delete that line") from err
+    return records, None
+
+
+def _rewrite_up_to(path: Path, step: int | None) -> str | None:
+    """Keep the records up to `step` (all when None), without a torn last line;
+    returns that line, if there was one."""
+    records, torn = _parse(path)
+    kept = [r for r in records if step is None or r["step"] <= step]
+    ends_whole = not path.exists() or path.read_bytes()[-1:] in (b"", b"\n")
+    if len(kept) == len(records) and torn is None and ends_whole:
+        return None
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(path)
+    return torn
 
 
 def _shown(record: dict[str, Any]) -> tuple[str, ...]:
