@@ -39,7 +39,7 @@ from training.evaluate import Evaluator
 from training.init_from import initial_model
 from training.logger import RunLogger
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
-from training.run_dir import new_run_dir, resolve_resume, save_run_config
+from training.run_dir import new_run_dir, resolve_resume, run_lock, save_run_config
 from training.runtime import configure_cuda, reseed, resolve_precision, rng_state, seed_everything, set_rng_state
 from training.schedule import learning_rate, schedule_warnings
 from training.signals import GracefulStop
@@ -67,7 +67,15 @@ def train(cfg: DictConfig) -> Path | None:
     try:
         if config.max_iters == 0:
             return evaluate_only(cfg, config, resume_from, group, device)
-        return run(cfg, config, resume_from, group, device)
+        # The context of the model about to be built (a new run's from init_from is cropped to it).
+        block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
+        accum = grad_accum_steps(config, block_size, group.world_size)  # checked before any heavy work
+        if resume_from:
+            run_dir = resume_from.run_dir
+        else:  # only rank 0 chooses: a timestamp read on each rank could differ
+            run_dir = broadcast_from_main(group, new_run_dir(config) if group.is_main else None)
+        with run_lock(run_dir, enabled=group.is_main, new_run=resume_from is None):  # one writer per run
+            return run(cfg, config, resume_from, group, device, run_dir=run_dir, block_size=block_size, accum=accum)
     finally:
         shutdown(group)
 
@@ -95,17 +103,10 @@ class Session:
 
 
 def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
-        device: torch.device) -> Path:
+        device: torch.device, *, run_dir: Path, block_size: int, accum: int) -> Path:
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
         configure_cuda(config.tf32)
-    # The context of the model about to be built (a new run's from init_from is cropped to it).
-    block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
-    accum = grad_accum_steps(config, block_size, group.world_size)  # checked before any heavy work
-    if resume_from:
-        run_dir = resume_from.run_dir
-    else:  # only rank 0 chooses: a timestamp read on each rank could differ
-        run_dir = broadcast_from_main(group, new_run_dir(config) if group.is_main else None)
     seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
 
     data = prepare_on_main_first(config, group)

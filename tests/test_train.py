@@ -304,3 +304,20 @@ def test_resuming_an_older_checkpoint_says_so_and_a_resume_with_nothing_to_train
     assert result.returncode == 0, result.stderr
     assert "an older checkpoint than latest, step_000030: nothing to train, so the log is kept whole" in result.stdout
     assert read_metrics(run_dir) == before
+
+
+def test_one_writer_per_run_directory(train_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_train(*train_overrides, "max_iters=100000", "eval_interval=5", f"out_dir={run_dir}", cwd=tmp_path)
+    try:
+        wait_for_step(run_dir, first, 6)  # past its first checkpoint
+        fresh = run_cli(*train_overrides, f"out_dir={run_dir}", cwd=tmp_path)
+        assert fresh.returncode == 1 and f"error: {run_dir} already holds a run" in fresh.stderr
+        resume = run_cli(f"resume={run_dir}", cwd=tmp_path)  # would truncate the log the first is writing
+        assert resume.returncode == 1
+        assert f"error: {run_dir} is in use: process {first.pid} is writing it" in resume.stderr
+        assert first.poll() is None  # the first run goes on, its log whole
+        assert [s for s, _ in losses(run_dir)] == list(range(1, len(losses(run_dir)) + 1))
+    finally:
+        first.kill()
+        first.wait()

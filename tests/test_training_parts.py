@@ -208,3 +208,20 @@ def test_a_resume_that_trains_nothing_keeps_the_whole_log(tmp_path):
     logger.close()
     RunLogger(tmp_path, start_step=2, max_iters=2, progress=False, wandb_settings={"mode": "disabled"}, config={}).close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
+    import os
+
+    from training.run_dir import run_lock
+
+    with run_lock(tmp_path, enabled=True, new_run=False):
+        with pytest.raises(ValueError, match=f"is in use: process {os.getpid()} is writing it"):
+            with run_lock(tmp_path, enabled=True, new_run=False):
+                pass
+    with run_lock(tmp_path, enabled=True, new_run=False):
+        pass  # released on exit
+    (tmp_path / "config.yaml").write_text("seed: 1\n")
+    with pytest.raises(ValueError, match="already holds a run"):  # taken while we waited for the lock
+        with run_lock(tmp_path, enabled=True, new_run=True):
+            pass

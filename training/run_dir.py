@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -12,7 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from conf import Config
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: runs go unlocked
+    fcntl = None
+
 RUN_CONFIG = "config.yaml"  # the resolved config the run started with
+LOCK = ".lock"  # held by the one process writing the run; it holds that process's id
 RUN_GROUPS = "groups.yaml"  # its config-group choices (model=nano, ...)
 NOT_RECORDED = "<not recorded>"
 
@@ -30,6 +39,35 @@ def new_run_dir(config: Config) -> Path:
     while path.exists():
         path, n = base.with_name(f"{base.name}_{n}"), n + 1
     return path
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[None]:
+    """One writer per run directory: an OS lock (flock) on run_dir/.lock while the run
+    writes. The kernel releases it when the process ends, however it ends, so a kill -9
+    leaves no stale lock. A second writer gets an error naming the process that holds it."""
+    if not enabled or fcntl is None:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ValueError(f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or "
+                             "train into another out_dir") from None
+        if new_run and (run_dir / RUN_CONFIG).exists():  # another run took it between our check and the lock
+            raise ValueError(f"{run_dir} already holds a run; pass resume={run_dir} to continue it")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
