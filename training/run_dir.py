@@ -68,6 +68,10 @@ def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+            if new_run and not (run_dir / RUN_CONFIG).exists():  # failed before it began: leave nothing behind
+                (run_dir / LOCK).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()  # only if empty
 
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
