@@ -31,7 +31,7 @@ from conf import Config, load_config
 from conf.cli import check_setting_names
 from data import BatchLoader, DataError, prepare
 from model import GPT
-from training.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, load_weights, save_checkpoint
+from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
     Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
 )
@@ -39,8 +39,8 @@ from training.evaluate import Evaluator
 from training.init_from import initial_model
 from training.logger import RunLogger
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
-from training.run_dir import new_run_dir, resolve_resume, run_lock, save_run_config
-from training.runtime import configure_cuda, reseed, resolve_precision, rng_state, seed_everything, set_rng_state
+from training.run_dir import new_run_dir, resolve_resume, restore, run_lock, save_run_config
+from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
 from training.schedule import learning_rate, schedule_warnings
 from training.signals import GracefulStop
 from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
@@ -295,34 +295,6 @@ def build_model(cfg: DictConfig, config: Config, resume_from: Checkpoint | None,
         return model, ""
     load_weights(model, initial_state)
     return model, f"weights: init_from={config.init_from} {config.model_path} at context {model_config.block_size}"
-
-
-def restore(checkpoint: Checkpoint, model: GPT, optimizer, scaler, config: Config, group: Distributed,
-            device: torch.device) -> tuple[int, float, str]:
-    """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
-    if checkpoint.model_config != model.config:
-        raise CheckpointError(
-            f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
-        )
-    load_weights(model, checkpoint.model_state)
-    state = checkpoint.training_state()
-    optimizer.load_state_dict(state["optimizer"])
-    if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
-        scaler.load_state_dict(state["scaler"])
-    step, rng_states = state["step"], state["rng"]
-    note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
-    latest = (checkpoint.run_dir / CHECKPOINTS / "latest").resolve()
-    if latest.exists() and latest != checkpoint.path.resolve():
-        note += (f" (an older checkpoint than latest, {latest.name}: "
-                 + ("the log after it is replaced as the run goes on)" if step < config.max_iters
-                    else "nothing to train, so the log is kept whole)"))
-    if len(rng_states) == group.world_size:  # each rank continues its own random streams
-        set_rng_state(rng_states[group.rank], device)
-    else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
-        seed_everything(reseed(config.seed, group.rank, step))
-        note += (f" (saved by {len(rng_states)} process(es), resumed on {group.world_size}: "
-                 "the data order is exact, the dropout masks are new)")
-    return step, state["best_val_loss"], note
 
 
 def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Run directories: where a new run goes, and what `resume=...` continues."""
+"""Run directories: where a new run goes, its one writer, what `resume=...` continues
+and how a checkpoint's training state is restored."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint
+from model import GPT
+from training.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.distributed import Distributed
+from training.runtime import reseed, seed_everything, set_rng_state
 
 try:
     import fcntl
@@ -109,6 +114,34 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / RUN_CONFIG), OmegaConf.from_dotlist(values))
     merged.resume = cfg.resume
     return merged, checkpoint
+
+
+def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+            config: Config, group: Distributed, device: torch.device) -> tuple[int, float, str]:
+    """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
+    if checkpoint.model_config != model.config:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
+        )
+    load_weights(model, checkpoint.model_state)
+    state = checkpoint.training_state()
+    optimizer.load_state_dict(state["optimizer"])
+    if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
+        scaler.load_state_dict(state["scaler"])
+    step, rng_states = state["step"], state["rng"]
+    note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
+    latest = (checkpoint.run_dir / CHECKPOINTS / "latest").resolve()
+    if latest.exists() and latest != checkpoint.path.resolve():
+        note += (f" (an older checkpoint than latest, {latest.name}: "
+                 + ("the log after it is replaced as the run goes on)" if step < config.max_iters
+                    else "nothing to train, so the log is kept whole)"))
+    if len(rng_states) == group.world_size:  # each rank continues its own random streams
+        set_rng_state(rng_states[group.rank], device)
+    else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
+        seed_everything(reseed(config.seed, group.rank, step))
+        note += (f" (saved by {len(rng_states)} process(es), resumed on {group.world_size}: "
+                 "the data order is exact, the dropout masks are new)")
+    return step, state["best_val_loss"], note
 
 
 def group_choices() -> dict[str, str | None]:
