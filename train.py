@@ -104,12 +104,7 @@ class Session:
 
 def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
         device: torch.device, *, run_dir: Path, block_size: int, accum: int) -> Path:
-    precision = resolve_precision(config.precision, device)
-    if device.type == "cuda":
-        configure_cuda(config.tf32)
-    seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
-
-    data = prepare_on_main_first(config, group)
+    precision, data = start(config, group, device)
     tokenizer = data.tokenizer()
     model, origin = build_model(cfg, config, resume_from, tokenizer, device)
     optimizer = model.configure_optimizer(
@@ -158,11 +153,7 @@ def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | Non
                   device: torch.device) -> None:
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
-    precision = resolve_precision(config.precision, device)
-    if device.type == "cuda":
-        configure_cuda(config.tf32)
-    seed_everything(config.seed + group.rank)
-    data = prepare_on_main_first(config, group)
+    precision, data = start(config, group, device)
     model, origin = build_model(cfg, config, resume_from, data.tokenizer(), device)
     if resume_from:
         load_weights(model, resume_from.model_state)
@@ -309,6 +300,15 @@ def peak_of(config: Config, device: torch.device, precision: str) -> Peak | None
     if config.logging.peak_flops:
         return Peak(config.logging.peak_flops, "logging.peak_flops")
     return peak_flops(device, precision, tf32=config.tf32)
+
+
+def start(config: Config, group: Distributed, device: torch.device):
+    """What every run begins with: its precision, CUDA's matmul mode, the seeds, the data."""
+    precision = resolve_precision(config.precision, device)
+    if device.type == "cuda":
+        configure_cuda(config.tf32)
+    seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
+    return precision, prepare_on_main_first(config, group)
 
 
 def prepare_on_main_first(config: Config, group: Distributed):
