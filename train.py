@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -31,6 +31,7 @@ from conf import Config, load_config
 from conf.cli import check_setting_names
 from data import BatchLoader, DataError, prepare
 from model import GPT
+from training.budget import training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
     Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
@@ -107,6 +108,11 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
     precision, data = start(config, group, device)
     tokenizer = data.tokenizer()
     model, origin = build_model(cfg, config, resume_from, tokenizer, device)
+    tokens_per_step = config.batch_size * block_size * accum * group.world_size
+    budget = training_budget(max_iters=config.max_iters, tokens_per_param=config.tokens_per_param,
+                             match_mha_flops=config.match_mha_flops, model_config=model.config,
+                             tokens_per_step=tokens_per_step)
+    config = replace(config, max_iters=budget.max_iters)
     optimizer = model.configure_optimizer(
         config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
     )
@@ -135,11 +141,11 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
             enabled=group.is_main,
         ),
         checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
-        tokens_per_step=config.batch_size * block_size * accum * group.world_size,
+        tokens_per_step=tokens_per_step,
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
-    session.logger.print(header(session, precision.name, accum, origin, resumed))
+    session.logger.print(header(session, precision.name, accum, notes=(origin, budget.reason, resumed)))
     for warning in run_warnings(config, device, precision.name) if group.is_main else ():
         session.logger.print(f"warning: {warning}")
     checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
@@ -262,14 +268,14 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     return checkpoint, best_val_loss
 
 
-def header(s: Session, precision: str, accum: int, origin: str, resumed: str) -> str:
+def header(s: Session, precision: str, accum: int, notes: tuple[str, ...]) -> str:
     c = s.model.config
     peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
     lines = [
         f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
         f"{c.n_kv_head} kv heads, context {c.block_size}) | {s.device} {precision} x {s.group.world_size} "
         f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
-        origin, resumed,
+        *notes,
     ]
     return "\n".join(line for line in lines if line)
 

@@ -84,6 +84,12 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 1337
     max_iters: int = 2000  # optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing
+    # Derived budgets (training/budget.py): steps giving each non-embedding parameter of the
+    # MHA model of this shape this many tokens, replacing max_iters; and/or max_iters scaled
+    # so that a GQA/MQA model spends the MHA model's training FLOPs.
+    tokens_per_param: Optional[float] = None
+    match_mha_flops: bool = False
+    arm: Optional[str] = None  # this run's name in an ablation: report.py groups runs by it
     batch_size: int = 12  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     # Alternative to grad_accum_steps: tokens per optimizer step over all processes;
@@ -109,8 +115,9 @@ class Config:
         _at_least("max_iters", self.max_iters, 0)
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "pad_vocab_to", "keep_last"):
             _positive(name, getattr(self, name))
-        if self.tokens_per_step is not None:
-            _positive("tokens_per_step", self.tokens_per_step)
+        for name in ("tokens_per_step", "tokens_per_param"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if self.init_from not in ("scratch", "checkpoint", "hf"):
             raise ValueError(f"init_from must be scratch, checkpoint or hf, got {self.init_from!r}")
         if self.init_from != "scratch" and not self.model_path:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
+from .init import draw_seed, init_weights
 from .kv_cache import KVCache
 
 IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
@@ -52,6 +51,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        init_seed = draw_seed()
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -64,20 +64,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the output projection reuses the token embedding matrix.
         self.transformer.wte.weight = self.lm_head.weight
-        self.apply(self._init_weights)
-        # GPT-2 scales the layers that write into the residual stream by
-        # 1/sqrt(2 * n_layer): each block adds two of them to the stream.
-        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
-        for name, param in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(param, mean=0.0, std=residual_std)
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+        init_weights(self, init_seed)
 
     def forward(
         self,

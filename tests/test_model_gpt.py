@@ -112,6 +112,32 @@ def test_gpt2_initialisation(make_model):
     assert torch.all(model.transformer.h[0].attn.c_attn.bias == 0)
 
 
+def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow():
+    """Ablation arms paired by seed start alike except where the attention layout differs."""
+    def build(**overrides):
+        torch.manual_seed(7)
+        return dict(GPT(tiny_config(**overrides)).named_parameters())
+
+    mha = build()
+    C, d = 32, 8  # tiny_config: n_embd 32, 4 heads of 8
+    for kv_heads, match in ((2, False), (1, True)):
+        other = build(n_kv_head=kv_heads, match_mha_params=match)
+        for name, weight in mha.items():
+            if "c_attn" in name or "mlp.c_" in name and not name.endswith("c_proj.bias"):
+                continue
+            assert torch.equal(weight, other[name]), name
+        attn, attn_mha = other["transformer.h.1.attn.c_attn.weight"], mha["transformer.h.1.attn.c_attn.weight"]
+        kv = kv_heads * d
+        assert torch.equal(attn[:C], attn_mha[:C])  # queries
+        assert torch.equal(attn[C:C + kv], attn_mha[C:C + kv])  # the first key heads
+        assert torch.equal(attn[C + kv:], attn_mha[2 * C:2 * C + kv])  # the first value heads
+        fc, fc_mha = other["transformer.h.1.mlp.c_fc.weight"], mha["transformer.h.1.mlp.c_fc.weight"]
+        assert torch.equal(fc[:4 * C], fc_mha) and fc.shape[0] == (4 * C if not match else fc.shape[0])
+        assert torch.equal(other["transformer.h.1.mlp.c_proj.weight"][:, :4 * C], mha["transformer.h.1.mlp.c_proj.weight"])
+    torch.manual_seed(8)
+    assert not torch.equal(GPT(tiny_config()).transformer.wte.weight, mha["transformer.wte.weight"])
+
+
 def test_flops_per_token_formula():
     model = GPT(tiny_config())
     cfg = model.config

@@ -47,7 +47,7 @@ def test_short_run_learns_and_leaves_a_complete_run_directory(train_overrides):
     run_dir = run_in_process(*train_overrides)
     evals = [r for r in read_metrics(run_dir) if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 10, 20, 30]
-    assert evals[-1]["val_loss"] < 0.6 * evals[0]["val_loss"]
+    assert evals[-1]["val_loss"] < 0.75 * evals[0]["val_loss"]  # 30 steps: well below the uniform ln(vocab)
     assert (run_dir / "config.yaml").is_file()
     checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
     assert checkpoint.training_state()["step"] == 30

@@ -1,0 +1,1 @@
+"""What report.py needs to compare the runs of an ablation: statistics, decode speed, plots."""

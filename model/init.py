@@ -1,0 +1,77 @@
+"""GPT-2's initialisation, drawn so that models of different attention layouts share
+every weight their shapes allow.
+
+Each block of weights draws from its own generator, seeded from a single number taken
+from torch's global generator and the block's name. After the same torch.manual_seed,
+MHA, GQA and MQA models therefore start with identical embeddings, MLPs, output
+projections and query weights, and the key/value heads a model has equal the MHA
+model's first ones; a model widened by match_mha_params shares MHA's 4 * n_embd MLP
+units and draws only the extra ones afresh. Ablation arms paired by seed then differ
+where the attention layout makes them differ, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import Tensor, nn
+
+STD = 0.02  # GPT-2's
+
+
+def draw_seed() -> int:
+    """The one number a model's initialisation takes from torch's global generator. Drawn
+    before any layer is built: building them draws a shape-dependent amount. A model built
+    on the meta device (shapes only) draws nothing, so counting parameters never moves
+    the random streams of a run."""
+    if torch.empty(0).is_meta:
+        return 0
+    return int(torch.randint(0, 2**62, (), device="cpu").item())
+
+
+def init_weights(model: nn.Module, seed: int) -> None:
+    """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, LayerNorms as
+    built; the projections that write into the residual stream get 0.02 / sqrt(2 * n_layer),
+    because each block adds two of them to the stream."""
+    config = model.config
+    residual_std = STD / math.sqrt(2 * config.n_layer)
+    seen: set[int] = set()  # the tied head is the token table: initialise it once
+    for module_name, module in model.named_modules():
+        if not isinstance(module, (nn.Linear, nn.Embedding)) or id(module.weight) in seen:
+            continue
+        seen.add(id(module.weight))
+        if module.weight.is_meta:  # shapes only: nothing to draw
+            continue
+        std = residual_std if module_name.endswith("c_proj") else STD
+        for label, index in _blocks(module_name, module.weight, config):
+            _draw(module.weight, index, std, seed=zlib.crc32(f"{seed}:{module_name}:{label}".encode()))
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def _blocks(module_name: str, weight: Tensor, config) -> list[tuple[str, tuple]]:
+    """The named pieces of a weight that models of other layouts also have."""
+    if module_name.endswith("attn.c_attn"):
+        # Rows [q | k | v]: q is n_head heads, k and v n_kv_head heads each; one block per head.
+        C, d = config.n_embd, config.head_dim
+        blocks = [("q", (slice(0, C),))]
+        for part, start in (("k", C), ("v", C + config.n_kv_head * d)):
+            blocks += [(f"{part}{h}", (slice(start + h * d, start + (h + 1) * d),)) for h in range(config.n_kv_head)]
+        return blocks
+    if module_name.endswith("mlp.c_fc") or module_name.endswith("mlp.c_proj"):
+        # The hidden dimension (rows of c_fc, columns of c_proj): GPT-2's 4 * n_embd units, then any extra.
+        width, hidden = 4 * config.n_embd, config.mlp_hidden
+        axis = (slice(None),) if module_name.endswith("c_proj") else ()
+        return [("units", (*axis, slice(0, width))), ("extra", (*axis, slice(width, hidden)))]
+    return [("all", (slice(None),))]
+
+
+def _draw(weight: Tensor, index: tuple, std: float, seed: int) -> None:
+    target = weight.data[index]
+    if target.numel() == 0:
+        return
+    generator = torch.Generator().manual_seed(seed)  # a CPU generator uses 32 bits of its seed
+    values = torch.empty(target.shape, device="cpu").normal_(0.0, std, generator=generator)  # on the CPU: one stream anywhere
+    target.copy_(values)

@@ -1,0 +1,50 @@
+"""How many optimizer steps a run takes: max_iters as given, or derived from the model.
+
+Two settings derive it, for ablations whose arms must be fair in a stated way:
+- tokens_per_param: the steps that give each non-embedding parameter of the MHA model
+  of this shape that many training tokens (a size ladder's budget grows with the model,
+  and every attention variant of one shape gets the same tokens);
+- match_mha_flops: max_iters scaled by the MHA model's training FLOPs per token over this
+  model's, so a GQA/MQA arm spends the MHA arm's training compute (it takes more steps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_iters: int
+    reason: str  # '' when max_iters is the setting itself
+
+
+def training_budget(
+    *, max_iters: int, tokens_per_param: float | None, match_mha_flops: bool,
+    model_config: GPTConfig, tokens_per_step: int,
+) -> Budget:
+    if tokens_per_param is None and not match_mha_flops:
+        return Budget(max_iters, "")
+    mha = _shape(replace(model_config, n_kv_head=model_config.n_head, match_mha_params=False))
+    steps, reasons = float(max_iters), []
+    if tokens_per_param is not None:
+        non_embedding = mha.num_params(exclude_embeddings=True)
+        steps = tokens_per_param * non_embedding / tokens_per_step
+        reasons.append(f"{tokens_per_param:g} tokens per non-embedding parameter of the MHA shape "
+                       f"({non_embedding:,})")
+    if match_mha_flops:
+        ratio = mha.flops_per_token() / _shape(model_config).flops_per_token()
+        steps *= ratio
+        reasons.append(f"x {ratio:.4f} for the MHA model's training FLOPs per token")
+    max_iters = max(1, math.ceil(steps))
+    return Budget(max_iters, f"budget: {' '.join(reasons)} = {max_iters:,} steps of {tokens_per_step:,} tokens")
+
+
+def _shape(config: GPTConfig) -> GPT:
+    with torch.device("meta"):  # parameter counts need shapes only
+        return GPT(config)
