@@ -3,9 +3,10 @@
     python train.py -m experiment=attention_ablation
     python report.py runs/attention_ablation_<date>_<time>            # writes report.md there
 
-Every number comes from the runs' own files (metrics.jsonl, checkpoints) or is
-measured now (decode speed); none is typed in. Each run directory below SWEEP_DIR
-that holds a checkpoint is one variant.
+Every number comes from the runs' own files (config.yaml, metrics.jsonl, checkpoints)
+or is measured now (decode speed); none is typed in. Runs are grouped into arms by model
+shape and `arm`; per shape, every arm is compared with the baseline (MHA from scratch
+unless --baseline names another), paired by seed when both ran the same seeds.
 """
 
 from __future__ import annotations
@@ -13,188 +14,221 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from data import load_tokenizer  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from model.generate import generate  # noqa: E402
-from model.kv_cache import KVCache  # noqa: E402
-from model.sampling import Sampling  # noqa: E402
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights  # noqa: E402
-from training.logger import read_metrics  # noqa: E402
+from ablation.attention_plot import AttentionLayout, plot_attention, token_labels
+from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
+from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
+from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
+from ablation.runs import Arm, find_runs, group_arms, shape_name
+from ablation.stats import Estimate
+from data import load_tokenizer
+from model import GPT, to_decode_layout
+from training.checkpoint import CheckpointError
+from training.runtime import describe_machine
 
 DECODE_BATCHES = (1, 8)
-HEATMAP_HEADS = 4
+DEFAULT_PROMPT = "def __init__(self, name):"
 
 
-@dataclass
-class Variant:
-    name: str  # the run directory's name, e.g. kv1
-    run_dir: Path
-    checkpoint: Checkpoint
-    metrics: list[dict]
-
-    @property
-    def config(self) -> GPTConfig:
-        return self.checkpoint.model_config
-
-    @property
-    def label(self) -> str:
-        return f"{self.config.attention_kind} ({self.config.n_kv_head} kv heads)"
-
-    def records(self, kind: str) -> list[dict]:
-        return [r for r in self.metrics if r["kind"] == kind]
-
-    def model(self) -> GPT:
-        model = GPT(self.config)
-        load_weights(model, self.checkpoint.model_state)
-        return model.eval()
-
-
-def find_variants(sweep_dir: Path) -> list[Variant]:
-    variants = []
-    for run_dir in sorted(p for p in sweep_dir.iterdir() if (p / "checkpoints" / "latest").exists()):
-        checkpoint = load_checkpoint(find_checkpoint(run_dir, sweep_dir))
-        variants.append(Variant(run_dir.name, run_dir, checkpoint, read_metrics(run_dir)))
-    if not variants:
-        raise CheckpointError(f"no run directories with checkpoints under {sweep_dir}")
-    # MHA first, then fewer and fewer key/value heads.
-    return sorted(variants, key=lambda v: -v.config.n_kv_head)
-
-
-def decode_tokens_per_second(model: GPT, batch: int, new_tokens: int, prompt_length: int = 8, repeats: int = 3) -> float:
-    """Generated tokens per second of greedy generation from random prompts (prefill
-    included); the best of a few repeats, so a busy moment does not decide it."""
-    prompts = torch.randint(0, model.config.vocab_size, (batch, prompt_length)).tolist()
-    generate(model, prompts, 8, Sampling(temperature=0))  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        generate(model, prompts, new_tokens, Sampling(temperature=0))
-        best = min(best, time.perf_counter() - start)
-    return batch * new_tokens / best
-
-
-def summarize(variant: Variant, new_tokens: int) -> dict:
-    final = variant.records("eval")[-1]
-    train = variant.records("train")
-    model = variant.model()
-    with torch.device("meta"):
-        cache = KVCache(variant.config, batch_size=1)
-    return {
-        "variant": variant.label,
-        "run": variant.name,
-        "params": model.num_params(),
-        "train_loss": final["train_loss"],
-        "val_loss": final["val_loss"],
-        "val_ppl": final["val_ppl"],
-        "train_tok_s": statistics.median(r["tok_per_s"] for r in train),
-        **{f"decode_tok_s_b{b}": decode_tokens_per_second(model, b, new_tokens) for b in DECODE_BATCHES},
-        "kv_cache_mb": cache.megabytes,
-        "train_minutes": (variant.metrics[-1]["time"] - variant.metrics[0]["time"]) / 60,
-    }
-
-
-def plot_val_loss(variants: list[Variant], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for v in variants:
-        evals = v.records("eval")
-        ax.plot([r["tokens"] for r in evals], [r["val_loss"] for r in evals], marker="o", markersize=3, label=v.label)
-    ax.set_xlabel("training tokens seen")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Validation loss: MHA vs GQA vs MQA")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_attention(variants: list[Variant], prompt: str, path: Path) -> None:
-    """Last-layer attention of the first few heads, one row per variant, for one prompt."""
-    tokenizer = load_tokenizer(variants[0].checkpoint.config["tokenizer"])
-    ids = tokenizer.encode(prompt)[: variants[0].config.block_size]
-    fig, axes = plt.subplots(len(variants), HEATMAP_HEADS, figsize=(3 * HEATMAP_HEADS, 3 * len(variants)), squeeze=False)
-    for row, variant in zip(axes, variants):
-        weights = variant.model().attention_maps(torch.tensor([ids]))[-1][0]  # (n_head, T, T)
-        for head, ax in enumerate(row):
-            ax.imshow(weights[head].numpy(), cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(f"{variant.label}\nhead {head}", fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    fig.suptitle(f"Last-layer attention weights (query rows, key columns) for {prompt!r}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def markdown_table(rows: list[dict]) -> str:
-    header = ("variant | params | train loss | val loss | val ppl | train tok/s | decode tok/s (b=1) | "
-              "decode tok/s (b=8) | KV cache MB (full context) | train minutes")
-    lines = ["| " + header + " |", "|" + "---|" * len(header.split("|"))]
-    for r in rows:
-        lines.append(
-            f"| {r['variant']} | {r['params']:,} | {r['train_loss']:.4f} | {r['val_loss']:.4f} | {r['val_ppl']:.2f} | "
-            f"{r['train_tok_s']:,.0f} | {r['decode_tok_s_b1']:,.0f} | {r['decode_tok_s_b8']:,.0f} | "
-            f"{r['kv_cache_mb']:.3f} | {r['train_minutes']:.1f} |"
-        )
-    return "\n".join(lines)
-
-
-def write_report(sweep_dir: Path, out_dir: Path, new_tokens: int, prompt: str) -> Path:
-    variants = find_variants(sweep_dir)
+def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT, baseline: str | None = None,
+                 frontier_preset=None, decode_steps: int = 16) -> Path:
+    """frontier_preset maps a trained layout to the config whose random-weight decode
+    speed the frontier also shows (gpt2_sized for the CLI; None leaves it out)."""
+    arms = group_arms(find_runs(sweep_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [summarize(v, new_tokens) for v in variants]
-    plot_val_loss(variants, out_dir / "val_loss.png")
-    plot_attention(variants, prompt, out_dir / "attention.png")
-    tokens = variants[0].records("eval")[-1]["tokens"]
-    text = f"""# Attention ablation: {sweep_dir.name}
-
-{len(variants)} variants of one model ({variants[0].config.n_layer} layers, {variants[0].config.n_head} query heads,
-{variants[0].config.n_embd} dims, context {variants[0].config.block_size}), trained on the same data in the same
-order for {tokens:,} tokens with the same seed and schedule; they differ only in the number of
-key/value heads{" (MLPs widened to match MHA's parameter count)" if variants[-1].config.match_mha_params else ""}.
-
-{markdown_table(rows)}
-
-- Losses are the last evaluation's (mean over its fixed batches); perplexity is exp(val loss).
-- Train tok/s is the median of the logged training throughput; train minutes span the run's
-  first to last record (evaluations included).
-- Decode tok/s is measured now, on {torch.get_num_threads()} CPU thread(s) (or the present device):
-  greedy generation of {new_tokens} tokens after an 8-token random prompt, KV-cached, prefill included,
-  best of 3.
-- KV cache MB: keys and values of every layer for one sequence of {variants[0].config.block_size} tokens in fp32.
-
-![validation loss](val_loss.png)
-
-![attention](attention.png)
-"""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = sorted({a.shape for a in arms}, key=lambda s: s[0] * s[1])
+    sections, per_shape = [], []
+    for shape in shapes:
+        members = [a for a in arms if a.shape == shape]
+        base = baseline_of(members, baseline)
+        rows = results(members, base)
+        per_shape.append((base, rows))
+        image = f"val_loss_L{shape[0]}d{shape[1]}.png" if len(shapes) > 1 else "val_loss.png"
+        plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
+        sections.append(shape_section(shape, rows, image))
+    if len(shapes) > 1:
+        plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")
+        sections.append(ladder_section(per_shape))
+    if any(a.uptrained for a in arms):
+        sections.append(uptraining_section(arms, out_dir))
+    largest = one_per_layout(per_shape[-1][1])
+    sections.append(frontier_section(largest, out_dir, device, frontier_preset, decode_steps))
+    sections.append(attention_section([r.arm for r in largest], prompt, out_dir))
+    text = "\n\n".join([header(sweep_dir, arms, device), *sections, METHOD]) + "\n"
     path = out_dir / "report.md"
     path.write_text(text)
     return path
 
 
+def header(sweep_dir: Path, arms: list[Arm], device: torch.device) -> str:
+    runs = sum(len(a.runs) for a in arms)
+    seeds = sorted({s for a in arms for s in a.seeds})
+    return (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
+            f"{', '.join(map(str, seeds))}. Measured at report time on {device.type} ({describe_machine(device)}), "
+            f"torch {torch.__version__}.")
+
+
+def shape_section(shape, rows: list[Result], image: str) -> str:
+    lines = [
+        f"## {shape_name(shape)}", "",
+        f"Each arm's evaluation at the baseline's final {rows[0].tokens:,} training tokens (an arm that stopped "
+        "elsewhere: at its own end, as the tokens column says), mean and 95% confidence interval over seeds "
+        "(Student t). The baseline is the first row.", "",
+        "| arm | seeds | params | FLOPs/token | tokens | val loss (nats) | val bits/byte | vs baseline (nats) | p | train tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        a = r.arm
+        comparison = (f"{r.comparison.difference.mean:+.4f} ({ci(r.comparison.difference, signed=True)})"
+                      if r.comparison else "baseline")
+        p = f"{r.comparison.p_value:.2g}" if r.comparison else ""
+        train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
+        lines.append(
+            f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | {r.tokens:,} | "
+            f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {p} | {train_speed:,.0f} |"
+        )
+    verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
+    return "\n".join(lines + ["", *verdicts, "", f"![validation loss]({image})"])
+
+
+def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
+    lines = ["## Across model sizes", "",
+             "The final validation loss difference of each GQA/MQA arm to its size's MHA arm, against the MHA "
+             "model's non-embedding parameters. A gap that widens means fewer key/value heads cost more as the "
+             "model grows at this token budget; CIs are 95% over seeds, paired by seed.", "",
+             "| MHA model | non-embedding params | tokens | arm | difference (nats) | 95% CI | p |", "|---|---|---|---|---|---|---|"]
+    for gap in ladder_gaps(per_shape):
+        d = gap.comparison.difference
+        lines.append(f"| {shape_name(gap.baseline.shape)} | {gap.non_embedding_params:,} | "
+                     f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
+                     f"{gap.comparison.p_value:.2g} |")
+    return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
+
+
+def uptraining_section(arms: list[Arm], out_dir: Path) -> str:
+    rows = uptraining(arms)
+    plot_uptraining(arms, rows, out_dir / "uptraining.png")
+    lines = ["## Uptraining against training from scratch", "",
+             "Each uptrained arm starts from the MHA run of the same seed, its K/V heads mean-pooled per group "
+             "(Ainslie et al., 2023), and trains on; 'converted' is its evaluation before any step. It is "
+             "compared with the same layout trained from scratch, at the same total training tokens (the MHA "
+             "source's included). 95% CIs over seeds.", "",
+             "| arm | tokens in all | converted (step 0) | after uptraining | from scratch at those tokens |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        scratch = estimate(r.scratch_at_total) if r.scratch_at_total else "not evaluated at these tokens"
+        lines.append(f"| {r.arm.label} | {r.total_tokens:,} | {estimate(r.converted)} | {estimate(r.final)} | {scratch} |")
+    verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
+    return "\n".join(lines + ["", *verdicts, "", "![uptraining](uptraining.png)"])
+
+
+def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, preset, steps: int) -> str:
+    """Decode speed of each layout on its trained model and, at a size where the cache
+    matters, on random weights of the same layout."""
+    groups = [("trained", [(r, r.arm.runs[0].model()) for r in rows])]
+    if preset is not None:
+        groups.append(("random weights", [(r, _random_model(preset(r.arm.config))) for r in rows]))
+    lines = ["## Quality and decode speed", "",
+             f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
+             f"(fp32, {device.type}, {threads()}, best of 3 passes of {steps} steps, sample.py's "
+             "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
+             "from the config.", "",
+             "| model | layout | KV cache bytes/token | KV cache MB (one full context) | " +
+             " | ".join(f"tok/s b={b} {length}" for b in DECODE_BATCHES for length in ("short", "long")) + " |",
+             "|---|---|---|---|" + "---|" * 2 * len(DECODE_BATCHES)]
+    panels = []
+    for title, models in groups:
+        points = []
+        for row, model in models:
+            speeds = measure_layout(_decode_ready(model, device), DECODE_BATCHES, steps=steps)
+            short, long = sorted({s.context for s in speeds})
+            cache = kv_cache_bytes_per_token(model.config)
+            lines.append(f"| {title} ({_size(model.config)}, context {short} / {long}) | {row.arm.label} | {cache:,} | "
+                         f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | " +
+                         " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds) + " |")
+            at_long = [s for s in speeds if s.batch == DECODE_BATCHES[-1] and s.context == long][0]
+            points.append((row.arm.label, row.val_loss, at_long.tokens_per_s, f"{cache / 1024:g} KiB/token"))
+        panels.append((f"{title} ({_size(models[0][1].config)}): batch {DECODE_BATCHES[-1]}, context {long}", points))
+    plot_frontier(panels, out_dir / "frontier.png")
+    return "\n".join(lines + ["", "![quality against decode speed](frontier.png)"])
+
+
+def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
+    tokenizer = load_tokenizer(arms[0].runs[0].checkpoint.config["tokenizer"])
+    ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
+    layouts = [AttentionLayout(a.label, a.config.n_kv_head, a.runs[0].model().attention_maps(torch.tensor([ids]))[-1][0])
+               for a in arms]
+    plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png",
+                   f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}")
+    return "## Attention patterns\n\n![attention](attention.png)"
+
+
+METHOD = """## How this was measured
+
+- Val loss is each run's last evaluation (mean over its fixed batches), in nats per token; bits per
+  byte divide the same total by the UTF-8 bytes the evaluated tokens stand for, so it compares across
+  tokenizers.
+- ± is a 95% Student t confidence interval over seeds. "vs baseline" is the mean of per-seed
+  differences (arm minus baseline) with its 95% CI and a two-sided paired t-test p-value when both arms
+  ran the same seeds, else a Welch t-test; a positive difference means a higher (worse) loss.
+- For one seed every arm sees the same batches in the same order and starts from the same weights
+  wherever the shapes allow (training/ and model/init.py), which is what makes pairing by seed valid.
+- FLOPs/token are training FLOPs (forward and backward) at the full context; train tok/s is the median
+  of the logged training throughput over all of an arm's runs."""
+
+
+def estimate(e: Estimate) -> str:
+    return f"{e.mean:.4f}" if e.n < 2 else f"{e.mean:.4f} ± {e.half_width:.4f}"
+
+
+def ci(e: Estimate, signed: bool = False) -> str:
+    if e.n < 2:
+        return "no CI"
+    fmt = "{:+.4f}" if signed else "{:.4f}"
+    return f"{fmt.format(e.low)}..{fmt.format(e.high)}"
+
+
+def threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' if n > 1 else ''}"
+
+
+def _size(config) -> str:
+    return f"{config.n_layer} layers x {config.n_embd}"
+
+
+def _random_model(config) -> GPT:
+    torch.manual_seed(0)
+    return GPT(config).eval()
+
+
+def _decode_ready(model: GPT, device: torch.device) -> GPT:
+    model = model.to(device)
+    return to_decode_layout(model) if device.type == "cpu" else model
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python report.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", type=Path, help="the directory holding one run directory per variant")
+    parser.add_argument("sweep_dir", type=Path, help="the directory holding the runs (at any depth)")
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: sweep_dir)")
-    parser.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per decode measurement")
-    parser.add_argument("--prompt", default="def __init__(self, name):\n    self.name = name\n",
-                        help="text whose attention the heatmaps show")
+    parser.add_argument("--baseline", help="the arm every other is compared with (default: MHA from scratch)")
+    parser.add_argument("--decode-steps", type=int, default=16, help="decode steps per timed pass")
+    parser.add_argument("--no-gpt2-decode", action="store_true",
+                        help="skip the decode measurement of each layout at GPT-2 small size")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose attention the heatmaps show")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         sys.exit(f"error: {args.sweep_dir} is not a directory")
+    if args.decode_steps < 1:
+        sys.exit(f"error: --decode-steps must be at least 1, got {args.decode_steps}")
     try:
-        path = write_report(args.sweep_dir, args.out or args.sweep_dir, args.decode_tokens, args.prompt)
-    except (CheckpointError, ValueError) as err:  # ValueError: a malformed metrics.jsonl, named
+        path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
+                            frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps)
+    except (CheckpointError, ValueError) as err:  # ValueError: a malformed metrics.jsonl or --baseline, named
         sys.exit(f"error: {err}")
     print(f"wrote {path}")
 

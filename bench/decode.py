@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -52,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from conf import model_preset  # noqa: E402
 from model import GPT, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout  # noqa: E402
-from training.runtime import synchronize  # noqa: E402
+from training.runtime import describe_machine, synchronize  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
 GREEDY = Sampling(temperature=0)
@@ -200,12 +199,6 @@ def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:
     """MQA's tokens/s over MHA's at this batch and context, when both were measured."""
     speed = {r.variant: r.tokens_per_s for r in rows if (r.batch, r.context) == (batch, context)}
     return speed["MQA"] / speed["MHA"] if {"MQA", "MHA"} <= speed.keys() else None
-
-
-def describe_machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def parse_args() -> argparse.Namespace:

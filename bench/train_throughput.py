@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -41,7 +40,9 @@ from conf import model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from training.distributed import Distributed  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
-from training.runtime import DTYPES, Precision, configure_cuda, resolve_device, resolve_precision, synchronize  # noqa: E402
+from training.runtime import (  # noqa: E402
+    DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
+)
 from training.step import TrainStep  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
@@ -172,12 +173,6 @@ def measure_peak(device: torch.device, precision: str) -> float | None:
         return measure_matmul_flops(size=CPU_PEAK_MATMUL_SIZE, dtype=DTYPES[precision])
     peak = peak_flops(device, precision)
     return peak.flops if peak else None
-
-
-def describe_machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
 
 
 HEADER = (f"{'preset':<7}{'batch':>6}{'context':>8}{'vocab':>7}  {'prec':<6}{'variant':<20}"

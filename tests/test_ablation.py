@@ -1,13 +1,25 @@
-"""The attention ablation: its sweep composes, and report.py builds from real runs."""
+"""The attention experiments compose, and report.py builds its verdicts, CIs and plots
+from real tiny runs: a null arm comes out "no difference", a planted one significant."""
+
+import contextlib
+import io
+import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 
 import report
 import train
+from ablation.compare import baseline_of, results
+from ablation.runs import find_runs, group_arms
+from ablation.stats import mean_ci, paired_difference
 from conf import CONF_DIR, load_config
 
-from conftest import training_overrides
+from conftest import tiny_config, training_overrides
+
+SEEDS = (1, 2, 3)
 
 
 def compose_experiment(name, *overrides, hydra=False):
@@ -15,10 +27,13 @@ def compose_experiment(name, *overrides, hydra=False):
         return compose(config_name="train", overrides=[f"experiment={name}", *overrides], return_hydra_config=hydra)
 
 
+def sweep_params(name):
+    return {k: str(v).split(",") for k, v in compose_experiment(name, hydra=True).hydra.sweeper.params.items()}
+
+
 @pytest.mark.parametrize("experiment, n_head", [("attention_ablation", 4), ("attention_ablation_gpt2", 12)])
 def test_every_variant_of_the_sweep_composes(experiment, n_head):
-    sweep = compose_experiment(experiment, hydra=True).hydra.sweeper.params["model.n_kv_head"]
-    kv_heads = [int(k) for k in sweep.split(",")]
+    kv_heads = [int(k) for k in sweep_params(experiment)["model.n_kv_head"]]
     assert kv_heads[0] == n_head and kv_heads[-1] == 1 and len(kv_heads) == 3  # MHA, GQA, MQA
     kinds = [load_config(compose_experiment(experiment, f"model.n_kv_head={k}")).model.attention_kind for k in kv_heads]
     assert kinds == ["MHA", "GQA", "MQA"]
@@ -27,41 +42,147 @@ def test_every_variant_of_the_sweep_composes(experiment, n_head):
         assert config.model.n_head == n_head and config.max_iters == load_config(compose_experiment(experiment)).max_iters
 
 
+def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
+    assert sweep_params("attention_ablation")["seed"] == ["1", "2", "3"]
+    assert sweep_params("attention_ablation_ladder")["model"] == ["nano", "micro", "mini"]
+    config = compose_experiment("attention_ablation", "model.n_kv_head=2", "seed=3", hydra=True)
+    assert config.arm == "kv2" and config.hydra.sweep.subdir == "kv2_seed3"
+    ladder = [load_config(compose_experiment("attention_ablation_ladder", f"model={m}")) for m in ("nano", "micro", "mini")]
+    assert [c.model.n_embd for c in ladder] == [64, 96, 128] and {c.tokens_per_param for c in ladder} == {4}
+
+
+def test_uptraining_arms_start_from_the_mha_run_of_their_seed():
+    arms = sweep_params("attention_uptraining")["+uptraining"]
+    assert arms[0] == "mha"  # the sweep trains the sources before the arms that need them
+    for arm in arms[1:]:
+        config = compose_experiment("attention_uptraining", f"+uptraining={arm}", "seed=2", hydra=True)
+        HydraConfig.instance().set_config(config)  # as in a sweep's job: model_path names the sweep's directory
+        up = "_up" in arm
+        assert (config.init_from == "checkpoint") == up
+        if up:
+            assert config.model_path == f"{config.hydra.sweep.dir}/mha_seed2"
+            assert config.max_iters in (30, 60)  # 5% and 10% of 600
+        else:
+            assert config.max_iters == 660
+
+
+def run(directory, name, seed, *overrides, subdir="."):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=[
+            *training_overrides(directory), "max_iters=12", "eval_interval=12", f"seed={seed}", f"arm={name}",
+            f"out_dir={directory / 'sweep' / subdir / f'{name}_seed{seed}'}", *overrides,
+        ])
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.train(cfg)
+
+
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
-    """Three real (tiny) runs, MHA, GQA and MQA, as a sweep would leave them."""
-    directory = tmp_path_factory.mktemp("sweep")
-    overrides = training_overrides(directory)
-    for kv_heads in (4, 2, 1):
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="train", overrides=[
-                *overrides, "max_iters=6", "eval_interval=3", f"model.n_kv_head={kv_heads}",
-                f"out_dir={directory / 'sweep' / f'kv{kv_heads}'}",
-            ])
-        train.train(cfg)
+    """Real tiny runs: MHA and MQA under 3 seeds; a null arm (MHA again, other seeds); a
+    planted arm (a hundredth of the learning rate); MQA uptrained from each MHA run and
+    MQA from scratch for as many tokens in all; and a narrower shape, so the report has
+    every section."""
+    directory = tmp_path_factory.mktemp("ablation")
+    for seed in SEEDS:
+        run(directory, "kv4", seed)
+        run(directory, "kv1", seed, "model.n_kv_head=1")
+        run(directory, "slow", seed, "optim.learning_rate=1e-4", "optim.min_lr=1e-5")
+        run(directory, "again", seed + 3)
+        run(directory, "kv1_up", seed, "init_from=checkpoint", f"model_path={directory / 'sweep' / f'kv4_seed{seed}'}",
+            "model.n_kv_head=1", "max_iters=6", "optim.warmup_iters=2")
+        run(directory, "kv1_long", seed, "model.n_kv_head=1", "max_iters=18", "eval_interval=6")  # scratch, as long
+    for seed in SEEDS[:2]:
+        for kv in (4, 1):
+            run(directory, f"kv{kv}", seed, "model.n_embd=32", f"model.n_kv_head={kv}", subdir="narrow")
     return directory / "sweep"
 
 
-def test_report_holds_every_variant_with_numbers_from_its_runs(sweep_dir, tmp_path):
-    path = report.write_report(sweep_dir, tmp_path, new_tokens=4, prompt="First Citizen: hear me")
-    text = path.read_text()
-    variants = report.find_variants(sweep_dir)
-    assert [v.label for v in variants] == ["MHA (4 kv heads)", "GQA (2 kv heads)", "MQA (1 kv heads)"]
-    for variant in variants:
-        final = variant.records("eval")[-1]
-        row = next(line for line in text.splitlines() if line.startswith(f"| {variant.label} |"))
-        assert f"| {final['val_loss']:.4f} |" in row
-        assert f"| {variant.model().num_params():,} |" in row
-    for image in ("val_loss.png", "attention.png"):
-        assert (tmp_path / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"]({image})" in text
+@pytest.fixture(scope="module")
+def written(sweep_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    tiny_preset = lambda config: tiny_config(n_kv_head=config.n_kv_head, block_size=48)  # noqa: E731  # gpt2_sized, smaller
+    path = report.write_report(sweep_dir, out, prompt="First Citizen:", frontier_preset=tiny_preset, decode_steps=2)
+    return out, path.read_text()
 
 
-def test_kv_cache_shrinks_with_kv_heads(sweep_dir):
-    rows = [report.summarize(v, new_tokens=2) for v in report.find_variants(sweep_dir)]
-    assert [r["kv_cache_mb"] for r in rows] == pytest.approx([rows[0]["kv_cache_mb"] / d for d in (1, 2, 4)])
+def arms_of_main_shape(sweep_dir):
+    arms = [a for a in group_arms(find_runs(sweep_dir)) if a.config.n_embd == 64]
+    return arms, baseline_of(arms, None)
 
 
-def test_report_on_a_directory_without_runs_says_so(tmp_path, capsys):
+def test_a_null_arm_shows_no_difference_and_a_planted_one_is_significant(sweep_dir, written):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    assert baseline.name == "kv4"
+    by_name = {r.arm.name: r for r in results(arms, baseline)}
+    null, planted = by_name["again"], by_name["slow"]
+    assert null.comparison.test == "Welch t-test"  # other seeds: nothing to pair
+    assert null.comparison.p_value > 0.05 and null.comparison.difference.low < 0 < null.comparison.difference.high
+    assert planted.comparison.test == "paired t-test" and planted.comparison.p_value < 0.05
+    assert planted.comparison.difference.low > 0  # a hundredth of the learning rate learns less
+    text = written[1]
+    assert re.search(r"again: MHA \(4 kv heads\) vs MHA \(4 kv heads\): [+-]\d\.\d{3} nats \(95% CI .*"
+                     r"Welch t-test, 3\+3 seeds\): CI includes 0, no difference detected", text)
+    assert re.search(r"slow: MHA \(4 kv heads\) vs MHA \(4 kv heads\): \+\d\.\d{3} nats .*paired t-test, 3 seeds\): worse", text)
+
+
+def test_the_table_holds_each_arms_mean_and_ci_over_its_seeds(sweep_dir, written):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    mqa = next(a for a in arms if a.name == "kv1")
+    finals = [r.final["val_loss"] for r in mqa.runs]
+    assert mqa.seeds == list(SEEDS) and len(set(finals)) == 3
+    expected = paired_difference(baseline.finals(), finals).difference
+    row = next(line for line in written[1].splitlines() if line.startswith("| MQA (1 kv heads) | 3 |"))
+    mean = sum(finals) / 3
+    assert f"| {mean:.4f} ± " in row and f"{expected.mean:+.4f} ({expected.low:+.4f}..{expected.high:+.4f})" in row
+    assert f"| {mqa.params:,} |" in row and f"{mqa.flops_per_token / 1e6:.2f}M" in row
+    assert "val bits/byte" in written[1] and f"torch {torch.__version__}" in written[1]
+
+
+def test_uptraining_starts_from_the_converted_loss_and_compares_at_equal_tokens(sweep_dir, written):
+    arms = group_arms(find_runs(sweep_dir))
+    up = next(a for a in arms if a.name == "kv1_up")
+    source = next(a for a in arms if a.name == "kv4" and a.config.n_embd == 64)
+    assert up.uptrained and up.pretraining_tokens == source.runs[0].final["tokens"]
+    assert all(run.evals[0]["step"] == 0 for run in up.runs)
+    converted = [run.evals[0]["val_loss"] for run in up.runs]
+    section = written[1].split("## Uptraining")[1]
+    line = next(line for line in section.splitlines() if line.startswith("| kv1_up:"))
+    assert f"{sum(converted) / 3:.4f} ± " in line
+    total = up.pretraining_tokens + up.runs[0].final["tokens"]
+    assert f"| {total:,} |" in line
+    scratch = next(a for a in arms if a.name == "kv1_long")
+    at_total = scratch.at_tokens(total)
+    assert at_total == [run.final["val_loss"] for run in scratch.runs]  # 18 steps = 12 + 6
+    assert line.endswith(f"| {sum(at_total) / 3:.4f} ± {mean_ci(at_total).half_width:.4f} |")
+    assert re.search(rf"kv1_up \({total:,} tokens in all\) vs kv1_long at the same tokens: [+-]\d\.\d{{3}} nats "
+                     r"\(95% CI .*paired t-test, 3 seeds\)", written[1])
+
+
+def test_an_arm_that_trains_longer_is_compared_where_the_baseline_stopped(sweep_dir):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    row = next(r for r in results(arms, baseline) if r.arm.name == "kv1_long")
+    tokens = baseline.runs[0].final["tokens"]
+    assert row.tokens == tokens
+    assert row.val_loss == mean_ci([next(e["val_loss"] for e in run.evals if e["tokens"] == tokens) for run in row.arm.runs])
+
+
+def test_report_writes_every_section_and_plot(written):
+    out, text = written
+    for section in ("## 2 layers x 64 dims", "## 2 layers x 32 dims", "## Across model sizes",
+                    "## Uptraining against training from scratch", "## Quality and decode speed", "## Attention patterns"):
+        assert section in text
+    images = re.findall(r"\]\(([\w.]+\.png)\)", text)
+    assert {"ladder.png", "uptraining.png", "frontier.png", "attention.png"} <= set(images)
+    for image in images:
+        assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| random weights (2 layers x 32, context 3 / 46) | MQA (1 kv heads) | 128 |" in text
+
+
+def test_report_on_a_directory_without_runs_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no run directories with checkpoints"):
         report.main([str(tmp_path)])
+
+
+def test_an_unknown_baseline_is_named(sweep_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--baseline nope: no such arm"):
+        report.main([str(sweep_dir), "--out", str(tmp_path), "--baseline", "nope", "--no-gpt2-decode"])

@@ -81,7 +81,7 @@ def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[None]:
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / RUN_CONFIG)
+    OmegaConf.save(cfg, run_dir / RUN_CONFIG, resolve=True)  # as it ran: no interpolation left to re-resolve
     OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
 
 

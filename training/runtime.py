@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def describe_machine(device: torch.device) -> str:
+    """The device a measurement ran on, for the headers of benchmarks and reports."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_model()}, {len(os.sched_getaffinity(0))} cores, {torch.get_num_threads()} threads"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine()
 
 
 def resolve_device(name: str) -> torch.device:

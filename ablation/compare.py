@@ -1,0 +1,125 @@
+"""What the report concludes: each arm against its shape's baseline, uptrained arms
+against training from scratch at the same total tokens, and the gaps along a size ladder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablation.runs import Arm
+from ablation.stats import Comparison, Estimate, mean_ci, paired_difference, verdict, welch_difference
+
+
+@dataclass
+class Result:
+    arm: Arm
+    tokens: int  # the training tokens the figures are taken at
+    val_loss: Estimate
+    val_bpb: Estimate | None  # None for runs that logged no bits per byte
+    comparison: Comparison | None  # against the baseline; None for the baseline itself
+    verdict: str | None
+
+
+def difference(baseline: list[float], baseline_seeds: list[int], values: list[float], seeds: list[int]) -> Comparison:
+    """Paired by seed when both arms ran the same seeds (the same batches, the same
+    initial weights where the shapes allow); otherwise an unpaired Welch test."""
+    if baseline_seeds == seeds:
+        return paired_difference(baseline, values)
+    return welch_difference(baseline, values)
+
+
+def baseline_of(arms: list[Arm], name: str | None) -> Arm:
+    """The arm named `name`; else the MHA arm under its default name (kv<n_head>), else any
+    MHA arm trained from scratch, else the first arm."""
+    if name is not None:
+        match = [a for a in arms if a.name == name]
+        if not match:
+            raise ValueError(f"--baseline {name}: no such arm; the arms are {', '.join(a.name for a in arms)}")
+        return match[0]
+    scratch_mha = [a for a in arms if a.config.attention_kind == "MHA" and not a.uptrained]
+    default = [a for a in scratch_mha if a.name == f"kv{a.config.n_head}"]
+    return (default or scratch_mha or arms)[0]
+
+
+def results(arms: list[Arm], baseline: Arm) -> list[Result]:
+    """The baseline first, then every arm trained from scratch (uptrained arms have their
+    own comparison), each taken at the baseline's final tokens when it was evaluated
+    there (an arm that trains longer is compared where the baseline stopped)."""
+    tokens = baseline.runs[0].final["tokens"]
+    rows = []
+    for arm in [baseline] + [a for a in arms if a is not baseline and not a.uptrained]:
+        at = tokens if arm.at_tokens(tokens) is not None else arm.runs[0].final["tokens"]
+        losses = arm.at_tokens(at)
+        bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
+        comparison = sentence = None
+        if arm is not baseline:
+            comparison = difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
+            sentence = verdict(arm.label, baseline.label, comparison)
+        rows.append(Result(arm, at, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, sentence))
+    return rows
+
+
+def one_per_layout(rows: list[Result]) -> list[Result]:
+    """One arm per number of key/value heads (the baseline, or the arm under its default
+    name kv<n>, else the first), for measurements that depend on the layout only."""
+    chosen: dict[int, Result] = {}
+    for row in rows:
+        kv = row.arm.config.n_kv_head
+        if kv not in chosen or (row.arm.name == f"kv{kv}" and chosen[kv] is not rows[0]):
+            chosen[kv] = row
+    return sorted(chosen.values(), key=lambda r: -r.arm.config.n_kv_head)
+
+
+@dataclass
+class Uptraining:
+    arm: Arm  # uptrained
+    scratch: Arm  # the same layout from scratch
+    converted: Estimate  # the loss right after pooling, before any training
+    final: Estimate
+    total_tokens: int
+    scratch_at_total: Estimate | None  # from scratch at the same total tokens
+    comparison: Comparison | None
+    verdict: str | None
+
+
+def uptraining(arms: list[Arm]) -> list[Uptraining]:
+    rows = []
+    for arm in (a for a in arms if a.uptrained):
+        scratch = [a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head]
+        total = arm.pretraining_tokens + arm.runs[0].final["tokens"]
+        scratch.sort(key=lambda a: a.at_tokens(total) is None)  # one evaluated at the same total tokens first
+        if not scratch:
+            continue
+        at_total = scratch[0].at_tokens(total)
+        comparison = sentence = None
+        if at_total is not None:
+            comparison = difference(at_total, scratch[0].seeds, arm.finals(), arm.seeds)
+            sentence = verdict(f"{arm.name} ({total:,} tokens in all)", f"{scratch[0].name} at the same tokens", comparison)
+        rows.append(Uptraining(
+            arm, scratch[0], mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals()), total,
+            mean_ci(at_total) if at_total is not None else None, comparison, sentence,
+        ))
+    return rows
+
+
+@dataclass
+class Gap:
+    kind: str  # GQA or MQA
+    baseline: Arm  # the shape's MHA arm
+    non_embedding_params: int  # of the baseline model
+    comparison: Comparison
+
+
+def ladder_gaps(shapes: list[tuple[Arm, list[Result]]]) -> list[Gap]:
+    """Per shape (its baseline and results), the difference of each scratch GQA/MQA arm to it."""
+    gaps = []
+    for baseline, rows in shapes:
+        size = baseline.params - _embedding_params(baseline)
+        for row in rows:
+            if row.comparison is not None and not row.arm.uptrained and row.arm.config.attention_kind != "MHA":
+                gaps.append(Gap(row.arm.config.attention_kind, baseline, size, row.comparison))
+    return gaps
+
+
+def _embedding_params(arm: Arm) -> int:
+    c = arm.config
+    return (c.vocab_size + c.block_size) * c.n_embd

@@ -1,0 +1,169 @@
+"""The runs of a sweep, grouped the way an ablation compares them.
+
+A run is a directory with checkpoints and metrics.jsonl, at any depth under the sweep
+directory. Runs sharing a model shape (layers, width, query heads) and an arm (the
+`arm` setting; the directory name without its `_seed<N>` suffix for runs that predate
+it) form an Arm; within a shape the arms are compared with a baseline, paired by seed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from model import GPT, GPTConfig
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.logger import read_metrics
+
+RUN_CONFIG = "config.yaml"
+
+
+@dataclass
+class Run:
+    path: Path
+    checkpoint: Checkpoint
+    settings: dict[str, Any]  # the run's config.yaml
+    metrics: list[dict]
+
+    @property
+    def model_config(self) -> GPTConfig:
+        return self.checkpoint.model_config
+
+    @property
+    def seed(self) -> int:
+        return int(self.settings["seed"])
+
+    @property
+    def arm(self) -> str:
+        return self.settings.get("arm") or re.sub(r"_seed\d+$", "", self.path.name)
+
+    @property
+    def evals(self) -> list[dict]:
+        return [r for r in self.metrics if r["kind"] == "eval"]
+
+    @property
+    def final(self) -> dict:
+        return self.evals[-1]
+
+    @property
+    def uptrained_from(self) -> str | None:
+        """The run an uptraining run started from (init_from=checkpoint), else None."""
+        return self.settings.get("model_path") if self.settings.get("init_from") == "checkpoint" else None
+
+    def model(self) -> GPT:
+        model = GPT(self.model_config)
+        load_weights(model, self.checkpoint.model_state)
+        return model.eval()
+
+
+@dataclass
+class Arm:
+    name: str
+    runs: list[Run]  # sorted by seed
+    pretraining_tokens: int = 0  # an uptrained arm's source-run tokens, counted into its total
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.runs[0].model_config
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return shape_of(self.config)
+
+    @property
+    def uptrained(self) -> bool:
+        return self.runs[0].uptrained_from is not None
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        layout = f"{c.attention_kind} ({c.n_kv_head} kv heads)"
+        return layout if self.name == f"kv{c.n_kv_head}" else f"{self.name}: {layout}"
+
+    @cached_property
+    def params(self) -> int:
+        return _meta_model(self.config).num_params()
+
+    @cached_property
+    def flops_per_token(self) -> float:
+        return _meta_model(self.config).flops_per_token()
+
+    def finals(self, metric: str = "val_loss") -> list[float]:
+        return [r.final[metric] for r in self.runs]
+
+    def at_tokens(self, tokens: int, metric: str = "val_loss") -> list[float] | None:
+        """Each seed's evaluation at `tokens` total training tokens, or None if a run has none there."""
+        values = []
+        for run in self.runs:
+            match = [r[metric] for r in run.evals if r["tokens"] + self.pretraining_tokens == tokens]
+            if not match:
+                return None
+            values.append(match[0])
+        return values
+
+
+def shape_of(config: GPTConfig) -> tuple[int, int, int]:
+    return config.n_layer, config.n_embd, config.n_head
+
+
+def shape_name(shape: tuple[int, int, int]) -> str:
+    n_layer, n_embd, n_head = shape
+    return f"{n_layer} layers x {n_embd} dims, {n_head} query heads"
+
+
+def find_runs(sweep_dir: Path) -> list[Run]:
+    runs = []
+    for latest in sorted(sweep_dir.glob("**/checkpoints/latest")):
+        run_dir = latest.parent.parent
+        if not (run_dir / RUN_CONFIG).is_file():
+            raise CheckpointError(f"{run_dir} has checkpoints but no {RUN_CONFIG}: it is not a run of train.py")
+        checkpoint = load_checkpoint(find_checkpoint(run_dir, sweep_dir))
+        settings = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
+        metrics = read_metrics(run_dir)
+        if not any(r["kind"] == "eval" for r in metrics):
+            raise CheckpointError(f"{run_dir / 'metrics.jsonl'} has no evaluation records")
+        runs.append(Run(run_dir, checkpoint, settings, metrics))
+    if not runs:
+        raise CheckpointError(f"no run directories with checkpoints under {sweep_dir}")
+    return runs
+
+
+def group_arms(runs: list[Run]) -> list[Arm]:
+    """Arms ordered by shape (smallest first), then MHA first and fewer key/value heads
+    after, scratch before uptrained, then by name."""
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault((shape_of(run.model_config), run.arm), []).append(run)
+    arms = []
+    for (_, name), members in by_key.items():
+        members.sort(key=lambda r: r.seed)
+        seeds = [r.seed for r in members]
+        if len(set(seeds)) != len(seeds):
+            raise CheckpointError(f"arm {name} has two runs with one seed: {', '.join(str(r.path) for r in members)}")
+        arms.append(Arm(name, members, pretraining_tokens=_source_tokens(members[0], runs)))
+    return sorted(arms, key=lambda a: (a.shape[0] * a.shape[1], -a.config.n_kv_head, a.uptrained, a.name))
+
+
+def _source_tokens(run: Run, runs: list[Run]) -> int:
+    if run.uptrained_from is None:
+        return 0
+    source = Path(run.uptrained_from).resolve()
+    for other in runs:
+        if other.path.resolve() == source or other.path.resolve() in source.parents:  # the run or one of its checkpoints
+            return other.final["tokens"]
+    return 0  # the source is outside the sweep: tokens counted from the conversion on
+
+
+def _meta_model(config: GPTConfig) -> GPT:
+    with torch.device("meta"):  # counts need shapes only
+        return GPT(config)
