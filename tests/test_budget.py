@@ -4,12 +4,16 @@ import math
 from dataclasses import replace
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from conf import Config
+import train
+from conf import CONF_DIR, Config
 from model import GPT
 from training.budget import training_budget
+from training.checkpoint import find_checkpoint, load_checkpoint
+from training.logger import read_metrics
 
-from conftest import tiny_config
+from conftest import tiny_config, training_overrides
 
 MHA = tiny_config(n_layer=3, n_embd=64)
 
@@ -45,3 +49,16 @@ def test_match_mha_flops_spends_the_mha_models_training_compute(kv_heads):
 def test_tokens_per_param_must_be_positive():
     with pytest.raises(ValueError, match="tokens_per_param must be positive"):
         Config(tokens_per_param=0)
+
+
+def test_a_run_trains_for_its_derived_budget_and_says_so(tmp_path, capsys):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=[
+            *training_overrides(tmp_path), "model.n_kv_head=1", "tokens_per_param=0.05", "match_mha_flops=true",
+        ])
+    run_dir = train.train(cfg)
+    built = load_checkpoint(find_checkpoint(run_dir, tmp_path)).model_config
+    expected = budget(built, max_iters=30, tokens_per_param=0.05, match_mha_flops=True, tokens_per_step=4 * 32)
+    assert expected.max_iters != 30
+    assert max(r["step"] for r in read_metrics(run_dir)) == expected.max_iters
+    assert expected.reason in capsys.readouterr().out
