@@ -12,6 +12,7 @@ unless --baseline names another), paired by seed when both ran the same seeds.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from training.checkpoint import CheckpointError
 from training.runtime import describe_machine
 
 DECODE_BATCHES = (1, 8)
+DECODE_REPEATS = 5  # timed passes per figure, the fastest kept: a busy moment does not decide it
 DEFAULT_PROMPT = "def __init__(self, name):"
 
 
@@ -85,7 +87,7 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
         a = r.arm
         comparison = (f"{r.comparison.difference.mean:+.4f} ({ci(r.comparison.difference, signed=True)})"
                       if r.comparison else "baseline")
-        p = f"{r.comparison.p_value:.2g}" if r.comparison else ""
+        p = p_value(r.comparison.p_value) if r.comparison else ""
         train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
         lines.append(
             f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | {r.tokens:,} | "
@@ -105,7 +107,7 @@ def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
         d = gap.comparison.difference
         lines.append(f"| {shape_name(gap.baseline.shape)} | {gap.non_embedding_params:,} | "
                      f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
-                     f"{gap.comparison.p_value:.2g} |")
+                     f"{p_value(gap.comparison.p_value)} |")
     return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
 
 
@@ -134,7 +136,7 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
         groups.append(("random weights", [(r, _random_model(preset(r.arm.config))) for r in rows]))
     lines = ["## Quality and decode speed", "",
              f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
-             f"(fp32, {device.type}, {threads()}, best of 3 passes of {steps} steps, sample.py's "
+             f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
              "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
              "from the config.", "",
              "| model | layout | KV cache bytes/token | KV cache MB (one full context) | " +
@@ -144,14 +146,15 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
     for title, models in groups:
         points = []
         for row, model in models:
-            speeds = measure_layout(_decode_ready(model, device), DECODE_BATCHES, steps=steps)
+            speeds = measure_layout(_decode_ready(model, device), DECODE_BATCHES, steps=steps, repeats=DECODE_REPEATS)
             short, long = sorted({s.context for s in speeds})
             cache = kv_cache_bytes_per_token(model.config)
-            lines.append(f"| {title} ({_size(model.config)}, context {short} / {long}) | {row.arm.label} | {cache:,} | "
+            layout = row.arm.label if model.config == row.arm.config else _layout(model.config)
+            lines.append(f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | "
                          f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | " +
                          " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds) + " |")
             at_long = [s for s in speeds if s.batch == DECODE_BATCHES[-1] and s.context == long][0]
-            points.append((row.arm.label, row.val_loss, at_long.tokens_per_s, f"{cache / 1024:g} KiB/token"))
+            points.append((layout, row.val_loss, at_long.tokens_per_s, f"{cache / 1024:g} KiB/token"))
         panels.append((f"{title} ({_size(models[0][1].config)}): batch {DECODE_BATCHES[-1]}, context {long}", points))
     plot_frontier(panels, out_dir / "frontier.png")
     return "\n".join(lines + ["", "![quality against decode speed](frontier.png)"])
@@ -185,6 +188,10 @@ def estimate(e: Estimate) -> str:
     return f"{e.mean:.4f}" if e.n < 2 else f"{e.mean:.4f} ± {e.half_width:.4f}"
 
 
+def p_value(p: float) -> str:
+    return "n/a" if math.isnan(p) else f"{p:.2g}"
+
+
 def ci(e: Estimate, signed: bool = False) -> str:
     if e.n < 2:
         return "no CI"
@@ -195,6 +202,10 @@ def ci(e: Estimate, signed: bool = False) -> str:
 def threads() -> str:
     n = torch.get_num_threads()
     return f"{n} thread{'s' if n > 1 else ''}"
+
+
+def _layout(config) -> str:
+    return f"{config.attention_kind} ({config.n_kv_head} kv heads)"
 
 
 def _size(config) -> str:

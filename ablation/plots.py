@@ -88,9 +88,11 @@ def _plot_differences(ax, arms: list[Arm], baseline: Arm) -> None:
 
 def plot_ladder(gaps: list[Gap], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for colour, kind in zip(COLOURS[1:], sorted({g.kind for g in gaps})):
+    kinds = sorted({g.kind for g in gaps})
+    for i, (colour, kind) in enumerate(zip(COLOURS[1:], kinds)):
         points = sorted((g for g in gaps if g.kind == kind), key=lambda g: g.non_embedding_params)
-        x = [g.non_embedding_params for g in points]
+        dodge = 1 + 0.03 * (i - (len(kinds) - 1) / 2)  # side by side, so overlapping bars stay readable
+        x = [g.non_embedding_params * dodge for g in points]
         d = [g.comparison.difference for g in points]
         yerr = [[e.mean - e.low for e in d], [e.high - e.mean for e in d]] if all(e.n > 1 for e in d) else None
         ax.errorbar(x, [e.mean for e in d], yerr=yerr, color=colour, marker="o", capsize=4, label=f"{kind} - MHA")
