@@ -14,7 +14,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from model import GPT, GPTConfig
@@ -92,11 +91,11 @@ class Arm:
 
     @cached_property
     def params(self) -> int:
-        return _meta_model(self.config).num_params()
+        return GPT.shapes_only(self.config).num_params()
 
     @cached_property
     def flops_per_token(self) -> float:
-        return _meta_model(self.config).flops_per_token()
+        return GPT.shapes_only(self.config).flops_per_token()
 
     def finals(self, metric: str = "val_loss") -> list[float]:
         return [r.final[metric] for r in self.runs]
@@ -162,8 +161,3 @@ def _source_tokens(run: Run, runs: list[Run]) -> int:
         if other.path.resolve() == source or other.path.resolve() in source.parents:  # the run or one of its checkpoints
             return other.final["tokens"]
     return 0  # the source is outside the sweep: tokens counted from the conversion on
-
-
-def _meta_model(config: GPTConfig) -> GPT:
-    with torch.device("meta"):  # counts need shapes only
-        return GPT(config)

@@ -155,8 +155,7 @@ def measure(preset: str, precision_name: str, peak: float | None, device: torch.
 
 
 def training_flops_per_token(config: GPTConfig) -> float:
-    with torch.device("meta"):  # the count needs the shapes only, not the weights
-        return GPT(config).flops_per_token()
+    return GPT.shapes_only(config).flops_per_token()
 
 
 def precisions_for(preset: str, asked: list[str] | None, device: torch.device) -> list[str]:

@@ -66,6 +66,13 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight
         init_weights(self, init_seed)
 
+    @classmethod
+    def shapes_only(cls, config: GPTConfig) -> "GPT":
+        """The model on the meta device: parameter names, shapes, counts and FLOPs, with no
+        memory, no initialisation cost and no draw from the random streams."""
+        with torch.device("meta"):
+            return cls(config)
+
     def forward(
         self,
         idx: Tensor,

@@ -208,9 +208,7 @@ def crop_block_size(
 
 def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
     """Our parameter names and shapes for `config`, without the tied head."""
-    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-        model = GPT(config)
-    return {name: tensor.shape for name, tensor in model.state_dict().items() if name != TIED_HEAD}
+    return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items() if name != TIED_HEAD}
 
 
 def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import torch
-
 from model import GPT, GPTConfig
 
 
@@ -30,7 +28,7 @@ def training_budget(
 ) -> Budget:
     if tokens_per_param is None and not match_mha_flops:
         return Budget(max_iters, "")
-    mha = _shape(replace(model_config, n_kv_head=model_config.n_head, match_mha_params=False))
+    mha = GPT.shapes_only(replace(model_config, n_kv_head=model_config.n_head, match_mha_params=False))
     steps, reasons = float(max_iters), []
     if tokens_per_param is not None:
         non_embedding = mha.num_params(exclude_embeddings=True)
@@ -38,13 +36,8 @@ def training_budget(
         reasons.append(f"{tokens_per_param:g} tokens per non-embedding parameter of the MHA shape "
                        f"({non_embedding:,})")
     if match_mha_flops:
-        ratio = mha.flops_per_token() / _shape(model_config).flops_per_token()
+        ratio = mha.flops_per_token() / GPT.shapes_only(model_config).flops_per_token()
         steps *= ratio
         reasons.append(f"x {ratio:.4f} for the MHA model's training FLOPs per token")
     max_iters = max(1, math.ceil(steps))
     return Budget(max_iters, f"budget: {' '.join(reasons)} = {max_iters:,} steps of {tokens_per_step:,} tokens")
-
-
-def _shape(config: GPTConfig) -> GPT:
-    with torch.device("meta"):  # parameter counts need shapes only
-        return GPT(config)
