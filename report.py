@@ -23,7 +23,7 @@ from ablation.attention_plot import AttentionLayout, plot_attention, token_label
 from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
-from ablation.runs import Arm, find_runs, group_arms, shape_name
+from ablation.runs import Arm, find_runs, group_arms, layout_name, shape_name
 from ablation.stats import Estimate
 from data import load_tokenizer
 from model import GPT, to_decode_layout
@@ -149,7 +149,7 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
             speeds = measure_layout(_decode_ready(model, device), DECODE_BATCHES, steps=steps, repeats=DECODE_REPEATS)
             short, long = sorted({s.context for s in speeds})
             cache = kv_cache_bytes_per_token(model.config)
-            layout = row.arm.label if model.config == row.arm.config else _layout(model.config)
+            layout = row.arm.label if model.config == row.arm.config else layout_name(model.config)
             lines.append(f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | "
                          f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | " +
                          " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds) + " |")
@@ -202,10 +202,6 @@ def ci(e: Estimate, signed: bool = False) -> str:
 def threads() -> str:
     n = torch.get_num_threads()
     return f"{n} thread{'s' if n > 1 else ''}"
-
-
-def _layout(config) -> str:
-    return f"{config.attention_kind} ({config.n_kv_head} kv heads)"
 
 
 def _size(config) -> str:

@@ -85,9 +85,8 @@ class Arm:
 
     @property
     def label(self) -> str:
-        c = self.config
-        layout = f"{c.attention_kind} ({c.n_kv_head} kv heads)"
-        return layout if self.name == f"kv{c.n_kv_head}" else f"{self.name}: {layout}"
+        layout = layout_name(self.config)
+        return layout if self.name == f"kv{self.config.n_kv_head}" else f"{self.name}: {layout}"
 
     @cached_property
     def params(self) -> int:
@@ -109,6 +108,10 @@ class Arm:
                 return None
             values.append(match[0])
         return values
+
+
+def layout_name(config: GPTConfig) -> str:
+    return f"{config.attention_kind} ({config.n_kv_head} kv heads)"
 
 
 def shape_of(config: GPTConfig) -> tuple[int, int, int]:
