@@ -161,7 +161,8 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
 def cuda_tests(device: torch.device, sizes: Sizes) -> dict:
     # Only the files that hold cuda-marked tests: collecting the whole suite costs seconds.
     files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", *files],
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider",
+                             "-o", "addopts=-q", *files],
                             cwd=REPO, capture_output=True, text=True, timeout=420)
     lines = result.stdout.strip().splitlines()
     summary = lines[-1] if lines else result.stderr[-300:]
