@@ -40,10 +40,10 @@ from training.evaluate import Evaluator
 from training.init_from import initial_model
 from training.logger import RunLogger
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
-from training.run_dir import new_run_dir, resolve_resume, restore, run_lock, save_run_config
+from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
 from training.schedule import learning_rate, schedule_warnings
-from training.signals import GracefulStop
+from training.signals import GracefulStop, Interrupted, interrupts_raise
 from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
 
 
@@ -53,10 +53,16 @@ class NonFiniteLoss(RuntimeError):
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    try:
-        train(cfg)
-    except (ValueError, DataError, CheckpointError, NonFiniteLoss) as err:
-        sys.exit(f"error: {err}")
+    with interrupts_raise():
+        try:
+            train(cfg)
+        except (ValueError, DataError, CheckpointError, NonFiniteLoss) as err:
+            sys.exit(f"error: {err}")
+        except OSError as err:  # a full disk or a vanished directory while logging, named
+            sys.exit(f"error: {err.strerror or err} ({err.filename or 'writing the run'})")
+        except Interrupted as stop:
+            print(f"error: {stop}", file=sys.stderr)
+            sys.exit(stop.exit_code)
 
 
 def train(cfg: DictConfig) -> Path | None:
@@ -75,8 +81,13 @@ def train(cfg: DictConfig) -> Path | None:
             run_dir = resume_from.run_dir
         else:  # only rank 0 chooses: a timestamp read on each rank could differ
             run_dir = broadcast_from_main(group, new_run_dir(config) if group.is_main else None)
-        with run_lock(run_dir, enabled=group.is_main, new_run=resume_from is None):  # one writer per run
-            return run(cfg, config, resume_from, group, device, run_dir=run_dir, block_size=block_size, accum=accum)
+        with run_lock(run_dir, enabled=group.is_main, new_run=resume_from is None) as takeover:  # one writer
+            try:
+                return run(cfg, config, resume_from, group, device, run_dir=run_dir, block_size=block_size,
+                           accum=accum, takeover=takeover)
+            except Interrupted as stop:
+                stop.detail = interrupted(stop.signal, run_dir)
+                raise
     finally:
         shutdown(group)
 
@@ -104,7 +115,7 @@ class Session:
 
 
 def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
-        device: torch.device, *, run_dir: Path, block_size: int, accum: int) -> Path:
+        device: torch.device, *, run_dir: Path, block_size: int, accum: int, takeover: str = "") -> Path:
     precision, data = start(config, group, device)
     tokenizer = data.tokenizer()
     model, origin = build_model(cfg, config, resume_from, tokenizer, device)
@@ -145,7 +156,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
-    session.logger.print(header(session, precision.name, accum, notes=(origin, budget.reason, resumed)))
+    session.logger.print(header(session, precision.name, accum, notes=(takeover, origin, budget.reason, resumed)))
     for warning in run_warnings(config, device, precision.name) if group.is_main else ():
         session.logger.print(f"warning: {warning}")
     checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
@@ -257,14 +268,20 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
         is_best = metrics["val_loss"] < best_val_loss
         best_val_loss = min(best_val_loss, metrics["val_loss"])
     rng_states = gather_to_main(s.group, rng_state(s.device))
-    if not s.group.is_main:
-        return None, best_val_loss
-    state = {
-        "step": step, "best_val_loss": best_val_loss, "optimizer": s.optimizer.state_dict(),
-        "scaler": s.scaler.state_dict(), "rng": rng_states,
-    }
-    checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last, is_best,
-                                 keep_state=s.config.keep_state)
+    checkpoint, failure = None, None
+    if s.group.is_main:
+        state = {
+            "step": step, "best_val_loss": best_val_loss, "optimizer": s.optimizer.state_dict(),
+            "scaler": s.scaler.state_dict(), "rng": rng_states,
+        }
+        try:
+            checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last,
+                                         is_best, keep_state=s.config.keep_state)
+        except CheckpointError as err:
+            failure = str(err)
+    failure = broadcast_from_main(s.group, failure)  # a failed save stops every rank, not only rank 0
+    if failure:
+        raise CheckpointError(failure)
     return checkpoint, best_val_loss
 
 

@@ -1,9 +1,12 @@
 """Checkpoints: lossless round trip, atomic replacement, clear errors."""
 
+import errno
 import os
+import shutil
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
@@ -12,7 +15,7 @@ from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoin
 
 def save(run_dir, step, model, **kwargs):
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
-    state = {"step": step, "optimizer": {"lr": 0.1}, "rng": torch.get_rng_state()}
+    state = {"step": step, "best_val_loss": 1.0, "optimizer": {"lr": 0.1}, "scaler": {}, "rng": [{"torch": torch.get_rng_state()}]}
     return save_checkpoint(run_dir, step, model, config, state, **kwargs)
 
 
@@ -52,11 +55,37 @@ def test_crash_while_saving_leaves_previous_checkpoint_in_place(tmp_path, make_m
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt.torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=f"could not write .*disk full.* checkpoint .*step_000002; the last good "
+                                              f"checkpoint {good.resolve()} is intact"):
         save(tmp_path, 2, model)
     assert find_checkpoint(tmp_path, runs_root=tmp_path) == good.resolve()
-    assert not (tmp_path / "checkpoints" / "step_000002").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]  # no temporary left
     load_weights(make_model(seed=3), load_checkpoint(good).model_state)
+
+
+@pytest.mark.parametrize("writer, failure", [
+    ("save_file", lambda: OSError(errno.ENOSPC, "No space left on device")),
+    ("save_file", lambda: SafetensorError("Error while serializing: IoError(Os { code: 28 })")),
+    ("torch_save", lambda: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")),
+])
+def test_a_full_disk_is_one_message_and_removes_the_temporary_files(tmp_path, make_model, monkeypatch, writer, failure):
+    """Each library reports a full disk its own way; torch's message names no errno, so
+    the free space decides."""
+    model = make_model()
+    good = save(tmp_path, 1, model)
+
+    def full(*args, **kwargs):
+        raise failure()
+
+    if writer == "torch_save":
+        monkeypatch.setattr(ckpt.torch, "save", full)
+    else:
+        monkeypatch.setattr(ckpt, "save_file", full)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(CheckpointError, match=f"^no space left on device writing checkpoint .*step_000002; the last "
+                                              f"good checkpoint {good.resolve()} is intact$"):
+        save(tmp_path, 2, model)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
 
 
 def test_saving_the_same_step_again_replaces_it_and_no_link_ever_dangles(tmp_path, make_model, monkeypatch):
@@ -141,18 +170,56 @@ def test_different_model_shape_is_explained(tmp_path, make_model):
         load_weights(make_model(n_kv_head=4), load_checkpoint(path).model_state)
 
 
-def test_corrupt_weights_file_is_named(tmp_path, make_model):
+def flip_one_byte(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.yaml", "state.pt"])
+def test_a_flipped_bit_in_any_file_of_a_checkpoint_is_caught_by_its_digest(tmp_path, make_model, name):
+    """Neither safetensors nor torch.load notices a flipped bit in the data (a weight
+    changes in its 7th digit; a zip CRC goes unchecked): the recorded sha256 does."""
     path = save(tmp_path, 1, make_model())
+    flip_one_byte(path / name, -20 if name != "config.yaml" else 3)
+    with pytest.raises(CheckpointError, match=f"{path / name} does not match the sha256 recorded when it was saved"):
+        checkpoint = load_checkpoint(path)
+        checkpoint.training_state()
+
+
+def test_a_checkpoint_saved_before_digests_is_still_read_and_damage_is_named(tmp_path, make_model):
+    path = save(tmp_path, 1, make_model())
+    (path / "SHA256SUMS").unlink()
+    assert load_checkpoint(path).training_state()["step"] == 1
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=f"corrupt weights file {weights}"):
         load_checkpoint(path)
 
 
-def test_corrupt_training_state_is_named(tmp_path, make_model):
+@pytest.mark.parametrize("content, problem", [
+    (b"", "corrupt training state .*: [A-Za-z]"),  # an empty file still says what is wrong
+    (b"not a torch archive", "corrupt training state"),
+])
+def test_corrupt_training_state_is_named(tmp_path, make_model, content, problem):
     path = save(tmp_path, 1, make_model())
-    (path / "state.pt").write_bytes(b"not a torch archive")
-    with pytest.raises(CheckpointError, match="corrupt training state"):
+    (path / "SHA256SUMS").unlink()  # damage the digests would catch first
+    (path / "state.pt").write_bytes(content)
+    with pytest.raises(CheckpointError, match=problem):
+        load_checkpoint(path).training_state()
+
+
+@pytest.mark.parametrize("state, problem", [
+    ([1, 2], "holds a list, not a dict"),
+    ({"step": 1, "optimizer": {}, "scaler": {}, "rng": []}, "'best_val_loss' missing"),
+    ({"step": "7", "best_val_loss": 1.0, "optimizer": {}, "scaler": {}, "rng": []}, "'step' is a str, not int"),
+    ({"step": 7, "best_val_loss": 1.0, "scaler": {}, "rng": []}, "'optimizer' missing"),
+])
+def test_a_state_of_the_wrong_structure_is_named_not_a_traceback(tmp_path, make_model, state, problem):
+    path = save(tmp_path, 1, make_model())
+    torch.save(state, path / "state.pt")
+    (path / "SHA256SUMS").unlink()
+    with pytest.raises(CheckpointError, match=f"state.pt is not a training state of train.py \\(.*{problem}"):
         load_checkpoint(path).training_state()
 
 
@@ -200,3 +267,32 @@ def test_keep_state_latest_leaves_weights_only_in_older_and_best_checkpoints(tmp
     load_weights(make_model(seed=4), load_checkpoint(root / "best").model_state)  # best still loads
     with pytest.raises(CheckpointError, match="holds weights only and cannot be resumed"):
         load_checkpoint(root / "step_000002").training_state()
+
+
+def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint_and_says_so(tmp_path, make_model, capsys):
+    for step in (1, 2, 3):
+        save(tmp_path, step, make_model())
+    root = tmp_path / "checkpoints"
+    shutil.rmtree(root / "step_000003")
+    for target in (tmp_path, None):  # the run directory, or the newest run under runs_root
+        assert find_checkpoint(target, runs_root=tmp_path) == (root / "step_000002").resolve()
+        assert f"warning: {root / 'latest'} leads to step_000003, which is gone; using the newest complete " \
+               f"checkpoint left, {root / 'step_000002'}" in capsys.readouterr().err
+    for step in (1, 2):
+        shutil.rmtree(root / f"step_{step:06d}")
+    with pytest.raises(CheckpointError, match="leads to step_000003, which is gone, and no other checkpoint is left"):
+        find_checkpoint(tmp_path, runs_root=tmp_path)
+
+
+def test_leftovers_of_killed_saves_are_removed_but_never_one_a_link_leads_to(tmp_path, make_model):
+    save(tmp_path, 1, make_model())
+    root = tmp_path / "checkpoints"
+    killed = [root / ".tmp_step_000002_999", root / ".stale_step_000001_999"]
+    for leftover in killed:
+        shutil.copytree(root / "step_000001", leftover)
+    linked = root / ".tmp_step_000001_998"  # a re-save killed while latest led to its new copy
+    shutil.copytree(root / "step_000001", linked)
+    (root / "latest").unlink()
+    (root / "latest").symlink_to(linked.name)
+    assert sorted(ckpt.remove_interrupted_saves(tmp_path)) == sorted(killed)
+    assert sorted(p.name for p in root.iterdir()) == [linked.name, "latest", "step_000001"]

@@ -18,7 +18,7 @@ from conf import CONF_DIR
 from conf.sample_config import load_sample_config
 from conftest import training_overrides
 from data import CharTokenizer
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, sha256_of
 
 from test_generate import reference_greedy
 
@@ -140,10 +140,13 @@ def damaged_copy(runs_root: Path, tmp_path: Path, damage) -> Path:
 
 
 def set_config_value(section: str, key: str, value):
+    """A checkpoint whose files are intact (their digests recorded anew) but do not fit together."""
     def damage(checkpoint: Path) -> None:
         config = yaml.safe_load((checkpoint / "config.yaml").read_text())
         config[section][key] = value
         (checkpoint / "config.yaml").write_text(yaml.safe_dump(config))
+        names = ("model.safetensors", "config.yaml", "state.pt")
+        (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_of(checkpoint / n)}  {n}\n" for n in names))
 
     return damage
 
@@ -151,7 +154,7 @@ def set_config_value(section: str, key: str, value):
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda c: (c / "model.safetensors").write_bytes(b"not a safetensors file"), "corrupt weights file"),
+        (lambda c: (c / "model.safetensors").write_bytes(b"not a safetensors file"), "does not match the sha256"),
         (lambda c: (c / "model.safetensors").unlink(), "no checkpoint at"),
         (set_config_value("model", "n_layer", 3), "checkpoint does not fit this model"),
         (set_config_value("model", "n_heads", 2), "invalid model section"),

@@ -5,19 +5,25 @@
                       config.yaml        model + data + tokenizer: enough to rebuild the model
                       state.pt           optimizer, scaler, step, RNG states (tensors and plain
                                          containers only, loaded with weights_only=True)
+                      SHA256SUMS         the sha256 of each file above (`sha256sum -c` reads it),
+                                         checked whenever the checkpoint is read
         latest -> step_000250            the newest complete checkpoint
         best   -> step_000250            the one with the lowest validation loss
 
 A checkpoint is written into a temporary directory, fsynced and renamed into
 place, and only then does `latest` move (an atomic symlink swap), so a crash or a
-kill at any moment leaves the previous good checkpoint where it was.
+kill at any moment leaves the previous good checkpoint where it was. A save that
+fails (a full disk) removes its temporary directory and says which checkpoint is intact.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +36,12 @@ from torch import nn
 
 from model import GPTConfig
 
-WEIGHTS, CONFIG, STATE = "model.safetensors", "config.yaml", "state.pt"
+WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
+# What state.pt holds, by key and type: anything else is not a training state of train.py.
+STATE_FIELDS = {"step": int, "best_val_loss": float, "optimizer": dict, "scaler": dict, "rng": list}
 # The head shares its matrix with the token embedding; only one copy is stored.
 TIED_WEIGHT = "lm_head.weight"
 # Key prefixes added by torch.compile (_orig_mod.) and DistributedDataParallel (module.).
@@ -62,10 +71,14 @@ class Checkpoint:
         path = self.path / STATE
         if not path.is_file():
             raise CheckpointError(f"{self.path} has no {STATE}: it holds weights only and cannot be resumed")
+        verify_digests(self.path, [STATE])
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for damaged archives
-            raise CheckpointError(f"corrupt training state {path}: {err}") from err
+            reason = "the file is empty" if path.stat().st_size == 0 else str(err) or type(err).__name__
+            raise CheckpointError(f"corrupt training state {path}: {reason}") from err
+        _check_state(state, path)
+        return state
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -91,20 +104,31 @@ def save_checkpoint(
     if is_best) at it, and delete all but the newest keep_last others. keep_state="latest"
     also drops state.pt from every checkpoint but the newest (weights stay). Returns its path."""
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
     _check_finite(weights, final)
-    tmp = root / f".tmp_{final.name}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(weights, tmp / WEIGHTS)
-    OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
-    torch.save(state, tmp / STATE)
-    for name in (WEIGHTS, CONFIG, STATE):
-        _fsync(tmp / name)
-    _fsync(tmp)
+    tmp = root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _write_files(tmp, weights, config, state)
+        _move_into_place(tmp, final, is_best)
+        _prune(root, keep_last)
+    except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
+        what = f"{_write_failure(err, root)} writing checkpoint {final}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = root / "latest"
+        intact = f"the last good checkpoint {latest.resolve()} is intact" if latest.exists() else "no earlier checkpoint"
+        raise CheckpointError(f"{what}; {intact}") from err
+    if keep_state == "latest":
+        for older in _step_dirs(root):
+            if older != final:
+                (older / STATE).unlink(missing_ok=True)
+    return final
 
+
+def _move_into_place(tmp: Path, final: Path, is_best: bool) -> None:
+    """Rename the complete checkpoint tmp to final, then point `latest` (and `best`) at it."""
+    root = final.parent
     best = root / "best"
     links = [root / "latest"] + ([best] if is_best else [])
     if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
@@ -116,12 +140,63 @@ def save_checkpoint(
     for link in links:
         _point(link, final)
     _fsync(root)
-    _prune(root, keep_last)
-    if keep_state == "latest":
-        for older in root.iterdir():
-            if STEP_DIR.match(older.name) and older != final:
-                (older / STATE).unlink(missing_ok=True)
-    return final
+
+
+def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any]) -> None:
+    """The checkpoint's files in `tmp`, fsynced, with their digests written last."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(weights, tmp / WEIGHTS)
+    OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
+    torch.save(state, tmp / STATE)
+    digests = "".join(f"{sha256_of(tmp / name)}  {name}\n" for name in (WEIGHTS, CONFIG, STATE))
+    (tmp / DIGESTS).write_text(digests)
+    for name in (WEIGHTS, CONFIG, STATE, DIGESTS):
+        _fsync(tmp / name)
+    _fsync(tmp)
+
+
+def _write_failure(err: Exception, root: Path) -> str:
+    """A full disk in plain words, whichever library reported it (torch's message names no errno)."""
+    if getattr(err, "errno", None) == errno.ENOSPC or (root.is_dir() and shutil.disk_usage(root).free < 2**20):
+        return "no space left on device"
+    return f"could not write the checkpoint ({type(err).__name__}: {err})"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_digests(path: Path, names: list[str]) -> None:
+    """Check files of checkpoint `path` against its SHA256SUMS (checkpoints saved before
+    digests were recorded have none, and are read unchecked)."""
+    listing = path / DIGESTS
+    if not listing.is_file():
+        return
+    recorded = dict(reversed(line.split(maxsplit=1)) for line in listing.read_text().splitlines() if line.strip())
+    for name in names:
+        if name in recorded and sha256_of(path / name) != recorded[name]:
+            raise CheckpointError(
+                f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
+                "use another checkpoint of the run (checkpoints/step_*) or restore it from a copy"
+            )
+
+
+def remove_interrupted_saves(run_dir: Path) -> list[Path]:
+    """Delete the temporary directories of saves that were killed, except one that a link
+    still leads to; call it only as the run's one writer. Returns what it removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
+    leftovers = [p for p in root.iterdir() if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected]
+    for leftover in leftovers:
+        shutil.rmtree(leftover)
+    return leftovers
 
 
 def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
@@ -133,20 +208,51 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
     user would pass a path as, for the message when there is none.
     """
     if target is None:
-        runs = sorted(Path(runs_root).glob(f"**/{CHECKPOINTS}/latest"), key=lambda p: p.lstat().st_mtime)
+        links = (d / "latest" for d in Path(runs_root).glob(f"**/{CHECKPOINTS}"))  # a dangling one too
+        runs = sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)
         if not runs:
             raise CheckpointError(
                 f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "
                 f"`python train.py`, or pass {setting}=PATH"
             )
-        return runs[-1].resolve()
+        return _follow_latest(runs[-1])
     path = Path(target)
-    for candidate in (path, path / "latest", path / CHECKPOINTS / "latest"):
-        if (candidate / WEIGHTS).is_file():
-            return candidate.resolve()
+    if (path / WEIGHTS).is_file():
+        return path.resolve()
+    for link in (path / "latest", path / CHECKPOINTS / "latest"):
+        if link.is_symlink():
+            return _follow_latest(link)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
     raise CheckpointError(f"no checkpoint at {path}: expected {WEIGHTS} and {CONFIG} in it, or a run directory")
+
+
+def _follow_latest(link: Path) -> Path:
+    """Where a `latest` link leads; if its checkpoint is gone, the newest complete one
+    left, said on stderr."""
+    if (link / WEIGHTS).is_file():
+        return link.resolve()
+    complete = [p for p in _step_dirs(link.parent) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
+    if not complete:
+        raise CheckpointError(f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left "
+                              f"in {link.parent}")
+    print(f"warning: {link} leads to {os.readlink(link)}, which is gone; using the newest complete checkpoint "
+          f"left, {complete[-1]}", file=sys.stderr)
+    return complete[-1].resolve()
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a run directory holds at least one complete checkpoint (a step directory
+    with weights and config; the temporaries of interrupted saves do not count)."""
+    root = Path(run_dir) / CHECKPOINTS
+    return root.is_dir() and any((p / WEIGHTS).is_file() and (p / CONFIG).is_file() for p in _step_dirs(root))
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """The step checkpoints under root, oldest first (by step number, not by name:
+    step_1000000 is newer than step_999999)."""
+    steps = (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink())
+    return sorted(steps, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -155,6 +261,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     missing = [name for name in (WEIGHTS, CONFIG) if not (path / name).is_file()]
     if missing:
         raise CheckpointError(f"incomplete checkpoint {path}: missing {', '.join(missing)}")
+    verify_digests(path, [WEIGHTS, CONFIG])
     try:
         config = OmegaConf.to_container(OmegaConf.load(path / CONFIG), resolve=True)
     except Exception as err:
@@ -202,7 +309,7 @@ def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> N
     stale = final.with_name(f".stale_{final.name}_{os.getpid()}")
     final.rename(stale)
     shutil.copytree(new, final, copy_function=_link_or_copy)
-    for name in (WEIGHTS, CONFIG, STATE):
+    for name in (WEIGHTS, CONFIG, STATE, DIGESTS):
         _fsync(final / name)
     _fsync(final.parent)
     for link in links:
@@ -227,28 +334,41 @@ def _point(link: Path, target: Path) -> None:
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest keep_last step checkpoints (by step number, not by
-    name: step_1000000 is newer than step_999999) and leftovers of interrupted saves,
-    never what `latest` or `best` points at."""
+    """Delete all but the newest keep_last step checkpoints and leftovers of interrupted
+    saves, never what `latest` or `best` points at."""
     protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
-    steps = sorted(
-        (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink()),
-        key=lambda p: int(STEP_DIR.match(p.name).group(1)),
-    )
-    leftovers = [p for p in root.iterdir() if p.name.startswith((".tmp_", ".stale_")) and p.is_dir()]
-    for old in steps[: max(len(steps) - keep_last, 0)] + leftovers:
+    steps = _step_dirs(root)
+    for old in steps[: max(len(steps) - keep_last, 0)]:
         if old.resolve() not in protected:
             shutil.rmtree(old)
+    remove_interrupted_saves(root.parent)
 
 
 def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:
-    finite = torch.stack([torch.isfinite(t).all() for t in weights.values()])  # one host read for all
-    if not bool(finite.all()):
-        bad = [name for name, ok in zip(weights, finite.tolist()) if not ok]
+    bad = non_finite(weights)
+    if bad:
         raise CheckpointError(
-            f"refusing to write {destination}: non-finite weights in {_first_few(bad)}; "
-            "the earlier checkpoints are untouched"
+            f"refusing to write {destination}: non-finite weights in {bad}; the earlier checkpoints are untouched"
         )
+
+
+def non_finite(weights: dict[str, torch.Tensor]) -> str:
+    """The names of the tensors holding inf or NaN (a few, for a message), or ''."""
+    finite = torch.stack([torch.isfinite(t).all() for t in weights.values()])  # one host read for all
+    return "" if bool(finite.all()) else _first_few([name for name, ok in zip(weights, finite.tolist()) if not ok])
+
+
+def _check_state(state: object, path: Path) -> None:
+    if not isinstance(state, dict):
+        problems = [f"it holds a {type(state).__name__}, not a dict"]
+    else:
+        problems = [f"{key!r} missing" if key not in state else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
+                    for key, kind in STATE_FIELDS.items()
+                    if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+    if problems:
+        raise CheckpointError(f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
+                              "another checkpoint of the run, or start a new run from these weights with "
+                              "init_from=checkpoint")
 
 
 def _first_few(names: list[str], n: int = 5) -> str:

@@ -16,8 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import Config
 from model import GPT
-from training.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.checkpoint import (
+    CHECKPOINTS, WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint,
+    load_weights, remove_interrupted_saves,
+)
 from training.distributed import Distributed
+from training.logger import METRICS
 from training.runtime import reseed, seed_everything, set_rng_state
 
 try:
@@ -33,12 +37,14 @@ NOT_RECORDED = "<not recorded>"
 
 def new_run_dir(config: Config) -> Path:
     """out_dir if given, else the job's directory of a Hydra sweep (`-m`), else a fresh
-    <runs_root>/<date>_<time>. Never a directory that already holds a run."""
+    <runs_root>/<date>_<time>. Never a directory that holds a run with a checkpoint (one
+    that stopped before its first is started afresh: see run_lock)."""
     if config.out_dir or _in_sweep():
         path = Path(config.out_dir or HydraConfig.get().runtime.output_dir)
-        if (path / RUN_CONFIG).exists():
-            raise ValueError(f"{path} already holds a run; pass resume={path} to continue it")
+        _refuse_a_run_with_checkpoints(path)
+        _check_creatable(path, "out_dir" if config.out_dir else "hydra.sweep.dir")
         return path
+    _check_creatable(Path(config.runs_root), "runs_root")
     base = Path(config.runs_root) / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     path, n = base, 1
     while path.exists():
@@ -46,13 +52,32 @@ def new_run_dir(config: Config) -> Path:
     return path
 
 
+def _refuse_a_run_with_checkpoints(path: Path) -> None:
+    if (path / RUN_CONFIG).exists() and has_checkpoint(path):
+        raise ValueError(f"{path} already holds a run; pass resume={path} to continue it")
+
+
+def _check_creatable(path: Path, setting: str) -> None:
+    """Fail now, naming the setting, if the run directory could not be made there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{setting}={path}: cannot create that directory ({err.strerror})") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{setting}={path}: that directory is not writable")
+
+
 @contextlib.contextmanager
-def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[None]:
+def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[str]:
     """One writer per run directory: an OS lock (flock) on run_dir/.lock while the run
     writes. The kernel releases it when the process ends, however it ends, so a kill -9
-    leaves no stale lock. A second writer gets an error naming the process that holds it."""
+    leaves no stale lock. A second writer gets an error naming the process that holds it.
+
+    As the one writer it removes what killed saves left behind, and a new run takes over
+    a directory whose run stopped before its first checkpoint; it yields a line saying so
+    ('' otherwise)."""
     if not enabled or fcntl is None:
-        yield
+        yield ""
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / LOCK, "a+") as handle:
@@ -63,20 +88,39 @@ def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[None]:
             holder = handle.read().strip() or "unknown"
             raise ValueError(f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or "
                              "train into another out_dir") from None
-        if new_run and (run_dir / RUN_CONFIG).exists():  # another run took it between our check and the lock
-            raise ValueError(f"{run_dir} already holds a run; pass resume={run_dir} to continue it")
+        if new_run:  # another run may have taken it between our check and the lock
+            _refuse_a_run_with_checkpoints(run_dir)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
+        remove_interrupted_saves(run_dir)
         try:
-            yield
+            yield _take_over(run_dir) if new_run else ""
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
             if new_run and not (run_dir / RUN_CONFIG).exists():  # failed before it began: leave nothing behind
                 (run_dir / LOCK).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()  # only if empty
+
+
+def _take_over(run_dir: Path) -> str:
+    """Clear the files of a run that stopped before its first checkpoint."""
+    if not (run_dir / RUN_CONFIG).exists():
+        return ""
+    for name in (RUN_CONFIG, RUN_GROUPS, METRICS):
+        (run_dir / name).unlink(missing_ok=True)
+    return f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh"
+
+
+def interrupted(signal_name: str, run_dir: Path) -> str:
+    """What a signal that stopped the run at once leaves behind, and how to go on."""
+    if has_checkpoint(run_dir):
+        latest = (run_dir / CHECKPOINTS / "latest").resolve()
+        return (f"{signal_name}: stopped at once, without saving; the last good checkpoint {latest} is intact, "
+                f"and resume={run_dir} continues from it")
+    return f"{signal_name}: stopped before the first checkpoint; resume={run_dir} starts the run afresh"
 
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
@@ -92,11 +136,26 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     if cfg.resume is None:
         return cfg, None
     target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
+    if target is not None and _stopped_before_first_checkpoint(Path(target)):
+        merged = _saved_config(Path(target), cfg)  # start it afresh
+        merged.out_dir, merged.resume = str(target), None
+        return merged, None
     checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
-    run_dir = checkpoint.run_dir
-    if not (run_dir / RUN_CONFIG).is_file():
-        raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
-    saved_groups = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_GROUPS)) if (run_dir / RUN_GROUPS).is_file() else {}
+    if not (checkpoint.run_dir / RUN_CONFIG).is_file():
+        raise CheckpointError(f"{checkpoint.run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
+    merged = _saved_config(checkpoint.run_dir, cfg)
+    merged.resume = cfg.resume
+    return merged, checkpoint
+
+
+def _stopped_before_first_checkpoint(path: Path) -> bool:
+    """A run directory (not a checkpoint: those hold a config.yaml too) without a checkpoint."""
+    return (path / RUN_CONFIG).is_file() and not (path / WEIGHTS).exists() and not has_checkpoint(path)
+
+
+def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
+    """The run's saved config with this command line's single-value overrides."""
+    saved_groups = _read_yaml(run_dir / RUN_GROUPS, run_dir) if (run_dir / RUN_GROUPS).is_file() else {}
     values = []
     for override in _command_line_overrides():
         key, _, value = override.lstrip("+").partition("=")
@@ -111,9 +170,25 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
                 )
             continue
         values.append(f"{key}={value}")
-    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / RUN_CONFIG), OmegaConf.from_dotlist(values))
-    merged.resume = cfg.resume
-    return merged, checkpoint
+    saved = _read_yaml(run_dir / RUN_CONFIG, run_dir)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
+    except Exception as err:  # omegaconf's validation errors: a value of the wrong type, an unknown key
+        raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}") from err
+
+
+def _read_yaml(path: Path, run_dir: Path) -> dict:
+    """A run's YAML file as a dict, or one error naming it (truncated, not UTF-8, a
+    tag such as !!python/object that plain YAML refuses to build, or not a mapping)."""
+    try:
+        content = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:  # yaml and omegaconf raise many types; all mean "unreadable"
+        content = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if not isinstance(content, dict):
+        reason = content if isinstance(content, str) else f"it holds a {type(content).__name__}, not settings"
+        raise CheckpointError(f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
+                              f"weights with init_from=checkpoint model_path={run_dir}")
+    return content
 
 
 def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -1,0 +1,178 @@
+"""Faults around a run: signals at every phase, a full disk, a run that dies before its
+first checkpoint, damaged run files, unusable directories. Each ends in one message that
+says what is intact and what to do, and loses nothing."""
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import train
+from conf import CONF_DIR
+from training import checkpoint as ckpt
+from training.checkpoint import CheckpointError
+from training.logger import read_metrics
+from training.run_dir import resolve_resume
+from training.signals import GracefulStop, Interrupted, interrupts_raise
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def train_cli(*args, cwd, processes=1):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    command = [*(launcher if processes > 1 else [sys.executable]), str(REPO / "train.py"), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+def steps_logged(run_dir):
+    return [(r["kind"], r["step"]) for r in read_metrics(run_dir)]
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_a_second_signal_in_the_loop_interrupts_at_once_with_the_shells_exit_code():
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested == "SIGINT"  # the first only asks the loop to save and stop
+        with pytest.raises(Interrupted) as second:
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert (second.value.signal, second.value.exit_code) == ("SIGTERM", 128 + signal.SIGTERM)
+
+
+def test_outside_the_loop_a_signal_raises_and_after_the_run_signals_are_ignored():
+    with interrupts_raise():
+        with pytest.raises(Interrupted, match="SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+        try:
+            {}["missing"]
+        except Exception:  # an `except Exception` on the way does not swallow it
+            with pytest.raises(Interrupted):
+                os.kill(os.getpid(), signal.SIGTERM)
+    # interpreter shutdown after a finished run: a late signal cannot change the exit code
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+def test_a_signal_before_the_first_checkpoint_leaves_a_run_that_resume_starts_afresh(train_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    # A long step-0 evaluation: the signal lands after config.yaml, before the loop.
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *train_overrides, "eval_iters=3000",
+                                f"out_dir={run_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    while not (run_dir / "config.yaml").exists():
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stdout + stderr
+    assert f"error: SIGTERM: stopped before the first checkpoint; resume={run_dir} starts the run afresh" in stderr
+    assert "Traceback" not in stderr and not ckpt.has_checkpoint(run_dir)
+
+    resumed = train_cli(f"resume={run_dir}", "eval_iters=2", "max_iters=4", "eval_interval=2", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh" in resumed.stdout
+    assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3),
+                                     ("train", 4), ("eval", 4)]  # one run's log, not two
+    again = train_cli(*train_overrides, f"out_dir={run_dir}", cwd=tmp_path)
+    assert again.returncode == 1 and f"error: {run_dir} already holds a run; pass resume={run_dir}" in again.stderr
+
+
+def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_checkpoint(train_overrides, tmp_path,
+                                                                                       monkeypatch):
+    run_dir = tmp_path / "run"
+    with pytest.raises(train.DataError, match="batch_size"):  # fails before its first step
+        train.train(composed(*train_overrides, "batch_size=200000", f"out_dir={run_dir}"))
+    monkeypatch.setattr(train.TrainStep, "__call__", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # fails after logging its step-0 evaluation
+        train.train(composed(*train_overrides, "batch_size=3", f"out_dir={run_dir}"))
+    assert steps_logged(run_dir) == [("eval", 0)] and not ckpt.has_checkpoint(run_dir)
+    monkeypatch.undo()
+    train.train(composed(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={run_dir}"))
+    assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]  # one run's log
+    assert "batch_size: 4" in (run_dir / "config.yaml").read_text()  # the new run's settings
+
+
+def test_a_full_disk_while_saving_ends_the_run_with_one_message_and_keeps_the_log(train_overrides, monkeypatch):
+    saves = {"n": 0}
+    real_save_file = ckpt.save_file
+
+    def fills_the_disk_on_the_second_save(*args, **kwargs):
+        saves["n"] += 1
+        if saves["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save_file(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_file", fills_the_disk_on_the_second_save)
+    with pytest.raises(CheckpointError, match=r"^no space left on device writing checkpoint .*step_000020; the last "
+                                              r"good checkpoint .*step_000010 is intact$"):
+        train.train(composed(*train_overrides))
+    run_dir = next((Path(train_overrides[7].split("=", 1)[1])).iterdir())
+    assert steps_logged(run_dir)[-2:] == [("train", 20), ("eval", 20)]  # every line written before is whole
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best", "latest", "step_000010"]
+
+
+def test_a_failed_save_on_rank_0_stops_every_rank_with_the_error(train_overrides, tmp_path):
+    """Rank 0 alone saves; without telling the others, they would wait in their next
+    collective until the process group times out."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("a file where the checkpoints directory belongs")
+    result = train_cli(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={run_dir}", cwd=tmp_path,
+                       processes=2)
+    assert result.returncode != 0
+    assert result.stderr.count("error: could not write the checkpoint (FileExistsError") == 2, result.stderr
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from conftest import training_overrides
+
+    directory = tmp_path_factory.mktemp("finished")
+    return train.train(composed(*training_overrides(directory), "max_iters=2", "eval_interval=2"))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda text: text[: len(text) // 2] + "\n  - [unclosed", "ParserError|ScannerError"),
+    (lambda text: "!!python/object/apply:os.system [echo owned]\n", "ConstructorError|UnsupportedValueType"),
+    (lambda text: b"max_iters: \xff\xfe\n", "UnicodeDecodeError"),
+    (lambda text: "- just\n- a list\n", "it holds a list"),
+])
+def test_a_damaged_run_config_is_named_when_resuming(finished_run, tmp_path, damage, reason):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    damaged = damage((run_dir / "config.yaml").read_text())
+    (run_dir / "config.yaml").write_bytes(damaged if isinstance(damaged, bytes) else damaged.encode())
+    with pytest.raises(CheckpointError, match=f"{run_dir / 'config.yaml'} is damaged \\(({reason})"):
+        resolve_resume(composed(f"resume={run_dir}"))
+
+
+@pytest.mark.parametrize("setting", ["out_dir=/proc/gptlab_run", "runs_root=/dev/null/runs"])
+def test_a_run_directory_that_cannot_be_made_is_refused_naming_the_setting(train_overrides, setting):
+    with pytest.raises(ValueError, match=f"^{setting}: cannot create that directory"):
+        train.train(composed(*train_overrides, setting))
+
+
+def test_a_resumed_run_first_removes_what_killed_saves_left_behind(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    killed_save = run_dir / "checkpoints" / ".tmp_step_000003_4242"
+    shutil.copytree(run_dir / "checkpoints" / "step_000002", killed_save)
+    train.train(composed(f"resume={run_dir}"))  # nothing left to train: no save would prune it
+    assert not killed_save.exists()
