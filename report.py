@@ -25,7 +25,7 @@ from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.runs import Arm, find_runs, group_arms, layout_name, shape_name
 from ablation.stats import Estimate
-from data import load_tokenizer
+from data import DataError
 from model import GPT, to_decode_layout
 from training.checkpoint import CheckpointError
 from training.runtime import describe_machine
@@ -161,13 +161,19 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
 
 
 def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
-    tokenizer = load_tokenizer(arms[0].runs[0].checkpoint.config["tokenizer"])
+    tokenizer = arms[0].runs[0].tokenizer()
+    unknown = tokenizer.unknown_characters(prompt)
+    note = ""
+    if unknown:  # a char tokenizer knows only its training text's characters
+        prompt = "".join(c for c in prompt if c not in unknown) or "".join(tokenizer.chars[:24])
+        note = (f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
+                f"{prompt!r}.")
     ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
     layouts = [AttentionLayout(a.label, a.config.n_kv_head, a.runs[0].model().attention_maps(torch.tensor([ids]))[-1][0])
                for a in arms]
     plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png",
                    f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}")
-    return "## Attention patterns\n\n![attention](attention.png)"
+    return "## Attention patterns\n\n![attention](attention.png)" + note
 
 
 METHOD = """## How this was measured
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
                             frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps)
-    except (CheckpointError, ValueError) as err:  # ValueError: a malformed metrics.jsonl or --baseline, named
+    except (CheckpointError, DataError, ValueError) as err:  # ValueError: a malformed metrics.jsonl or --baseline
         sys.exit(f"error: {err}")
     print(f"wrote {path}")
 

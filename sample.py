@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,10 +28,12 @@ from omegaconf import DictConfig
 
 from conf.cli import check_setting_names, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
-from data import DataError, Tokenizer, load_tokenizer
-from model import GPT, GPTConfig, stream, to_decode_layout
+from data import DataError, Tokenizer
+from model import GPT, stream, to_decode_layout
 from model.generate import StopCheck
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.checkpoint import (
+    Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights, non_finite,
+)
 from training.runtime import resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
@@ -52,6 +55,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"error: {err}")
     except BrokenPipeError:  # the reader left early (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    except KeyboardInterrupt:  # Ctrl-C: what was printed stands
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
 
 def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
@@ -62,7 +68,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
     if config.checkpoint is None:
         print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
-    tokenizer = checkpoint_tokenizer(checkpoint)
+    tokenizer = checkpoint.tokenizer()
     model = checkpoint_model(checkpoint, device, dtype)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
@@ -101,20 +107,13 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     }
 
 
-def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
-    description = checkpoint.config.get("tokenizer")
-    if not isinstance(description, dict):
-        raise CheckpointError(f"{checkpoint.path}: its config.yaml does not describe a tokenizer")
-    return load_tokenizer(description)
-
-
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> GPT:
     """The checkpoint's model in eval mode on device, its weights in dtype."""
-    try:
-        model_config = GPTConfig(**checkpoint.config["model"])
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{checkpoint.path}: its config.yaml has an invalid model section: {err}") from err
-    model = GPT(model_config)
+    bad = non_finite(checkpoint.model_state)
+    if bad:
+        raise CheckpointError(f"{checkpoint.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
+                              "before this save; sample from an earlier checkpoint of the run")
+    model = GPT(checkpoint.model_config)
     load_weights(model, checkpoint.model_state)
     return to_decode_layout(model.to(device=device, dtype=dtype).eval())
 
@@ -145,20 +144,12 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
         if tokenizer.eot_id is not None:
             return [tokenizer.eot_id]
         prompt = "\n"
-    unknown = sorted({c for c in prompt if not _encodes(tokenizer, c)})
+    unknown = tokenizer.unknown_characters(prompt)
     if unknown:
         listed = " ".join(repr(c) for c in unknown)
         raise ValueError(f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "
                          f"{listed} (its vocabulary is the characters of its training text)")
     return tokenizer.encode(prompt)
-
-
-def _encodes(tokenizer: Tokenizer, character: str) -> bool:
-    try:
-        tokenizer.encode(character)
-    except ValueError:
-        return False
-    return True
 
 
 def stop_string_check(tokenizer: Tokenizer, stops: list[str]) -> StopCheck | None:

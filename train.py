@@ -335,11 +335,12 @@ def start(config: Config, group: Distributed, device: torch.device):
 
 
 def prepare_on_main_first(config: Config, group: Distributed):
-    """Rank 0 tokenises (if needed) while the others wait, then they reuse its shards."""
+    """Rank 0 tokenises (if needed) or verifies the shards while the others wait, then
+    they reuse its shards (checking sizes only: rank 0 has just hashed them)."""
     if group.is_main:
         data = prepare(config.data)
     barrier(group)
-    return data if group.is_main else prepare(config.data)
+    return data if group.is_main else prepare(replace(config.data, verify="size"))
 
 
 def grad_accum_steps(config: Config, block_size: int, world_size: int) -> int:

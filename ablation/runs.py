@@ -14,13 +14,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from data import Tokenizer
 from model import GPT, GPTConfig
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from training.logger import read_metrics
-
-RUN_CONFIG = "config.yaml"
+from training.run_dir import RUN_CONFIG, read_run_yaml
 
 
 @dataclass
@@ -59,6 +57,9 @@ class Run:
         model = GPT(self.model_config)
         load_weights(model, self.checkpoint.model_state)
         return model.eval()
+
+    def tokenizer(self) -> Tokenizer:
+        return self.checkpoint.tokenizer()
 
 
 @dataclass
@@ -130,7 +131,7 @@ def find_runs(sweep_dir: Path) -> list[Run]:
         if not (run_dir / RUN_CONFIG).is_file():
             raise CheckpointError(f"{run_dir} has checkpoints but no {RUN_CONFIG}: it is not a run of train.py")
         checkpoint = load_checkpoint(find_checkpoint(run_dir, sweep_dir))
-        settings = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
+        settings = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
         metrics = read_metrics(run_dir)
         if not any(r["kind"] == "eval" for r in metrics):
             raise CheckpointError(f"{run_dir / 'metrics.jsonl'} has no evaluation records")

@@ -1,10 +1,12 @@
-"""`python -m data`: run the prepare step on its own, with train.py's override syntax.
+"""`python -m data`: run the prepare step on its own, reading overrides exactly as train.py does.
 
     python -m data                                       # the default corpus: stdlib, gpt2
     python -m data data=shakespeare_char data.path=input.txt
+    python -m data "data.path='/my notes/book.txt'"      # Hydra's quoting, as for train.py
 
-The presets are the YAML files of conf/data/, read as plain YAML so that data/
-stays free of Hydra.
+Hydra composes the overrides into train.py's own config (conf/train.yaml), so presets,
+experiments, quoting and typing mean the same as there; only its `data` section is used.
+This module is the one place in data/ that uses Hydra.
 """
 
 from __future__ import annotations
@@ -12,58 +14,35 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import fields
-from pathlib import Path
-from typing import Optional, get_type_hints
+from typing import Optional
 
-import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
+from conf import CONF_DIR, Config, load_config
+from conf.cli import check_setting_names
 from data.config import DataConfig
 from data.errors import DataError
 from data.preparation import prepare
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "data"
-
 
 def config_from_overrides(overrides: list[str]) -> DataConfig:
-    """A DataConfig from train.py-style arguments: `data=<preset>` and `data.<field>=<value>`."""
-    preset: dict = {}
-    values: dict = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        if key == "data":
-            preset = _read_preset(raw)
-        else:
-            field = key.removeprefix("data.")
-            values[field] = _parse_value(field, raw)
-    return DataConfig(**{**preset, **values})
+    """The DataConfig train.py would run with these overrides; ValueError (one line) when they do not compose."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return load_config(compose(config_name="train", overrides=overrides)).data
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(_one_line(err)) from err
 
 
-def _read_preset(name: str) -> dict:
-    path = PRESETS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ValueError(f"no data preset {name!r} in {PRESETS_DIR}; known: {known}")
-    preset = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    for field in preset:
-        _check_field(field)
-    return preset
-
-
-def _parse_value(field: str, raw: str) -> object:
-    """YAML scalars as Hydra reads them, except that text fields keep text ("2024" stays a string)."""
-    _check_field(field)
-    if get_type_hints(DataConfig)[field] in (str, Optional[str]):
-        return None if raw in ("null", "~") else raw
-    return yaml.safe_load(raw)
-
-
-def _check_field(field: str) -> None:
-    names = [f.name for f in fields(DataConfig)]
-    if field not in names:
-        raise ValueError(f"unknown data field {field!r}; fields: {', '.join(names)}")
+def _one_line(err: Exception) -> str:
+    """Hydra's message and the first line of its cause (what was wrong with the value),
+    without the config search path it lists after a missing preset."""
+    text = str(err).split("Config search path:")[0]
+    if err.__cause__ is not None:
+        text += ": " + str(err.__cause__).splitlines()[0]
+    return " ".join(text.split())
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -73,6 +52,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
     args = parser.parse_args(argv)
+    check_setting_names(args.overrides, Config)  # train.py's message for a setting that does not exist
     try:
         cfg = config_from_overrides(args.overrides)
     except ValueError as err:

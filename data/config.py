@@ -10,6 +10,7 @@ from typing import NoReturn, Optional
 
 SOURCES = ("stdlib", "files", "hub")
 TOKENIZERS = ("gpt2", "char")
+VERIFY_MODES = ("sha256", "size")
 DEFAULT_DATA_ROOT = "data_cache"  # relative to the directory a command is started from
 
 _NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -37,6 +38,9 @@ class DataConfig:
     num_proc: Optional[int] = None  # tokenising processes; None means one per CPU core
     data_dir: Optional[str] = None  # where train.bin / val.bin / meta.json go
     hf_cache_dir: Optional[str] = None  # datasets' cache; None means <data_dir>/hf_cache
+    # How prepare checks shards it would reuse: their content against meta.json's sha256
+    # digests, or only their size (for corpora too large to hash at every start).
+    verify: str = "sha256"  # sha256 | size
 
     def __post_init__(self) -> None:
         self._check_strings()
@@ -59,6 +63,8 @@ class DataConfig:
             _fail("source", f"must be one of {SOURCES}", self.source)
         if self.tokenizer not in TOKENIZERS:
             _fail("tokenizer", f"must be one of {TOKENIZERS}", self.tokenizer)
+        if self.verify not in VERIFY_MODES:
+            _fail("verify", f"must be one of {VERIFY_MODES}", self.verify)
 
     def _check_numbers(self) -> None:
         for field in ("max_documents", "num_proc"):

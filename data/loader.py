@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from data.errors import DataError
-from data.meta import check_shard, read_meta
+from data.meta import PREPARE_HINT, check_shard, read_meta
 
 
 class BatchLoader:
@@ -43,11 +43,12 @@ class BatchLoader:
         self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
         self.device = torch.device(device)
         meta = read_meta(Path(data_dir))
-        shard = check_shard(Path(data_dir), meta, split)
+        self.shard = check_shard(Path(data_dir), meta, split)
+        self.vocab_size = meta["vocab_size"]
         n_tokens = meta["tokens"][split]
         self.n_windows = n_tokens - block_size  # window starts 0 .. n_tokens - block_size - 1
         self._check_room(n_tokens)
-        self.tokens = _open_shard(shard, meta["dtype"])  # (n_tokens,)
+        self.tokens = _open_shard(self.shard, meta["dtype"])  # (n_tokens,)
         self._split_key = zlib.crc32(split.encode())  # a number for the split, stable across runs
 
     def _check_room(self, n_tokens: int) -> None:
@@ -78,11 +79,21 @@ class BatchLoader:
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and targets y, int64 (batch_size, block_size): y is x shifted left by one token."""
         windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.window_starts(step, micro_step)])
+        self._check_ids(windows)
         windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
         if self.device.type == "cuda":  # page-locked host memory lets the copy overlap compute
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def _check_ids(self, windows: np.ndarray) -> None:
+        """Only the drawn (B, T + 1) windows: a scan of the whole shard would cost a pass per run."""
+        top = int(windows.max())
+        if top >= self.vocab_size:
+            raise DataError(
+                f"{self.shard} holds token id {top} but the vocabulary has {self.vocab_size} ids "
+                f"(meta.json's vocab_size): the shard is corrupt; {PREPARE_HINT}"
+            )
 
 
 def _check_sizes(**values: int) -> None:

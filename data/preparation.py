@@ -4,18 +4,24 @@
     python -m data data=shakespeare_char data.path=input.txt
 
 Re-running with the same source and tokenizer reuses the shards (their fingerprint is
-in meta.json); anything else rebuilds them. Every file is written under a temporary
-name and renamed into place, and meta.json last, so an interrupted run never leaves
-shards that look complete.
+in meta.json); anything else rebuilds them. Before reuse, each shard's size is checked
+against meta.json and, unless data.verify=size, its content against the sha256 that
+meta.json recorded; a shard that fails is rebuilt. (verify=size is for corpora too large
+to hash at every start: a shard damaged in place, at the same size, then goes unnoticed.)
+Every file is written under a temporary name and renamed into place, and meta.json
+last, so an interrupted run never leaves shards that look complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import logging
 import os
-import shutil
+import signal
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,15 +35,16 @@ from tqdm import tqdm
 from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
-    META_FILE, SPLITS, check_shard, read_meta, remove_temp_files, shard_path, temp_path, write_json_atomic,
+    FORMAT_VERSION, IO_CHUNK, META_DIGEST, META_FILE, SPLITS, check_shard, file_sha256, meta_digest, read_meta,
+    remove_temp_files, shard_path, temp_path, write_json_atomic,
 )
 from data.sources import Documents, load_corpus, source_signature
 from data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when the shard layout or tokenisation changes: old shards then rebuild
-RUN_ONLY_FIELDS = ("name", "num_proc", "data_dir", "hf_cache_dir")  # where and how fast, never which tokens
+# Where, how fast and how carefully; never which tokens.
+RUN_ONLY_FIELDS = ("name", "num_proc", "data_dir", "hf_cache_dir", "verify")
 BATCH_DOCUMENTS = 1000  # documents per tokenising batch
 
 
@@ -58,11 +65,12 @@ def prepare(cfg: DataConfig) -> PreparedData:
     """Tokenise cfg's corpus into its data directory, unless that already holds exactly this data."""
     data_dir = cfg.resolved_data_dir()
     fingerprint = fingerprint_of(cfg)
-    meta = _reusable_meta(data_dir, fingerprint)
+    meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
     if meta is not None:
         log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
         return PreparedData(data_dir, meta, reused=True)
-    return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
+    with _forks_die_with_this_process():  # datasets' loading and tokenising workers
+        return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
 
 
 def fingerprint_of(cfg: DataConfig) -> str:
@@ -75,13 +83,16 @@ def _settings(cfg: DataConfig) -> dict:
     return {key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}
 
 
-def _reusable_meta(data_dir: Path, fingerprint: str) -> Optional[dict]:
+def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[dict]:
     try:
-        meta = read_meta(data_dir)
+        meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
         if meta.get("fingerprint") != fingerprint:
             return None
         for split in SPLITS:
-            check_shard(data_dir, meta, split)
+            path = check_shard(data_dir, meta, split)
+            if verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
+                log.warning("%s does not match the sha256 meta.json recorded: rebuilding", path)
+                return None
     except DataError:
         return None  # nothing usable there: build afresh
     return meta
@@ -101,7 +112,7 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
         work_dir = temp_path(data_dir / "work")
         work_dir.mkdir()
         tokenized = _tokenize(documents, tokenizer, dtype, cfg.resolved_num_proc(), work_dir)
-        tokens, n_documents = write_shards(_token_batches(tokenized), data_dir, dtype, cfg.val_fraction)
+        tokens, n_documents, sha256 = write_shards(_token_batches(tokenized), data_dir, dtype, cfg.val_fraction)
     finally:
         remove_temp_files(data_dir)
     if corpus.replaced_bytes:
@@ -116,9 +127,11 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
         "eot_id": tokenizer.eot_id,
         "dtype": dtype.name,
         "tokens": tokens,
+        "sha256": sha256,
         "documents": n_documents,
         "replaced_bytes": corpus.replaced_bytes,
     }
+    meta[META_DIGEST] = meta_digest(meta)
     write_json_atomic(data_dir / META_FILE, meta)
     return meta
 
@@ -168,12 +181,14 @@ def _token_batches(tokenized: Documents) -> Iterator[tuple[int, np.ndarray]]:
 
 def write_shards(
     batches: Iterable[tuple[int, np.ndarray]], data_dir: Path, dtype: np.dtype, val_fraction: float
-) -> tuple[dict[str, int], int]:
-    """Token counts per split and the number of documents.
+) -> tuple[dict[str, int], int, dict[str, str]]:
+    """Token counts per split, the number of documents, and each shard's sha256.
 
     All tokens stream into one temporary file; its last val_fraction becomes val.bin and
     the rest train.bin (as nanoGPT splits tiny Shakespeare), each renamed into place only
-    when complete.
+    when complete. val.bin is hashed as it is copied out of the stream; train.bin, whose
+    end is known only once the stream is complete, by reading it back (from the page
+    cache, as it was just written).
     """
     stream = temp_path(shard_path(data_dir, "train"))
     n_documents = n_tokens = 0
@@ -188,16 +203,55 @@ def write_shards(
     n_train = int(n_tokens * (1 - val_fraction))
     if not 0 < n_train < n_tokens:
         raise DataError(f"the corpus has only {n_tokens} tokens, too few to hold out val_fraction={val_fraction}")
-    _move_tail(stream, shard_path(data_dir, "val"), n_train * dtype.itemsize)
+    val_sha256 = _move_tail(stream, shard_path(data_dir, "val"), n_train * dtype.itemsize)
     os.replace(stream, shard_path(data_dir, "train"))
-    return {"train": n_train, "val": n_tokens - n_train}, n_documents
+    sha256 = {"train": file_sha256(shard_path(data_dir, "train")), "val": val_sha256}
+    return {"train": n_train, "val": n_tokens - n_train}, n_documents, sha256
 
 
-def _move_tail(source: Path, target: Path, offset: int) -> None:
-    """Move source's bytes from `offset` on into `target` (via a temporary name)."""
+def _move_tail(source: Path, target: Path, offset: int) -> str:
+    """Move source's bytes from `offset` on into `target` (via a temporary name); their sha256."""
     temp = temp_path(target)
+    digest = hashlib.sha256()
     with open(source, "rb") as src, open(temp, "wb") as dst:
         src.seek(offset)
-        shutil.copyfileobj(src, dst, 1 << 24)
+        while chunk := src.read(IO_CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
     os.truncate(source, offset)
     os.replace(temp, target)
+    return digest.hexdigest()
+
+
+# Processes forked while preparing (datasets' pool workers, and the manager process that
+# relays their progress) must not outlive a killed prepare. On Linux each asks, right
+# after its fork, for SIGKILL when its parent dies (elsewhere nothing is done). Linux
+# sends it when the *thread* that forked ends; datasets forks from the thread calling it.
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_preparing_parent: Optional[int] = None  # this process's pid while it prepares
+
+
+@contextlib.contextmanager
+def _forks_die_with_this_process() -> Iterator[None]:
+    global _preparing_parent
+    _preparing_parent = os.getpid()  # recorded before the pool starts, for its workers to compare
+    try:
+        yield
+    finally:
+        _preparing_parent = None
+
+
+def _die_with_parent() -> None:
+    """Runs in every forked child, first thing; does nothing unless forked while preparing."""
+    global _preparing_parent
+    if _preparing_parent is None:
+        return
+    parent, _preparing_parent = _preparing_parent, os.getpid()  # a fork of this child follows this child
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request above took hold
+        os._exit(1)
+
+
+if sys.platform == "linux":
+    _LIBC = ctypes.CDLL(None)  # looked up here: loading a library in a forked child can deadlock
+    os.register_at_fork(after_in_child=_die_with_parent)

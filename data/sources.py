@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Union
 
 import datasets
+import pyarrow.compute as pc
 from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
@@ -39,12 +40,14 @@ _BUILDER_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet"} 
 _STDLIB_SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 _STDLIB_TOPICS_MODULE = "pydoc_data/topics.py"  # its texts come in as PYDOC_TOPICS instead
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # how surrogateescape spells an undecodable byte
+_CHECKED_ROWS = 100_000  # rows per arrow slice when looking for documents without text
 
 
 @dataclass
 class Corpus:
     documents: Documents  # one row per document, column "text"
     description: str  # for people reading meta.json
+    origin: str  # what error messages call it: its file(s) or data.dataset
     replaced_bytes: int = 0  # bytes that were not UTF-8 and were decoded as U+FFFD
 
 
@@ -53,6 +56,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     if cfg.max_documents is not None:
         corpus.documents = _first(corpus.documents, cfg.max_documents)
         corpus.description += f", first {cfg.max_documents} documents"
+    corpus.documents = _require_texts(corpus.documents, cfg.text_column, corpus.origin)
     return corpus
 
 
@@ -86,7 +90,7 @@ def _stdlib_corpus(cfg: DataConfig) -> Corpus:
     sources, replaced = _text_files(files, cfg)
     topics = datasets.Dataset.from_dict({"text": [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]})
     description = f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(PYDOC_TOPICS)} pydoc topics"
-    return Corpus(datasets.concatenate_datasets([sources, topics]), description, replaced)
+    return Corpus(datasets.concatenate_datasets([sources, topics]), description, "the standard library", replaced)
 
 
 def _files_corpus(cfg: DataConfig) -> Corpus:
@@ -95,13 +99,14 @@ def _files_corpus(cfg: DataConfig) -> Corpus:
     if len(builders) > 1:
         raise DataError(f"data.path={cfg.path!r} mixes file formats ({sorted(builders)}); point it at one format")
     description = f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}"
+    origin = str(files[0]) if len(files) == 1 else f"the {len(files)} files of data.path={cfg.path!r} (in path order)"
     if builders == {"text"}:
         documents, replaced = _text_files(files, cfg)
-        return Corpus(documents, description, replaced)
+        return Corpus(documents, description, origin, replaced)
     for path in files:
         _check_readable(path)
     documents = _load(builders.pop(), f"files {[str(f) for f in files]}", cfg, data_files=[str(f) for f in files])
-    return Corpus(_text_column(documents, cfg.text_column), description)
+    return Corpus(_text_column(documents, cfg.text_column), description, origin)
 
 
 def _hub_corpus(cfg: DataConfig) -> Corpus:
@@ -112,7 +117,7 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
         num_proc=None if cfg.streaming else cfg.resolved_num_proc(),
     )
     description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {mode})"
-    return Corpus(_text_column(documents, cfg.text_column), description)
+    return Corpus(_text_column(documents, cfg.text_column), description, f"data.dataset={cfg.dataset!r}")
 
 
 def _load(path: str, what: str, cfg: DataConfig, **options) -> Documents:
@@ -227,6 +232,36 @@ def _text_column(documents: Documents, column: str) -> Documents:
         raise DataError(f"the data has no column {column!r} (it has {columns}); set data.text_column")
     documents = documents.select_columns([column])
     return documents if column == "text" else documents.rename_column(column, "text")
+
+
+def _require_texts(documents: Documents, column: str, origin: str) -> Documents:
+    """`documents`, failing on the first whose text is null (a jsonl row without the column,
+    say): a map-style corpus now, from arrow's null counts (before any shuffle, so the index
+    is the row's place in the source); a stream as it is read."""
+    if isinstance(documents, datasets.IterableDataset):
+        checks = dict(column=column, origin=origin)
+        return documents.map(_check_texts, batched=True, with_indices=True, fn_kwargs=checks)
+    offset = 0
+    for table in documents.with_format("arrow").iter(batch_size=_CHECKED_ROWS):
+        texts = table["text"]
+        if texts.null_count:
+            raise _missing_text(offset + pc.index(pc.is_null(texts), True).as_py(), column, origin)
+        offset += table.num_rows
+    return documents
+
+
+def _check_texts(batch: dict[str, list], indices: list[int], column: str, origin: str) -> dict[str, list]:
+    for index, text in zip(indices, batch["text"]):
+        if text is None:
+            raise _missing_text(index, column, origin)
+    return batch
+
+
+def _missing_text(index: int, column: str, origin: str) -> DataError:
+    return DataError(
+        f"document {index} of {origin} has no {column!r} value (null or missing): "
+        "fix the row or set data.text_column"
+    )
 
 
 def _first(documents: Documents, n: int) -> Documents:

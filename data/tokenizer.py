@@ -64,6 +64,17 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
+    def unknown_characters(self, text: str) -> list[str]:
+        """The distinct characters of `text` that encode() refuses, sorted (none for GPT-2's byte-level BPE)."""
+        return sorted(c for c in set(text) if not self._encodes(c))
+
+    def _encodes(self, character: str) -> bool:
+        try:
+            self.encode(character)
+        except ValueError:
+            return False
+        return True
+
 
 class Gpt2Tokenizer(Tokenizer):
     name = "gpt2"

@@ -36,6 +36,7 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(num_proc=1.5), r"DataConfig.num_proc must be a positive integer or null"),
         (dict(split_seed=-1), r"DataConfig.split_seed must be a non-negative integer"),
         (dict(streaming="yes"), r"DataConfig.streaming must be true or false"),
+        (dict(verify="md5"), r"DataConfig.verify must be one of \('sha256', 'size'\), got 'md5'"),
         (dict(source="files"), r"DataConfig.path must name a file, directory or glob when source is 'files'"),
         (dict(source="hub"), r"DataConfig.dataset must name a Hub dataset or a local dataset directory"),
     ],

@@ -16,7 +16,8 @@ def write_shards(directory, n_train=5000, n_val=3000, dtype="uint16"):
     directory.mkdir(parents=True, exist_ok=True)
     np.arange(n_train, dtype=dtype).tofile(directory / "train.bin")
     np.arange(n_val, dtype=dtype).tofile(directory / "val.bin")
-    meta = {"format": 1, "tokens": {"train": n_train, "val": n_val}, "dtype": dtype, "tokenizer": {"name": "gpt2"}}
+    meta = {"format": 1, "tokens": {"train": n_train, "val": n_val}, "dtype": dtype, "tokenizer": {"name": "gpt2"},
+            "vocab_size": max(n_train, n_val)}  # format 1 predates digests: hand-made shards need none
     (directory / "meta.json").write_text(json.dumps(meta))
     return directory
 
@@ -109,7 +110,7 @@ def test_missing_or_malformed_meta_json(tmp_path):
     with pytest.raises(DataError, match="is not valid JSON"):
         loader(tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"tokens": {"train": 5}, "dtype": "float32"}))
-    with pytest.raises(DataError, match="lacks valid 'tokens', 'dtype' or 'tokenizer'"):
+    with pytest.raises(DataError, match="lacks valid 'format', 'tokens', 'dtype', 'tokenizer' or 'vocab_size'"):
         loader(tmp_path)
 
 

@@ -10,7 +10,7 @@ import pytest
 import data.preparation as prepare_module
 import data.sources
 from data import BatchLoader, DataConfig, DataError, Gpt2Tokenizer, load_tokenizer, prepare
-from data.cli import PRESETS_DIR, config_from_overrides, main
+from data.cli import config_from_overrides, main
 
 EOT = "<|endoftext|>"
 DOCUMENTS = ["alpha beta gamma\n", "the second document, longer than the first one\n", "third: ünïcödé ✓\n"]
@@ -263,7 +263,8 @@ def test_vocabularies_over_65535_use_uint32(tmp_path):
 
 def test_command_line_prepares_then_reuses(tmp_path, capsys):
     (tmp_path / "input.txt").write_text("O Romeo, Romeo! wherefore art thou Romeo?\n" * 10)
-    argv = ["data=shakespeare_char", f"data.path={tmp_path / 'input.txt'}", f"data.data_dir={tmp_path / 'd'}", "num_proc=1"]
+    argv = ["data=shakespeare_char", f"data.path={tmp_path / 'input.txt'}", f"data.data_dir={tmp_path / 'd'}",
+            "data.num_proc=1"]
     main(argv)
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'd'}: train 378 and val 42 uint16 tokens, tokenizer char")
     main(argv)
@@ -271,21 +272,20 @@ def test_command_line_prepares_then_reuses(tmp_path, capsys):
     assert load_tokenizer(tmp_path / "d").decode([0]) == "\n"
 
 
-def test_command_line_errors_are_messages_not_tracebacks(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_command_line_errors_are_messages_not_tracebacks(tmp_path):
+    with pytest.raises(SystemExit, match=r"error: data.colour is not a setting of DataConfig; known: name, source"):
         main(["data.colour=blue"])
-    assert exit_info.value.code == 2 and "unknown data field 'colour'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["data=files", f"data.path={tmp_path}/*.nothing", f"data.data_dir={tmp_path / 'd'}"])
     assert "matched no files" in str(exit_info.value.code)
 
 
 def test_overrides_parse_like_hydra():
-    cfg = config_from_overrides(["data=shakespeare", "data.path=2024", "val_fraction=0.2", "max_documents=null", "streaming=true"])
+    overrides = ["data=shakespeare", "data.path=2024", "data.val_fraction=0.2", "data.max_documents=null",
+                 "data.streaming=true"]
+    cfg = config_from_overrides(overrides)
     assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.streaming) == ("shakespeare", "2024", 0.2, None, True)
-    assert sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")) == [
-        "files", "fineweb_edu", "openwebtext", "shakespeare", "shakespeare_char", "stdlib"]
-    with pytest.raises(ValueError, match="no data preset 'owt'"):
+    with pytest.raises(ValueError, match="Could not find 'data/owt'"):
         config_from_overrides(["data=owt"])
 
 

@@ -118,7 +118,8 @@ def test_descriptions_rebuild_equal_tokenizers(tmp_path):
     assert (rebuilt.name, rebuilt.chars, rebuilt.eot_id) == ("char", char.chars, char.eot_id)
     assert load_tokenizer({"name": "gpt2"}).encode("hi there") == Gpt2Tokenizer().encode("hi there")
 
-    meta = {"tokens": {"train": 0, "val": 0}, "dtype": "uint16", "tokenizer": char.describe()}
+    meta = {"format": 1, "tokens": {"train": 0, "val": 0}, "dtype": "uint16", "tokenizer": char.describe(),
+            "vocab_size": char.vocab_size}
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     for source in (meta, tmp_path, str(tmp_path / "meta.json")):
         assert load_tokenizer(source).encode("lowered") == char.encode("lowered")

@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
+from report import write_report
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.logger import read_metrics
@@ -176,3 +178,32 @@ def test_a_resumed_run_first_removes_what_killed_saves_left_behind(finished_run,
     shutil.copytree(run_dir / "checkpoints" / "step_000002", killed_save)
     train.train(composed(f"resume={run_dir}"))  # nothing left to train: no save would prune it
     assert not killed_save.exists()
+
+
+def edit_checkpoint_config(run_dir, edit):
+    """A checkpoint whose files are intact (digests recorded anew) but whose config is wrong."""
+    checkpoint = run_dir / "checkpoints" / "latest"
+    config = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    edit(config)
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(config))
+    ckpt.write_digests(checkpoint)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda run: (run / "metrics.jsonl").unlink(), "metrics.jsonl has no evaluation records"),
+    (lambda run: edit_checkpoint_config(run, lambda c: c.pop("tokenizer")), "does not describe a tokenizer"),
+    (lambda run: edit_checkpoint_config(run, lambda c: c["model"].update(n_head="four")), "invalid model section"),
+])
+def test_the_report_names_a_damaged_run(finished_run, tmp_path, damage, message):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(finished_run, sweep / "mha", symlinks=True)
+    damage(sweep / "mha")
+    with pytest.raises(CheckpointError, match=message):
+        write_report(sweep, sweep, decode_steps=1)
+
+
+def test_the_report_of_a_char_level_run_shows_the_prompt_its_tokenizer_can_encode(finished_run, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(finished_run, sweep / "mha", symlinks=True)
+    text = write_report(sweep, sweep, prompt="First (Citizen)_", decode_steps=1).read_text()
+    assert "The char tokenizer lacks '(' ')' '_', so the prompt shown is 'First Citizen'." in text

@@ -1,7 +1,9 @@
 """Exporting checkpoints to transformers: the loaded models compute our logits, the
 round trip is lossless, the gpt2 tokenizer comes along, and GQA is refused."""
 
+import errno
 from dataclasses import asdict
+from pathlib import Path
 
 import huggingface_hub
 import pytest
@@ -14,6 +16,7 @@ from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from training.checkpoint import save_checkpoint
+from training import hf_io
 from training.hf_io import load_hf_pretrained, save_hf
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
@@ -116,6 +119,31 @@ def test_a_non_empty_output_directory_is_refused(tmp_path):
     (tmp_path / "hf" / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match="is not empty"):
         export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+
+
+@pytest.mark.parametrize("place, message", [
+    (lambda tmp: tmp / "a_file" / "hf", "cannot write the export to .*/a_file/hf: Not a directory"),
+    (lambda tmp: tmp / "a_file", "a_file is a file: export into a new or empty directory"),
+    (lambda tmp: Path("/proc/gptlab_export"), "cannot write the export to /proc/gptlab_export"),
+])
+def test_an_output_path_that_cannot_hold_the_export_is_named(tmp_path, place, message):
+    save_run(tmp_path / "run", CHAR_TOKENIZER, **SMALL)
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(SystemExit, match=message):
+        export.main([str(tmp_path / "run"), str(place(tmp_path))])
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_a_full_disk_during_export_leaves_no_half_written_model(tmp_path, monkeypatch):
+    save_run(tmp_path / "run", CHAR_TOKENIZER, **SMALL)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hf_io, "save_file", full)
+    with pytest.raises(SystemExit, match="cannot write the export to .*hf: No space left on device"):
+        export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert not (tmp_path / "hf").exists()
 
 
 def test_a_missing_checkpoint_is_refused(tmp_path):

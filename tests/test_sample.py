@@ -3,6 +3,7 @@
 import io
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file, save_file
 
 import sample
 import train
@@ -18,7 +20,7 @@ from conf import CONF_DIR
 from conf.sample_config import load_sample_config
 from conftest import training_overrides
 from data import CharTokenizer
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, sha256_of
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
 
 from test_generate import reference_greedy
 
@@ -48,7 +50,7 @@ def run_sample(runs_root: Path, *overrides: str) -> tuple[dict, str]:
 def greedy_text(runs_root: Path, prompt: str, max_new_tokens: int) -> str:
     """What the checkpoint continues with greedily, by the uncached reference loop."""
     checkpoint = load_checkpoint(find_checkpoint(None, runs_root))
-    tokenizer = sample.checkpoint_tokenizer(checkpoint)
+    tokenizer = checkpoint.tokenizer()
     model = sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
     return tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), max_new_tokens))
 
@@ -145,8 +147,7 @@ def set_config_value(section: str, key: str, value):
         config = yaml.safe_load((checkpoint / "config.yaml").read_text())
         config[section][key] = value
         (checkpoint / "config.yaml").write_text(yaml.safe_dump(config))
-        names = ("model.safetensors", "config.yaml", "state.pt")
-        (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_of(checkpoint / n)}  {n}\n" for n in names))
+        write_digests(checkpoint)
 
     return damage
 
@@ -164,6 +165,18 @@ def set_config_value(section: str, key: str, value):
 def test_corrupt_or_mismatched_checkpoints_are_explained(runs_root, tmp_path, damage, message):
     checkpoint = damaged_copy(runs_root, tmp_path, damage)
     with pytest.raises(CheckpointError, match=message):
+        run_sample(runs_root, f"checkpoint={checkpoint}")
+
+
+def test_a_checkpoint_with_non_finite_weights_is_named_not_sampled(runs_root, tmp_path):
+    def poison(checkpoint: Path) -> None:
+        weights = load_file(checkpoint / "model.safetensors")
+        weights["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
+        save_file(weights, checkpoint / "model.safetensors")
+        (checkpoint / "SHA256SUMS").unlink()  # as a run that diverged would have saved it (were it allowed to)
+
+    checkpoint = damaged_copy(runs_root, tmp_path, poison)
+    with pytest.raises(CheckpointError, match="holds non-finite weights .*transformer.h.0.mlp.c_fc.weight"):
         run_sample(runs_root, f"checkpoint={checkpoint}")
 
 
@@ -190,6 +203,7 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
         ("top_k=0", "top_k must be an integer >= 1"),
         ("num_samples=0", "num_samples must be an integer >= 1"),
         ("max_new_tokens=0", "max_new_tokens must be an integer >= 1"),
+        ("max_new_tokens=100000000", "max_new_tokens must be at most 100,000, got 100,000,000"),
         ("dtype=fp8", "dtype must be one of"),
         ("stop=['']", "stop must be a list of non-empty strings"),
         ("+promt=hi", "promt is not a setting of sample.py"),
@@ -276,3 +290,15 @@ def test_a_misspelt_setting_gets_our_message_not_hydras(tmp_path, script, overri
                             text=True, timeout=120)
     assert result.returncode == 1
     assert message in result.stderr and "+max" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_while_sampling_keeps_what_was_printed_and_exits_quietly(runs_root):
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}", "prompt=First", "max_new_tokens=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert process.stdout.read(len("First") + 20).startswith("First")  # generating by now
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT
+    assert stderr.strip().endswith("interrupted") and "Traceback" not in stderr

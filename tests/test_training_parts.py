@@ -222,6 +222,15 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
     with run_lock(tmp_path, enabled=True, new_run=False):
         pass  # released on exit
     (tmp_path / "config.yaml").write_text("seed: 1\n")
-    with pytest.raises(ValueError, match="already holds a run"):  # taken while we waited for the lock
+    with run_lock(tmp_path, enabled=True, new_run=True) as takeover:  # a run that stopped before its first save
+        assert takeover == f"{tmp_path} held a run that stopped before its first checkpoint: starting it afresh"
+    assert not tmp_path.exists()  # and this one failed before it began: nothing of either is left
+    tmp_path.mkdir()
+    (tmp_path / "config.yaml").write_text("seed: 1\n")
+    checkpoint = tmp_path / "checkpoints" / "step_000001"
+    checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "config.yaml"):
+        (checkpoint / name).write_text("")
+    with pytest.raises(ValueError, match="already holds a run"):  # taken, and saved, while we waited for the lock
         with run_lock(tmp_path, enabled=True, new_run=True):
             pass

@@ -19,7 +19,6 @@ fails (a full disk) removes its temporary directory and says which checkpoint is
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -34,6 +33,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from data import Tokenizer, load_tokenizer
+from data.meta import file_sha256
 from model import GPTConfig
 
 WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
@@ -60,7 +61,17 @@ class Checkpoint:
 
     @property
     def model_config(self) -> GPTConfig:
-        return GPTConfig(**self.config["model"])
+        try:
+            return GPTConfig(**self.config["model"])
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{self.path / CONFIG} has an invalid model section: {err}") from err
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the model was trained with, as its config.yaml describes it."""
+        description = self.config.get("tokenizer")
+        if not isinstance(description, dict):
+            raise CheckpointError(f"{self.path / CONFIG} does not describe a tokenizer (no `tokenizer` section)")
+        return load_tokenizer(description)
 
     @property
     def run_dir(self) -> Path:
@@ -149,8 +160,7 @@ def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, 
     save_file(weights, tmp / WEIGHTS)
     OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
     torch.save(state, tmp / STATE)
-    digests = "".join(f"{sha256_of(tmp / name)}  {name}\n" for name in (WEIGHTS, CONFIG, STATE))
-    (tmp / DIGESTS).write_text(digests)
+    write_digests(tmp)
     for name in (WEIGHTS, CONFIG, STATE, DIGESTS):
         _fsync(tmp / name)
     _fsync(tmp)
@@ -163,12 +173,10 @@ def _write_failure(err: Exception, root: Path) -> str:
     return f"could not write the checkpoint ({type(err).__name__}: {err})"
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
+def write_digests(path: Path) -> None:
+    """Record the sha256 of checkpoint `path`'s files in its SHA256SUMS."""
+    names = [name for name in (WEIGHTS, CONFIG, STATE) if (path / name).is_file()]
+    (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
 
 
 def verify_digests(path: Path, names: list[str]) -> None:
@@ -179,7 +187,7 @@ def verify_digests(path: Path, names: list[str]) -> None:
         return
     recorded = dict(reversed(line.split(maxsplit=1)) for line in listing.read_text().splitlines() if line.strip())
     for name in names:
-        if name in recorded and sha256_of(path / name) != recorded[name]:
+        if name in recorded and file_sha256(path / name) != recorded[name]:
             raise CheckpointError(
                 f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
                 "use another checkpoint of the run (checkpoints/step_*) or restore it from a copy"

@@ -150,19 +150,42 @@ def save_hf(
     """Write (config, state) as a transformers model in out_dir (new or empty), with the
     tokenizer's files when it is gpt2. Returns one line per thing written."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise CheckpointError(f"{out_dir} is not empty: export into a new or empty directory")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CheckpointError(f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or "
+                              "empty directory")
     try:
         hf_config, hf_state = to_hf(config, state, tokenizer.eot_id if tokenizer else None)
     except ValueError as err:
         raise CheckpointError(f"cannot export: {err}") from err
-    out_dir.mkdir(parents=True, exist_ok=True)
+    created = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _write_hf(out_dir, hf_config, hf_state, config.block_size, tokenizer)
+    except (OSError, SafetensorError) as err:  # a path under a file, no permission, a full disk
+        _remove_partial_export(out_dir, created)
+        raise CheckpointError(f"cannot write the export to {out_dir}: {getattr(err, 'strerror', None) or err}") from err
+
+
+def _remove_partial_export(out_dir: Path, created: bool) -> None:
+    """Leave no half-written model behind: out_dir was new, or empty."""
+    if created and out_dir.is_dir():
+        shutil.rmtree(out_dir)
+    elif out_dir.is_dir():
+        for path in out_dir.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def _write_hf(out_dir: Path, hf_config: dict, hf_state: dict[str, Tensor], block_size: int,
+              tokenizer: Tokenizer | None) -> list[str]:
     (out_dir / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers expects the "format" entry in the safetensors metadata.
     save_file(hf_state, out_dir / HF_SAFETENSORS, metadata={"format": "pt"})
     lines = [f"{out_dir}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
     if tokenizer is not None and tokenizer.name == "gpt2":
-        written = _save_gpt2_tokenizer(out_dir, config.block_size)
+        written = _save_gpt2_tokenizer(out_dir, block_size)
         lines.append(f"{out_dir}: gpt2 tokenizer ({', '.join(written)})")
     else:
         name = tokenizer.name if tokenizer else "not recorded in the checkpoint"

@@ -155,7 +155,7 @@ def _stopped_before_first_checkpoint(path: Path) -> bool:
 
 def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
     """The run's saved config with this command line's single-value overrides."""
-    saved_groups = _read_yaml(run_dir / RUN_GROUPS, run_dir) if (run_dir / RUN_GROUPS).is_file() else {}
+    saved_groups = read_run_yaml(run_dir / RUN_GROUPS, run_dir) if (run_dir / RUN_GROUPS).is_file() else {}
     values = []
     for override in _command_line_overrides():
         key, _, value = override.lstrip("+").partition("=")
@@ -170,14 +170,14 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
                 )
             continue
         values.append(f"{key}={value}")
-    saved = _read_yaml(run_dir / RUN_CONFIG, run_dir)
+    saved = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
     except Exception as err:  # omegaconf's validation errors: a value of the wrong type, an unknown key
         raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}") from err
 
 
-def _read_yaml(path: Path, run_dir: Path) -> dict:
+def read_run_yaml(path: Path, run_dir: Path) -> dict:
     """A run's YAML file as a dict, or one error naming it (truncated, not UTF-8, a
     tag such as !!python/object that plain YAML refuses to build, or not a mapping)."""
     try:
