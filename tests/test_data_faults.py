@@ -142,7 +142,8 @@ def survivors(pids: list[int]) -> list[int]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers die with their parent through Linux's prctl")
-def test_a_killed_prepare_takes_its_workers_with_it(tmp_path):
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_prepare_takes_its_workers_with_it(tmp_path, kill):
     rows = tmp_path / "rows.jsonl"
     rows.write_text((json.dumps({"text": "lorem ipsum dolor sit amet " * 20}) + "\n") * 20_000)
     command = [sys.executable, "-m", "data", "data=files", f"data.path={rows}", "data.num_proc=2",
@@ -160,12 +161,17 @@ def test_a_killed_prepare_takes_its_workers_with_it(tmp_path):
         children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
                     and parent_of(int(p.name)) == parent.pid]
         assert len(children) >= 2, "no tokenising workers"
-        parent.kill()
-        parent.wait()
+        parent.send_signal(kill)
+        parent.wait(timeout=30)
         deadline = time.monotonic() + 5
         while survivors(children) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not survivors(children), "workers outlived their killed parent"
+        if kill == signal.SIGTERM:  # a signal it can see: one message, and no partial files
+            assert parent.returncode == 128 + signal.SIGTERM
+            assert "error: interrupted by SIGTERM; nothing was kept" in progress.read_text()
+            assert "Traceback" not in progress.read_text()
+            assert not [p for p in (tmp_path / "data").iterdir() if ".tmp-" in p.name]
     finally:
         with contextlib.suppress(ProcessLookupError):  # whatever is left of its session, on failure
             os.killpg(parent.pid, signal.SIGKILL)
