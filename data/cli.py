@@ -12,13 +12,8 @@ This module is the one place in data/ that uses Hydra.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import logging
-import os
-import signal
 import sys
-from pathlib import Path
 from typing import Optional
 
 from hydra import compose, initialize_config_dir
@@ -29,7 +24,6 @@ from conf import CONF_DIR, Config, load_config
 from conf.cli import check_setting_names
 from data.config import DataConfig
 from data.errors import DataError
-from data.meta import remove_temp_files
 from data.preparation import prepare
 
 
@@ -51,17 +45,6 @@ def _one_line(err: Exception) -> str:
     return " ".join(text.split())
 
 
-def _stop_at_once(signum: int, frame, data_dir: Path) -> None:
-    """Exit now, whatever datasets' worker pool is doing (unwinding through it can wait on
-    busy workers for minutes). The workers die with this process (prepare arranges it);
-    meta.json is written last, so nothing left behind looks complete."""
-    with contextlib.suppress(OSError):  # a worker may still be writing there
-        remove_temp_files(data_dir)
-    print(f"error: interrupted by {signal.Signals(signum).name}; nothing was kept (a partial file left behind is "
-          "removed by the next prepare): run the same command to start again", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m data",
@@ -75,8 +58,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, functools.partial(_stop_at_once, data_dir=cfg.resolved_data_dir()))
     try:
         prepared = prepare(cfg)
     except DataError as err:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,7 +71,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
     if meta is not None:
         log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
         return PreparedData(data_dir, meta, reused=True)
-    with _forks_die_with_this_process():  # datasets' loading and tokenising workers
+    with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
         return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
 
 
@@ -239,6 +241,32 @@ def _forks_die_with_this_process() -> Iterator[None]:
         yield
     finally:
         _preparing_parent = None
+
+
+@contextlib.contextmanager
+def _signals_stop_at_once(data_dir: Path) -> Iterator[None]:
+    """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker
+    pool can wait on busy workers for minutes. The workers die with this process (see
+    below), and meta.json is written last, so nothing left behind looks complete."""
+    if threading.current_thread() is not threading.main_thread():  # only it may handle signals
+        yield
+        return
+    handler = functools.partial(_stop_at_once, data_dir=data_dir)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _stop_at_once(signum: int, frame, data_dir: Path) -> None:
+    with contextlib.suppress(OSError):  # a worker may still be writing there
+        remove_temp_files(data_dir)
+    print(f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}; nothing was kept (a "
+          "partial file left behind is removed by the next prepare): run the same command to start again",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)
 
 
 def _die_with_parent() -> None:

@@ -169,7 +169,7 @@ def test_a_killed_prepare_takes_its_workers_with_it(tmp_path, kill):
         assert not survivors(children), "workers outlived their killed parent"
         if kill == signal.SIGTERM:  # a signal it can see: one message, and no partial files
             assert parent.returncode == 128 + signal.SIGTERM
-            assert "error: interrupted by SIGTERM; nothing was kept" in progress.read_text()
+            assert "error: interrupted by SIGTERM while preparing" in progress.read_text()
             assert "Traceback" not in progress.read_text()
             assert not [p for p in (tmp_path / "data").iterdir() if ".tmp-" in p.name]
     finally:

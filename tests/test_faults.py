@@ -207,3 +207,27 @@ def test_the_report_of_a_char_level_run_shows_the_prompt_its_tokenizer_can_encod
     shutil.copytree(finished_run, sweep / "mha", symlinks=True)
     text = write_report(sweep, sweep, prompt="First (Citizen)_", decode_steps=1).read_text()
     assert "The char tokenizer lacks '(' ')' '_', so the prompt shown is 'First Citizen'." in text
+
+
+FULL_DISK_WHILE_LOGGING = """
+import errno, runpy, sys
+from training import logger
+
+def log(self, record):
+    raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+logger.RunLogger.log = log
+sys.argv[0] = {train_py!r}
+runpy.run_path({train_py!r}, run_name="__main__")
+"""
+
+
+def test_a_full_disk_while_logging_is_one_message_naming_the_file(train_overrides, tmp_path):
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_WHILE_LOGGING.format(train_py=str(REPO / "train.py")))
+    result = subprocess.run([sys.executable, str(script), *train_overrides, f"out_dir={tmp_path / 'run'}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"error: No space left on device ({tmp_path / 'run' / 'metrics.jsonl'})")
+    assert "Traceback" not in result.stderr
