@@ -31,7 +31,7 @@ from conf import Config, load_config
 from conf.cli import check_setting_names
 from data import BatchLoader, DataError, prepare
 from model import GPT
-from training.budget import training_budget
+from training.budget import grad_accum_steps, training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
     Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
@@ -76,7 +76,9 @@ def train(cfg: DictConfig) -> Path | None:
             return evaluate_only(cfg, config, resume_from, group, device)
         # The context of the model about to be built (a new run's from init_from is cropped to it).
         block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
-        accum = grad_accum_steps(config, block_size, group.world_size)  # checked before any heavy work
+        accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
+                                 batch_size=config.batch_size, block_size=block_size,
+                                 world_size=group.world_size)  # checked before any heavy work
         if resume_from:
             run_dir = resume_from.run_dir
         else:  # only rank 0 chooses: a timestamp read on each rank could differ
@@ -341,18 +343,6 @@ def prepare_on_main_first(config: Config, group: Distributed):
         data = prepare(config.data)
     barrier(group)
     return data if group.is_main else prepare(replace(config.data, verify="size"))
-
-
-def grad_accum_steps(config: Config, block_size: int, world_size: int) -> int:
-    if config.tokens_per_step is None:
-        return config.grad_accum_steps
-    per_micro_step = config.batch_size * block_size * world_size
-    if config.tokens_per_step % per_micro_step:
-        raise ValueError(
-            f"tokens_per_step ({config.tokens_per_step}) must be a multiple of batch_size * block_size * "
-            f"world_size ({config.batch_size} * {block_size} * {world_size} = {per_micro_step})"
-        )
-    return config.tokens_per_step // per_micro_step
 
 
 if __name__ == "__main__":

@@ -11,9 +11,8 @@ import itertools
 import pytest
 import torch
 
-from model import GPT, KVCache
+from model import KVCache
 
-from conftest import tiny_config
 
 VARIANTS = list(itertools.product([4, 2, 1], ["sdpa", "manual"]))  # MHA, GQA, MQA x both paths
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -7,13 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from model import GPT
 from training.logger import RunLogger, read_metrics
 from training.mfu import estimate_mfu, gpu_datasheet_peak, measure_matmul_flops
 from training.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
 from training.schedule import learning_rate
 
-from conftest import tiny_config
 
 SCHEDULE = dict(max_lr=1e-3, min_lr=1e-4, warmup_iters=100, decay_iters=2000)
 

@@ -1,4 +1,6 @@
-"""How many optimizer steps a run takes: max_iters as given, or derived from the model.
+"""How many optimizer steps a run takes, and how many micro-batches make one.
+
+max_iters is taken as given, or derived from the model.
 
 Two settings derive it, for ablations whose arms must be fair in a stated way:
 - tokens_per_param: the steps that give each non-embedding parameter of the MHA model
@@ -41,3 +43,17 @@ def training_budget(
         reasons.append(f"x {ratio:.4f} for the MHA model's training FLOPs per token")
     max_iters = max(1, math.ceil(steps))
     return Budget(max_iters, f"budget: {' '.join(reasons)} = {max_iters:,} steps of {tokens_per_step:,} tokens")
+
+
+def grad_accum_steps(*, tokens_per_step: int | None, grad_accum_steps: int, batch_size: int, block_size: int,
+                     world_size: int) -> int:
+    """Micro-batches per process per step: grad_accum_steps, or what makes tokens_per_step."""
+    if tokens_per_step is None:
+        return grad_accum_steps
+    per_micro_step = batch_size * block_size * world_size
+    if tokens_per_step % per_micro_step:
+        raise ValueError(
+            f"tokens_per_step ({tokens_per_step}) must be a multiple of batch_size * block_size * "
+            f"world_size ({batch_size} * {block_size} * {world_size} = {per_micro_step})"
+        )
+    return tokens_per_step // per_micro_step
