@@ -115,6 +115,22 @@ def test_saving_the_same_step_again_replaces_it_and_no_link_ever_dangles(tmp_pat
     assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_re_save_that_fails_midway_leaves_every_link_leading_to_a_complete_checkpoint(tmp_path, make_model,
+                                                                                        monkeypatch):
+    save(tmp_path, 5, make_model(seed=1), is_best=True)
+    root = tmp_path / "checkpoints"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt.shutil, "copytree", disk_full)  # after the links moved to the new copy
+    with pytest.raises(CheckpointError, match="no space left on device writing checkpoint"):
+        save(tmp_path, 5, make_model(seed=2))
+    monkeypatch.undo()
+    for name in ("latest", "best"):
+        load_checkpoint(find_checkpoint(root / name, runs_root=tmp_path)).training_state()
+
+
 def test_pruning_keeps_the_newest_by_step_number_past_step_999999(tmp_path, make_model):
     model = make_model()
     for step in (999_998, 999_999, 1_000_000, 1_000_001):

@@ -126,9 +126,11 @@ def save_checkpoint(
         _prune(root, keep_last)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
         what = f"{_write_failure(err, root)} writing checkpoint {final}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.resolve() not in _linked(root):  # a re-save may have pointed a link at it already
+            shutil.rmtree(tmp, ignore_errors=True)
         latest = root / "latest"
-        intact = f"the last good checkpoint {latest.resolve()} is intact" if latest.exists() else "no earlier checkpoint"
+        intact = (f"the last good checkpoint {latest.resolve()} is intact" if latest.exists()
+                  else "there is no earlier checkpoint")
         raise CheckpointError(f"{what}; {intact}") from err
     if keep_state == "latest":
         for older in _step_dirs(root):
@@ -200,7 +202,7 @@ def remove_interrupted_saves(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
+    protected = _linked(root)
     leftovers = [p for p in root.iterdir() if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected]
     for leftover in leftovers:
         shutil.rmtree(leftover)
@@ -341,10 +343,15 @@ def _point(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
+def _linked(root: Path) -> set[Path]:
+    """The checkpoints `latest` and `best` lead to: never deleted."""
+    return {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
+
+
 def _prune(root: Path, keep_last: int) -> None:
     """Delete all but the newest keep_last step checkpoints and leftovers of interrupted
     saves, never what `latest` or `best` points at."""
-    protected = {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
+    protected = _linked(root)
     steps = _step_dirs(root)
     for old in steps[: max(len(steps) - keep_last, 0)]:
         if old.resolve() not in protected:
