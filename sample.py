@@ -31,9 +31,7 @@ from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
 from model import GPT, stream, to_decode_layout
 from model.generate import StopCheck
-from training.checkpoint import (
-    Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights, non_finite,
-)
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from training.runtime import resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
@@ -109,10 +107,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
 
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> GPT:
     """The checkpoint's model in eval mode on device, its weights in dtype."""
-    bad = non_finite(checkpoint.model_state)
-    if bad:
-        raise CheckpointError(f"{checkpoint.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
-                              "before this save; sample from an earlier checkpoint of the run")
+    checkpoint.check_finite()
     model = GPT(checkpoint.model_config)
     load_weights(model, checkpoint.model_state)
     return to_decode_layout(model.to(device=device, dtype=dtype).eval())

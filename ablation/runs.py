@@ -17,7 +17,7 @@ from typing import Any
 from data import Tokenizer
 from model import GPT, GPTConfig
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.logger import read_metrics
+from training.logger import METRICS, read_metrics
 from training.run_dir import RUN_CONFIG, read_run_yaml
 
 
@@ -132,6 +132,8 @@ def find_runs(sweep_dir: Path) -> list[Run]:
             raise CheckpointError(f"{run_dir} has checkpoints but no {RUN_CONFIG}: it is not a run of train.py")
         checkpoint = load_checkpoint(find_checkpoint(run_dir, sweep_dir))
         settings = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
+        if not (run_dir / METRICS).is_file():
+            raise CheckpointError(f"{run_dir} has no {METRICS}: it is needed to compare the run")
         metrics = read_metrics(run_dir)
         if not any(r["kind"] == "eval" for r in metrics):
             raise CheckpointError(f"{run_dir / 'metrics.jsonl'} has no evaluation records")

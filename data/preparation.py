@@ -95,8 +95,10 @@ def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[di
             if verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
                 log.warning("%s does not match the sha256 meta.json recorded: rebuilding", path)
                 return None
-    except DataError:
-        return None  # nothing usable there: build afresh
+    except DataError as err:  # nothing usable there: build afresh
+        if (data_dir / META_FILE).exists():
+            log.warning("%s; rebuilding", err)
+        return None
     return meta
 
 

@@ -65,12 +65,14 @@ def reverse_chars(data_dir: Path) -> None:
     (data_dir / "meta.json").write_text(json.dumps(meta))
 
 
-def test_a_hand_edited_meta_json_is_rebuilt_by_prepare(tmp_path):
+def test_a_hand_edited_meta_json_is_rebuilt_by_prepare(tmp_path, caplog):
     cfg = char_config(tmp_path)
     first = prepare(cfg)
     reverse_chars(first.data_dir)
-    again = prepare(cfg)
+    with caplog.at_level(logging.WARNING):
+        again = prepare(cfg)
     assert not again.reused and again.meta["tokenizer"] == first.meta["tokenizer"]
+    assert "meta.json does not match the meta_sha256 it records" in caplog.text and "; rebuilding" in caplog.text
 
 
 def test_a_hand_edited_meta_json_is_refused_by_readers(tmp_path):

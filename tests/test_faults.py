@@ -155,6 +155,7 @@ def finished_run(tmp_path_factory):
     (lambda text: "!!python/object/apply:os.system [echo owned]\n", "ConstructorError|UnsupportedValueType"),
     (lambda text: b"max_iters: \xff\xfe\n", "UnicodeDecodeError"),
     (lambda text: "- just\n- a list\n", "it holds a list"),
+    (lambda text: "", "it is empty"),
 ])
 def test_a_damaged_run_config_is_named_when_resuming(finished_run, tmp_path, damage, reason):
     run_dir = tmp_path / "run"
@@ -190,7 +191,8 @@ def edit_checkpoint_config(run_dir, edit):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda run: (run / "metrics.jsonl").unlink(), "metrics.jsonl has no evaluation records"),
+    (lambda run: (run / "metrics.jsonl").unlink(), "has no metrics.jsonl: it is needed to compare the run"),
+    (lambda run: (run / "metrics.jsonl").write_text(""), "metrics.jsonl has no evaluation records"),
     (lambda run: edit_checkpoint_config(run, lambda c: c.pop("tokenizer")), "does not describe a tokenizer"),
     (lambda run: edit_checkpoint_config(run, lambda c: c["model"].update(n_head="four")), "invalid model section"),
 ])
@@ -231,3 +233,34 @@ def test_a_full_disk_while_logging_is_one_message_naming_the_file(train_override
     assert result.returncode == 1
     assert result.stderr.strip().endswith(f"error: No space left on device ({tmp_path / 'run' / 'metrics.jsonl'})")
     assert "Traceback" not in result.stderr
+
+
+def test_a_run_whose_checkpoints_were_all_deleted_is_neither_restarted_nor_taken_over(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    for checkpoint in (run_dir / "checkpoints").glob("step_*"):
+        shutil.rmtree(checkpoint)
+    log = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError, match="which is gone, and no other checkpoint is left"):
+        resolve_resume(composed(f"resume={run_dir}"))
+    with pytest.raises(ValueError, match="already holds a run"):
+        train.train(composed(f"out_dir={run_dir}"))
+    assert (run_dir / "metrics.jsonl").read_text() == log
+
+
+def test_non_finite_weights_from_elsewhere_are_refused_by_resume_and_export(finished_run, tmp_path):
+    import export
+    from safetensors.torch import load_file, save_file
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    checkpoint = run_dir / "checkpoints" / "latest"
+    weights = load_file(checkpoint / "model.safetensors")
+    weights["transformer.h.0.attn.c_attn.bias"][0] = float("inf")
+    save_file(weights, checkpoint / "model.safetensors")
+    ckpt.write_digests(checkpoint)
+    message = "holds non-finite weights \\(inf or NaN\\) in transformer.h.0.attn.c_attn.bias"
+    with pytest.raises(CheckpointError, match=message):
+        train.train(composed(f"resume={run_dir}", "max_iters=4"))
+    with pytest.raises(SystemExit, match=message):
+        export.main([str(run_dir), str(tmp_path / "hf")])

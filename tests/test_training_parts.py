@@ -176,6 +176,8 @@ def test_a_torn_last_line_is_dropped_and_said_so_and_appending_goes_on(tmp_path,
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n{"kind": "train", "step": 2, "lo')  # disk full
     assert read_metrics(tmp_path) == [{"kind": "train", "step": 1, "loss": 2.0}]
+    assert "metrics.jsonl: its last line was cut short by an interrupted write and is left out" in \
+        capsys.readouterr().err  # what a reader such as report.py says
     logger = make_logger(tmp_path, 1)
     logger.log({"kind": "train", "step": 2, "loss": 1.5})
     logger.close()

@@ -77,6 +77,13 @@ class Checkpoint:
     def run_dir(self) -> Path:
         return self.path.parent.parent
 
+    def check_finite(self) -> None:
+        """Refuse weights holding inf or NaN (train.py never saves them; another tool might)."""
+        bad = non_finite(self.model_state)
+        if bad:
+            raise CheckpointError(f"{self.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
+                                  "before this save; use an earlier checkpoint of the run (checkpoints/step_*)")
+
     def training_state(self) -> dict[str, Any]:
         """state.pt: everything besides the weights that resuming needs."""
         path = self.path / STATE
@@ -87,7 +94,8 @@ class Checkpoint:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for damaged archives
             reason = "the file is empty" if path.stat().st_size == 0 else str(err) or type(err).__name__
-            raise CheckpointError(f"corrupt training state {path}: {reason}") from err
+            raise CheckpointError(f"corrupt training state {path}: {reason}; resume from another checkpoint of "
+                                  "the run (checkpoints/step_*)") from err
         _check_state(state, path)
         return state
 
@@ -252,10 +260,12 @@ def _follow_latest(link: Path) -> Path:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    """Whether a run directory holds at least one complete checkpoint (a step directory
-    with weights and config; the temporaries of interrupted saves do not count)."""
+    """Whether a run has saved a checkpoint: its `latest` link exists (even if what it led
+    to was deleted since) or a complete step directory does; the temporaries of
+    interrupted saves do not count."""
     root = Path(run_dir) / CHECKPOINTS
-    return root.is_dir() and any((p / WEIGHTS).is_file() and (p / CONFIG).is_file() for p in _step_dirs(root))
+    return root.is_dir() and ((root / "latest").is_symlink() or any(
+        (p / WEIGHTS).is_file() and (p / CONFIG).is_file() for p in _step_dirs(root)))
 
 
 def _step_dirs(root: Path) -> list[Path]:
@@ -275,7 +285,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         config = OmegaConf.to_container(OmegaConf.load(path / CONFIG), resolve=True)
     except Exception as err:
-        raise CheckpointError(f"corrupt {path / CONFIG}: {err}") from err
+        raise CheckpointError(f"corrupt {path / CONFIG}: {str(err).splitlines()[0] if str(err) else type(err).__name__}; "
+                              "use another checkpoint of the run (checkpoints/step_*)") from err
     if not isinstance(config, dict) or "model" not in config:
         raise CheckpointError(f"{path / CONFIG} has no `model` section")
     try:

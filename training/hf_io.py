@@ -139,6 +139,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
     """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
     (new or empty). Returns one line per thing written, for the user."""
     loaded = load_checkpoint(checkpoint)
+    loaded.check_finite()
     description = loaded.config.get("tokenizer")
     tokenizer = load_tokenizer(description) if description else None
     return save_hf(out_dir, loaded.model_config, loaded.model_state, tokenizer)

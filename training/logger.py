@@ -87,7 +87,13 @@ class MetricsError(ValueError):
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    return _parse(Path(run_dir) / METRICS)[0]
+    """The records of a run's metrics.jsonl; a torn last line is left out, and said so on stderr."""
+    path = Path(run_dir) / METRICS
+    records, torn = _parse(path)
+    if torn is not None:
+        print(f"warning: {path}: its last line was cut short by an interrupted write and is left out: {torn[:60]!r}",
+              file=sys.stderr)
+    return records
 
 
 def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:

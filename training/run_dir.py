@@ -155,7 +155,8 @@ def _stopped_before_first_checkpoint(path: Path) -> bool:
 
 def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
     """The run's saved config with this command line's single-value overrides."""
-    saved_groups = read_run_yaml(run_dir / RUN_GROUPS, run_dir) if (run_dir / RUN_GROUPS).is_file() else {}
+    groups = run_dir / RUN_GROUPS
+    saved_groups = read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {}
     values = []
     for override in _command_line_overrides():
         key, _, value = override.lstrip("+").partition("=")
@@ -177,15 +178,16 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
         raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}") from err
 
 
-def read_run_yaml(path: Path, run_dir: Path) -> dict:
+def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> dict:
     """A run's YAML file as a dict, or one error naming it (truncated, not UTF-8, a
     tag such as !!python/object that plain YAML refuses to build, or not a mapping)."""
     try:
         content = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as err:  # yaml and omegaconf raise many types; all mean "unreadable"
         content = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    if not isinstance(content, dict):
-        reason = content if isinstance(content, str) else f"it holds a {type(content).__name__}, not settings"
+    if not isinstance(content, dict) or not (content or may_be_empty):
+        reason = (content if isinstance(content, str) else "it is empty" if not content
+                  else f"it holds a {type(content).__name__}, not settings")
         raise CheckpointError(f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
                               f"weights with init_from=checkpoint model_path={run_dir}")
     return content
@@ -198,6 +200,7 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer
         raise CheckpointError(
             f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
         )
+    checkpoint.check_finite()
     load_weights(model, checkpoint.model_state)
     state = checkpoint.training_state()
     optimizer.load_state_dict(state["optimizer"])
