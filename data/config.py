@@ -32,12 +32,18 @@ class DataConfig:
     revision: Optional[str] = None  # hub: a commit or tag, to pin what "the same source" means
     streaming: bool = False  # hub: read as a stream instead of downloading everything first
     text_column: str = "text"  # jsonl/parquet/hub: the column holding each document's text
-    max_documents: Optional[int] = None  # keep only the first N documents (all sources)
-    val_fraction: float = 0.1  # share of tokens held out at the end of the stream for val.bin
-    split_seed: int = 1337  # shuffles document order (not streams) before the split
-    num_proc: Optional[int] = None  # tokenising processes; None means one per CPU core
+    # files: text files are one document each, or one per part between these separators
+    # (e.g. "<|endoftext|>" for TinyStories' .txt files); the separators are not tokenised.
+    document_separator: Optional[str] = None
+    max_documents: Optional[int] = None  # read only the first N documents (all sources)
+    val_fraction: float = 0.1  # share of each shuffle block's tokens held out for val.bin
+    split_seed: int = 1337  # seeds the shuffle of documents within each block
+    shuffle_block_tokens: int = 1 << 24  # tokens per block: shuffled in memory, then split
+    num_proc: Optional[int] = None  # tokenising threads; None means every core this process may use
+    batch_mb: float = 32  # megabytes of text tokenised at once: the main lever on prepare's memory
     data_dir: Optional[str] = None  # where train.bin / val.bin / meta.json go
     hf_cache_dir: Optional[str] = None  # datasets' cache; None means <data_dir>/hf_cache
+    keep_hf_cache: bool = False  # keep the default hf_cache (a Hub download) after preparing
     # How prepare checks shards it would reuse: their content against meta.json's sha256
     # digests, or only their size (for corpora too large to hash at every start).
     verify: str = "sha256"  # sha256 | size
@@ -45,15 +51,17 @@ class DataConfig:
     def __post_init__(self) -> None:
         self._check_strings()
         self._check_numbers()
-        if not isinstance(self.streaming, bool):
-            _fail("streaming", "must be true or false", self.streaming)
+        for field in ("streaming", "keep_hf_cache"):
+            if not isinstance(getattr(self, field), bool):
+                _fail(field, "must be true or false", getattr(self, field))
         self._check_source_needs()
 
     def _check_strings(self) -> None:
         for field in ("name", "source", "tokenizer", "split", "text_column"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 _fail(field, "must be a non-empty string", getattr(self, field))
-        for field in ("path", "url", "dataset", "subset", "revision", "data_dir", "hf_cache_dir"):
+        for field in ("path", "url", "dataset", "subset", "revision", "document_separator", "data_dir",
+                      "hf_cache_dir"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, str) or not value):
                 _fail(field, "must be a non-empty string or null", value)
@@ -71,6 +79,10 @@ class DataConfig:
             value = getattr(self, field)
             if value is not None and (not _is_int(value) or value < 1):
                 _fail(field, "must be a positive integer or null", value)
+        if not _is_int(self.shuffle_block_tokens) or self.shuffle_block_tokens < 1:
+            _fail("shuffle_block_tokens", "must be a positive integer", self.shuffle_block_tokens)
+        if isinstance(self.batch_mb, bool) or not isinstance(self.batch_mb, (int, float)) or not self.batch_mb > 0:
+            _fail("batch_mb", "must be a positive number of megabytes", self.batch_mb)
         if not _is_int(self.split_seed) or self.split_seed < 0:
             _fail("split_seed", "must be a non-negative integer", self.split_seed)
         fraction = self.val_fraction
@@ -87,10 +99,18 @@ class DataConfig:
         return Path(self.data_dir or Path(DEFAULT_DATA_ROOT) / self.name).expanduser()
 
     def resolved_num_proc(self) -> int:
-        return self.num_proc or os.cpu_count() or 1
+        return self.num_proc or _usable_cores()
 
     def resolved_hf_cache_dir(self) -> Path:
         return Path(self.hf_cache_dir).expanduser() if self.hf_cache_dir else self.resolved_data_dir() / "hf_cache"
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a job's CPU mask, not the machine's core count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _is_int(value: object) -> bool:

@@ -3,3 +3,19 @@
 
 class DataError(RuntimeError):
     """Something is wrong with a corpus, a shard or meta.json; the message says what and how to fix it."""
+
+
+def innermost_cause(err: BaseException) -> BaseException:
+    """The exception at the bottom of a chain of `raise ... from ...` (or of one raised while handling another)."""
+    seen = {id(err)}
+    while (inner := err.__cause__ or err.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        err = inner
+    return err
+
+
+def describe_error(err: BaseException) -> str:
+    """An exception and, when it wraps another, the innermost one: the real cause."""
+    cause = innermost_cause(err)
+    text = f"{type(err).__name__}: {err}"
+    return text if cause is err else f"{text}; caused by {type(cause).__name__}: {cause}"

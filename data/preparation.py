@@ -3,13 +3,19 @@
     python -m data                                       # the default: stdlib, gpt2
     python -m data data=shakespeare_char data.path=input.txt
 
+The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time
+by a pool of threads (tiktoken releases the GIL), and written block by block, each
+block shuffled and split (data/shards.py): memory holds a batch and a block, whatever
+the corpus size, and disk holds only the shards. A killed prepare resumes at its last
+complete block. Only one process prepares a data directory at a time (a lock file);
+another that wants the same data waits for it and then reuses its shards.
+
 Re-running with the same source and tokenizer reuses the shards (their fingerprint is
 in meta.json); anything else rebuilds them. Before reuse, each shard's size is checked
 against meta.json and, unless data.verify=size, its content against the sha256 that
 meta.json recorded; a shard that fails is rebuilt. (verify=size is for corpora too large
 to hash at every start: a shard damaged in place, at the same size, then goes unnoticed.)
-Every file is written under a temporary name and renamed into place, and meta.json
-last, so an interrupted run never leaves shards that look complete.
+meta.json is written last, so an interrupted run never leaves shards that look complete.
 """
 
 from __future__ import annotations
@@ -21,33 +27,35 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-import datasets
 import numpy as np
-import pyarrow.compute as pc
 from tqdm import tqdm
 
 from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
-    FORMAT_VERSION, IO_CHUNK, META_DIGEST, META_FILE, SPLITS, check_shard, file_sha256, meta_digest, read_meta,
-    remove_temp_files, shard_path, temp_path, write_json_atomic,
+    FORMAT_VERSION, META_DIGEST, META_FILE, SPLITS, check_shard, file_sha256, meta_digest, read_meta,
+    remove_temp_files, shard_path, write_json_atomic,
 )
-from data.sources import Documents, load_corpus, source_signature
-from data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from data.readers import FORCED_CUT_CHARS, Piece
+from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
+from data.sources import Corpus, open_corpus, source_signature
+from data.tokenizer import CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 # Where, how fast and how carefully; never which tokens.
-RUN_ONLY_FIELDS = ("name", "num_proc", "data_dir", "hf_cache_dir", "verify")
-BATCH_DOCUMENTS = 1000  # documents per tokenising batch
+RUN_ONLY_FIELDS = ("name", "num_proc", "batch_mb", "data_dir", "hf_cache_dir", "keep_hf_cache", "verify")
+LOCK_FILE = ".prepare.lock"
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,13 @@ def prepare(cfg: DataConfig) -> PreparedData:
     """Tokenise cfg's corpus into its data directory, unless that already holds exactly this data."""
     data_dir = cfg.resolved_data_dir()
     fingerprint = fingerprint_of(cfg)
-    meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
-    if meta is not None:
-        log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
-        return PreparedData(data_dir, meta, reused=True)
-    with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
-        return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
+    with _only_preparer(data_dir):
+        meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
+        if meta is not None:
+            log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
+            return PreparedData(data_dir, meta, reused=True)
+        with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
+            return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
 
 
 def fingerprint_of(cfg: DataConfig) -> str:
@@ -102,129 +111,200 @@ def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[di
     return meta
 
 
+@contextlib.contextmanager
+def _only_preparer(data_dir: Path) -> Iterator[None]:
+    """Hold the data directory's lock: a second process (another run, or another rank under
+    torchrun) waits here, without any collective that could time out, then reuses the shards."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(data_dir / LOCK_FILE, "a")
+    except OSError:  # a read-only data directory: nothing can be written, so nothing to guard
+        yield
+        return
+    with lock:
+        try:
+            import fcntl
+        except ImportError:  # not on a POSIX system: no lock
+            yield
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is preparing %s: waiting for it to finish", data_dir)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
-    data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / META_FILE).unlink(missing_ok=True)  # from now on the old shards no longer look complete
     remove_temp_files(data_dir)
+    threads = cfg.resolved_num_proc()
+    batch_chars = int(cfg.batch_mb * (1 << 20))
+    corpus = open_corpus(cfg, piece_chars=max(1024, min(FORCED_CUT_CHARS, batch_chars // (4 * threads))))
+    progress = _resumable_progress(data_dir, fingerprint)
+    if progress is None:
+        _remove_partials(data_dir)
+        tokenizer = _new_tokenizer(cfg, corpus)
+        progress = _new_progress(fingerprint, tokenizer)
+    else:
+        tokenizer = load_tokenizer(progress["tokenizer"])
+        log.info("resuming the prepare of %s after block %d", data_dir, progress["blocks"])
     try:
-        corpus = load_corpus(cfg)
-        documents = corpus.documents
-        if isinstance(documents, datasets.Dataset):
-            documents = documents.shuffle(seed=cfg.split_seed)  # so val.bin's tail samples the whole corpus
-        tokenizer = build_tokenizer(cfg.tokenizer, _texts(documents))
-        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
-        work_dir = temp_path(data_dir / "work")
-        work_dir.mkdir()
-        tokenized = _tokenize(documents, tokenizer, dtype, cfg.resolved_num_proc(), work_dir)
-        tokens, n_documents, sha256 = write_shards(_token_batches(tokenized), data_dir, dtype, cfg.val_fraction)
+        meta = _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars)
+    except WriteError:
+        raise  # disk full or the like: the blocks written so far are kept, to resume from
+    except Exception:  # the corpus itself is at fault: nothing written is worth keeping
+        _remove_partials(data_dir)
+        raise
+    _remove_default_cache(cfg)
+    return meta
+
+
+def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> dict:
+    dtype = np.dtype(progress["dtype"])
+    resumed = progress["resume"] is not None
+    writer = ShardWriter(data_dir, dtype, cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed, progress, resumed)
+    try:
+        start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": _new_counters()}
+        counters = dict(start["counters"])
+        pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
+        tokenized = _tokenized(pieces, tokenizer, threads, batch_chars)
+        with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
+            for index, (piece, document, before, tokens, separated) in enumerate(tokenized):
+                if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
+                    tokens, separated = tokens[start["skip_tokens"]:], False
+                writer.add(tokens, document, separated, piece.position, before)
+                bar.update(len(tokens))
+        tokens = writer.finish()
     finally:
-        remove_temp_files(data_dir)
-    if corpus.replaced_bytes:
-        log.warning("%d bytes of the corpus were not valid UTF-8 and became U+FFFD", corpus.replaced_bytes)
+        writer.close()
+    return _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters)
+
+
+def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dict:
+    total = sum(tokens.values())
+    if total == 0:
+        raise DataError("the corpus is empty: it holds no text (empty documents are skipped)")
+    if min(tokens.values()) == 0:
+        raise DataError(f"the corpus has only {total} tokens, too few to hold out val_fraction={cfg.val_fraction}")
+    sha256 = {split: file_sha256(partial_path(data_dir, split)) for split in SPLITS}
+    for split in SPLITS:
+        os.replace(partial_path(data_dir, split), shard_path(data_dir, split))
+    if counters["replaced_bytes"]:
+        log.warning("%d bytes of the corpus were not valid UTF-8 and became U+FFFD", counters["replaced_bytes"])
     meta = {
         "format": FORMAT_VERSION,
-        "fingerprint": fingerprint,
+        "fingerprint": progress["fingerprint"],
         "source": corpus.description,
         "settings": _settings(cfg),
         "tokenizer": tokenizer.describe(),
         "vocab_size": tokenizer.vocab_size,
         "eot_id": tokenizer.eot_id,
-        "dtype": dtype.name,
+        "dtype": progress["dtype"],
         "tokens": tokens,
         "sha256": sha256,
-        "documents": n_documents,
-        "replaced_bytes": corpus.replaced_bytes,
+        "documents": counters["documents"],
+        "blocks": progress["blocks"],
+        "replaced_bytes": counters["replaced_bytes"],
     }
     meta[META_DIGEST] = meta_digest(meta)
     write_json_atomic(data_dir / META_FILE, meta)
+    (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return meta
 
 
-def _texts(documents: Documents) -> Iterator[str]:
-    for batch in documents.iter(batch_size=BATCH_DOCUMENTS):
-        yield from batch["text"]
+def _new_counters() -> dict:
+    return {"documents": 0, "nonempty": 0, "replaced_bytes": 0}
 
 
-def _tokenize(documents: Documents, tokenizer: Tokenizer, dtype: np.dtype, num_proc: int, work_dir: Path) -> Documents:
-    """One row of ids per non-empty document (column "ids"), separators included.
-
-    A map-style dataset is tokenised here, by num_proc processes, into work_dir; a stream
-    is tokenised lazily, as it is read.
-    """
-    options = dict(
-        batched=True,
-        with_indices=True,
-        batch_size=BATCH_DOCUMENTS,
-        remove_columns=["text"],
-        features=datasets.Features({"ids": datasets.Sequence(datasets.Value(dtype.name))}),
-        fn_kwargs={"tokenizer": tokenizer.describe()},  # a small dict pickles cheaply into workers
-    )
-    if isinstance(documents, datasets.Dataset):
-        workers = min(num_proc, len(documents))
-        options.update(
-            num_proc=workers if workers > 1 else None, cache_file_name=str(work_dir / "tokens.arrow"), desc="tokenizing"
-        )
-    return documents.map(_encode_documents, **options)
+def _new_progress(fingerprint: str, tokenizer: Tokenizer) -> dict:
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
+    return {"fingerprint": fingerprint, "tokenizer": tokenizer.describe(), "dtype": dtype.name, "blocks": 0,
+            "bytes": {split: 0 for split in SPLITS}, "resume": None}
 
 
-def _encode_documents(batch: dict[str, list[str]], indices: list[int], tokenizer: dict) -> dict[str, list[list[int]]]:
-    """Each non-empty document's ids, after the separator unless it opens the corpus."""
-    encoder = load_tokenizer(tokenizer)  # cached per process
-    kept = [(index, text) for index, text in zip(indices, batch["text"]) if text]
-    encoded = encoder.encode_batch([text for _, text in kept])
-    if encoder.eot_id is None:  # a one-document corpus: nothing to separate
-        return {"ids": encoded}
-    return {"ids": [([encoder.eot_id] if index > 0 else []) + ids for (index, _), ids in zip(kept, encoded)]}
+def _resumable_progress(data_dir: Path, fingerprint: str) -> Optional[dict]:
+    """progress.json of an unfinished prepare of this very data, if its partial shards are there."""
+    try:
+        progress = json.loads((data_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
+        sizes = {split: partial_path(data_dir, split).stat().st_size for split in SPLITS}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(progress, dict) or progress.get("fingerprint") != fingerprint:
+        return None
+    if progress.get("resume") is None or any(sizes[s] < progress["bytes"][s] for s in SPLITS):
+        return None
+    return progress
 
 
-def _token_batches(tokenized: Documents) -> Iterator[tuple[int, np.ndarray]]:
-    """(documents in the batch, all their ids in order: (n_tokens,) array)."""
-    for table in tokenized.with_format("arrow").iter(batch_size=BATCH_DOCUMENTS):
-        yield table.num_rows, pc.list_flatten(table["ids"]).to_numpy()
+def _remove_partials(data_dir: Path) -> None:
+    for path in [data_dir / PROGRESS_FILE] + [partial_path(data_dir, split) for split in SPLITS]:
+        path.unlink(missing_ok=True)
 
 
-def write_shards(
-    batches: Iterable[tuple[int, np.ndarray]], data_dir: Path, dtype: np.dtype, val_fraction: float
-) -> tuple[dict[str, int], int, dict[str, str]]:
-    """Token counts per split, the number of documents, and each shard's sha256.
-
-    All tokens stream into one temporary file; its last val_fraction becomes val.bin and
-    the rest train.bin (as nanoGPT splits tiny Shakespeare), each renamed into place only
-    when complete. val.bin is hashed as it is copied out of the stream; train.bin, whose
-    end is known only once the stream is complete, by reading it back (from the page
-    cache, as it was just written).
-    """
-    stream = temp_path(shard_path(data_dir, "train"))
-    n_documents = n_tokens = 0
-    with open(stream, "wb") as out, tqdm(desc="writing shards", unit="tok", unit_scale=True) as bar:
-        for rows, ids in batches:
-            out.write(ids.astype(dtype, copy=False).tobytes())
-            n_documents += rows
-            n_tokens += len(ids)
-            bar.update(len(ids))
-    if n_tokens == 0:
-        raise DataError("the corpus is empty: it holds no text (empty documents are skipped)")
-    n_train = int(n_tokens * (1 - val_fraction))
-    if not 0 < n_train < n_tokens:
-        raise DataError(f"the corpus has only {n_tokens} tokens, too few to hold out val_fraction={val_fraction}")
-    val_sha256 = _move_tail(stream, shard_path(data_dir, "val"), n_train * dtype.itemsize)
-    os.replace(stream, shard_path(data_dir, "train"))
-    sha256 = {"train": file_sha256(shard_path(data_dir, "train")), "val": val_sha256}
-    return {"train": n_train, "val": n_tokens - n_train}, n_documents, sha256
+def _remove_default_cache(cfg: DataConfig) -> None:
+    """datasets' cache in its default place, inside the data directory, is gptlab's to remove."""
+    cache = cfg.resolved_hf_cache_dir()
+    if cfg.hf_cache_dir is None and not cfg.keep_hf_cache and cache.is_dir():
+        shutil.rmtree(cache, ignore_errors=True)
 
 
-def _move_tail(source: Path, target: Path, offset: int) -> str:
-    """Move source's bytes from `offset` on into `target` (via a temporary name); their sha256."""
-    temp = temp_path(target)
-    digest = hashlib.sha256()
-    with open(source, "rb") as src, open(temp, "wb") as dst:
-        src.seek(offset)
-        while chunk := src.read(IO_CHUNK):
-            digest.update(chunk)
-            dst.write(chunk)
-    os.truncate(source, offset)
-    os.replace(temp, target)
-    return digest.hexdigest()
+def _numbered(pieces: Iterator[Piece], max_documents: Optional[int], counters: dict):
+    """(piece, its document's index, the counters before it), up to max_documents documents.
+    `counters` is updated as pieces are read: documents, non-empty documents, replaced bytes."""
+    for piece in pieces:
+        before = dict(counters)
+        if piece.new_document:
+            if counters["documents"] == max_documents:
+                return
+            if piece.error:
+                raise DataError(piece.error)
+            counters["documents"] += 1
+            counters["nonempty"] += bool(piece.text)
+        counters["replaced_bytes"] += piece.replaced_bytes
+        yield piece, counters["documents"] - 1, before
+
+
+def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
+    """The tokenizer for a new corpus; only `char` reads the corpus first (for its vocabulary)."""
+    if cfg.tokenizer != "char":
+        return build_tokenizer(cfg.tokenizer, [])
+    characters: set[str] = set()
+    counters = _new_counters()
+    for piece, _, _ in tqdm(_numbered(corpus.reader.pieces(), cfg.max_documents, counters), desc="vocabulary",
+                            unit=" pieces"):
+        characters.update(piece.text)
+    return CharTokenizer("".join(sorted(characters)), with_eot=counters["nonempty"] > 1)
+
+
+def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
+    """(piece, document, counters before it, its ids, whether they open with the separator):
+    ids as uint32 arrays, tokenised a batch of about batch_chars at a time."""
+    with ThreadPoolExecutor(threads) as pool:
+        for batch in _batches(numbered, batch_chars):
+            groups = [batch[i::threads * 4] for i in range(threads * 4)]  # a few tasks per thread
+            encoded = pool.map(lambda group: [tokenizer.encode_array(p.text) for p, _, _ in group], groups)
+            ids = [None] * len(batch)
+            for i, arrays in enumerate(encoded):
+                ids[i::threads * 4] = arrays
+            for (piece, document, before), tokens in zip(batch, ids):
+                separated = piece.new_document and len(tokens) > 0 and before["nonempty"] > 0
+                if separated and tokenizer.eot_id is not None:
+                    yield piece, document, before, np.concatenate([[tokenizer.eot_id], tokens]).astype(np.uint32), True
+                else:
+                    yield piece, document, before, tokens, False
+
+
+def _batches(numbered, batch_chars: int):
+    batch, size = [], 0
+    for item in numbered:
+        batch.append(item)
+        size += len(item[0].text)
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 # Processes forked while preparing (datasets' pool workers, and the manager process that
@@ -265,8 +345,8 @@ def _signals_stop_at_once(data_dir: Path) -> Iterator[None]:
 def _stop_at_once(signum: int, frame, data_dir: Path) -> None:
     with contextlib.suppress(OSError):  # a worker may still be writing there
         remove_temp_files(data_dir)
-    print(f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}; nothing was kept (a "
-          "partial file left behind is removed by the next prepare): run the same command to start again",
+    print(f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
+          "resumes after the last complete block (shards left incomplete never look complete)",
           file=sys.stderr, flush=True)
     os._exit(128 + signum)
 

@@ -1,9 +1,10 @@
-"""Corpora: every source becomes a Hugging Face dataset with one column, "text".
+"""Corpora: each source (stdlib, files, hub) opened as a reader of text pieces.
 
 - stdlib: the running Python's standard library sources and pydoc topics (offline).
-- files: local text / jsonl / parquet files through datasets' packaged builders; with
-  no `path`, the file at `url` is downloaded once (tiny Shakespeare).
-- hub: a Hub dataset id (or a local dataset directory), map-style or streaming.
+- files: local text / JSON Lines / parquet files, read by gptlab's own streaming readers
+  (no copy of the corpus is made); with no `path`, the file at `url` is downloaded once.
+- hub: a Hub dataset id through `datasets` (downloaded first, or streamed), or a local
+  dataset directory (a `save_to_disk` one, memory-mapped; else its data files, streamed).
 
 Text files are decoded as UTF-8; bytes that are not UTF-8 become U+FFFD, and how many
 did is counted, logged and stored in meta.json.
@@ -11,52 +12,44 @@ did is counted, logged and stored in meta.json.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import glob
 import logging
 import os
-import re
 import sysconfig
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import datasets
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
-from data.errors import DataError
+from data.errors import DataError, describe_error
 from data.meta import temp_path
+from data.readers import Chain, JsonLines, Rows, Stream, TextFiles
 
 log = logging.getLogger(__name__)
 
-Documents = Union[datasets.Dataset, datasets.IterableDataset]
-
-_BUILDER_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}  # others: "text"
+_KIND_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}  # others: "text"
 _STDLIB_SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 _STDLIB_TOPICS_MODULE = "pydoc_data/topics.py"  # its texts come in as PYDOC_TOPICS instead
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # how surrogateescape spells an undecodable byte
-_CHECKED_ROWS = 100_000  # rows per arrow slice when looking for documents without text
+_ROWS_PER_BATCH = 1000  # rows read at once from a table
 
 
 @dataclass
 class Corpus:
-    documents: Documents  # one row per document, column "text"
+    reader: object  # has .pieces(position) -> Iterator[Piece] (see data.readers)
     description: str  # for people reading meta.json
     origin: str  # what error messages call it: its file(s) or data.dataset
-    replaced_bytes: int = 0  # bytes that were not UTF-8 and were decoded as U+FFFD
 
 
-def load_corpus(cfg: DataConfig) -> Corpus:
-    corpus = {"stdlib": _stdlib_corpus, "files": _files_corpus, "hub": _hub_corpus}[cfg.source](cfg)
+def open_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
+    corpus = {"stdlib": _stdlib_corpus, "files": _files_corpus, "hub": _hub_corpus}[cfg.source](cfg, piece_chars)
     if cfg.max_documents is not None:
-        corpus.documents = _first(corpus.documents, cfg.max_documents)
         corpus.description += f", first {cfg.max_documents} documents"
-    corpus.documents = _require_texts(corpus.documents, cfg.text_column, corpus.origin)
     return corpus
 
 
@@ -85,50 +78,124 @@ def stdlib_files() -> list[Path]:
     return [root / p for p in kept]
 
 
-def _stdlib_corpus(cfg: DataConfig) -> Corpus:
+def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     files = stdlib_files()
-    sources, replaced = _text_files(files, cfg)
-    topics = datasets.Dataset.from_dict({"text": [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]})
-    description = f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(PYDOC_TOPICS)} pydoc topics"
-    return Corpus(datasets.concatenate_datasets([sources, topics]), description, "the standard library", replaced)
+    topics = [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]
+    reader = Chain([TextFiles(files, piece_chars), Rows(_list_batches(topics), "text", "pydoc topics", piece_chars)])
+    description = f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(topics)} pydoc topics"
+    return Corpus(reader, description, "the standard library")
 
 
-def _files_corpus(cfg: DataConfig) -> Corpus:
+def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     files = resolve_files(cfg.path) if cfg.path else [_download(cfg.url, cfg.resolved_data_dir() / "download")]
-    builders = {_BUILDER_OF_SUFFIX.get(f.suffix.lower(), "text") for f in files}
-    if len(builders) > 1:
-        raise DataError(f"data.path={cfg.path!r} mixes file formats ({sorted(builders)}); point it at one format")
+    kinds = {_KIND_OF_SUFFIX.get(f.suffix.lower(), "text") for f in files}
+    if len(kinds) > 1:
+        raise DataError(f"data.path={cfg.path!r} mixes file formats ({sorted(kinds)}); point it at one format")
     description = f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}"
     origin = str(files[0]) if len(files) == 1 else f"the {len(files)} files of data.path={cfg.path!r} (in path order)"
-    if builders == {"text"}:
-        documents, replaced = _text_files(files, cfg)
-        return Corpus(documents, description, origin, replaced)
-    for path in files:
-        _check_readable(path)
-    documents = _load(builders.pop(), f"files {[str(f) for f in files]}", cfg, data_files=[str(f) for f in files])
-    return Corpus(_text_column(documents, cfg.text_column), description, origin)
+    kind = kinds.pop()
+    if kind == "text":
+        reader = TextFiles(files, piece_chars, cfg.document_separator)
+    elif kind == "json":
+        reader = JsonLines(files, cfg.text_column, piece_chars)
+    else:
+        reader = Chain([_parquet_rows(f, cfg.text_column, piece_chars) for f in files])
+    return Corpus(reader, description, origin)
 
 
-def _hub_corpus(cfg: DataConfig) -> Corpus:
-    mode = "streaming" if cfg.streaming else "map-style"
-    documents = _load(
-        cfg.dataset, f"data.dataset={cfg.dataset!r}", cfg,
-        name=cfg.subset, split=cfg.split, revision=cfg.revision, streaming=cfg.streaming,
-        num_proc=None if cfg.streaming else cfg.resolved_num_proc(),
-    )
-    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {mode})"
-    return Corpus(_text_column(documents, cfg.text_column), description, f"data.dataset={cfg.dataset!r}")
-
-
-def _load(path: str, what: str, cfg: DataConfig, **options) -> Documents:
-    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
-    Local files load without datasets' progress bars: they would say "Downloading data"."""
-    options.setdefault("split", "train")
+def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
     try:
-        with _no_usage_ping(), _quiet(local="data_files" in options):
+        columns = pq.read_schema(path).names
+    except OSError as err:  # pyarrow's errors for unreadable and malformed files are OSErrors
+        raise DataError(f"cannot read {path} as parquet ({err})") from err
+    _check_column(column, columns)
+
+    def batches(first_row: int):
+        parquet = pq.ParquetFile(path)
+        seen = 0
+        for group in range(parquet.num_row_groups):
+            rows = parquet.metadata.row_group(group).num_rows
+            if seen + rows > first_row:
+                for batch in parquet.iter_batches(_ROWS_PER_BATCH, row_groups=[group], columns=[column]):
+                    texts = batch.column(0).to_pylist()
+                    yield texts[max(0, first_row - seen):]
+                    seen += len(texts)
+            else:
+                seen += rows
+
+    return Rows(batches, column, str(path), piece_chars)
+
+
+def _list_batches(texts: list):
+    return lambda first_row: (texts[i:i + _ROWS_PER_BATCH] for i in range(first_row, len(texts), _ROWS_PER_BATCH))
+
+
+def _table_batches(table: datasets.Dataset):
+    def batches(first_row: int):
+        for start in range(first_row, len(table), _ROWS_PER_BATCH):
+            yield table[start:start + _ROWS_PER_BATCH]["text"]
+    return batches
+
+
+def _hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
+    local = Path(cfg.dataset).expanduser()
+    origin = f"data.dataset={cfg.dataset!r}"
+    if _is_saved_dataset(local):
+        table = _text_column(_load_saved(local, cfg), cfg.text_column)
+        return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars),
+                      f"{cfg.dataset} (saved dataset, split {cfg.split})", origin)
+    # A local directory, or only the first documents, are read as a stream: no copy, no full download.
+    streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
+    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
+    if streamed:
+        open_stream = lambda: _text_column(_load_hub(cfg, streaming=True), cfg.text_column)  # noqa: E731
+        open_stream()  # fails here, before any work, if the source cannot be read
+        return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
+    table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
+    return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """A directory written by datasets' save_to_disk (a Dataset or a DatasetDict)."""
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
+        raise DataError(f"could not load the saved dataset {path} ({describe_error(err)})") from err
+    if isinstance(saved, datasets.DatasetDict):
+        if cfg.split not in saved:
+            raise DataError(f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split")
+        saved = saved[cfg.split]
+    return saved
+
+
+def _load_hub(cfg: DataConfig, streaming: bool):
+    options = dict(name=cfg.subset, split=cfg.split, revision=cfg.revision, streaming=streaming)
+    if not streaming:
+        options["num_proc"] = cfg.resolved_num_proc()
+    return _load(cfg.dataset, f"data.dataset={cfg.dataset!r}", cfg, hint=_local_hint(cfg), **options)
+
+
+def _local_hint(cfg: DataConfig) -> str:
+    """For a local directory standing in for a Hub id: the Hub-only settings a preset may carry."""
+    if not Path(cfg.dataset).expanduser().is_dir():
+        return ""
+    hints = [f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"] if cfg.subset else []
+    hints.append(f"data.split={cfg.split!r} must be a split the directory has")
+    return "; a local directory replaces the Hub id here: " + ", and ".join(hints)
+
+
+def _load(path: str, what: str, cfg: DataConfig, hint: str = "", **options):
+    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
+    A local directory loads without datasets' progress bars: they would say "Downloading data"."""
+    try:
+        with _no_usage_ping(), _quiet(local=Path(path).expanduser().is_dir()):
             return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
-    except Exception as err:  # datasets raises many types; all mean "this source did not load"
-        raise DataError(f"could not load {what} through datasets ({type(err).__name__}: {err})") from err
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
+        raise DataError(f"could not load {what} through datasets ({describe_error(err)}){hint}") from err
 
 
 @contextlib.contextmanager
@@ -153,40 +220,6 @@ def _no_usage_ping():
         yield
     finally:
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
-
-
-def _text_files(files: list[Path], cfg: DataConfig) -> tuple[datasets.Dataset, int]:
-    """Each file is one document; counts (and logs) the bytes that are not UTF-8."""
-    replaced = 0
-    for path in files:
-        bad = count_non_utf8_bytes(path)
-        if bad:
-            log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, bad)
-        replaced += bad
-    documents = _load(
-        "text", f"text files {[str(f) for f in files][:3]}", cfg,
-        data_files=[str(f) for f in files], sample_by="document", encoding_errors="replace",
-    )
-    return documents, replaced
-
-
-def count_non_utf8_bytes(path: Path) -> int:
-    """How many bytes of `path` are not part of valid UTF-8 (read in chunks, any size)."""
-    _check_readable(path)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    count = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            count += len(_ESCAPED_BYTE.findall(decoder.decode(chunk)))
-    return count + len(_ESCAPED_BYTE.findall(decoder.decode(b"", final=True)))
-
-
-def _check_readable(path: Path) -> None:
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err
 
 
 def resolve_files(pattern: str) -> list[Path]:
@@ -225,46 +258,14 @@ def _download(url: str, directory: Path) -> Path:
     return target
 
 
-def _text_column(documents: Documents, column: str) -> Documents:
+def _text_column(documents, column: str):
     """Keep only `column`, renamed to "text"."""
     columns = documents.column_names or list(next(iter(documents), {}))  # streams may not know theirs
-    if column not in columns:
-        raise DataError(f"the data has no column {column!r} (it has {columns}); set data.text_column")
+    _check_column(column, columns)
     documents = documents.select_columns([column])
     return documents if column == "text" else documents.rename_column(column, "text")
 
 
-def _require_texts(documents: Documents, column: str, origin: str) -> Documents:
-    """`documents`, failing on the first whose text is null (a jsonl row without the column,
-    say): a map-style corpus now, from arrow's null counts (before any shuffle, so the index
-    is the row's place in the source); a stream as it is read."""
-    if isinstance(documents, datasets.IterableDataset):
-        checks = dict(column=column, origin=origin)
-        return documents.map(_check_texts, batched=True, with_indices=True, fn_kwargs=checks)
-    offset = 0
-    for table in documents.with_format("arrow").iter(batch_size=_CHECKED_ROWS):
-        texts = table["text"]
-        if texts.null_count:
-            raise _missing_text(offset + pc.index(pc.is_null(texts), True).as_py(), column, origin)
-        offset += table.num_rows
-    return documents
-
-
-def _check_texts(batch: dict[str, list], indices: list[int], column: str, origin: str) -> dict[str, list]:
-    for index, text in zip(indices, batch["text"]):
-        if text is None:
-            raise _missing_text(index, column, origin)
-    return batch
-
-
-def _missing_text(index: int, column: str, origin: str) -> DataError:
-    return DataError(
-        f"document {index} of {origin} has no {column!r} value (null or missing): "
-        "fix the row or set data.text_column"
-    )
-
-
-def _first(documents: Documents, n: int) -> Documents:
-    if isinstance(documents, datasets.IterableDataset):
-        return documents.take(n)
-    return documents.select(range(min(n, len(documents))))
+def _check_column(column: str, columns: list[str]) -> None:
+    if column not in columns:
+        raise DataError(f"the data has no column {column!r} (it has {columns}); set data.text_column")

@@ -64,6 +64,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array (what the prepare step writes, without a list per token)."""
+        return np.asarray(self.encode(text), dtype=np.uint32)
+
     def unknown_characters(self, text: str) -> list[str]:
         """The distinct characters of `text` that encode() refuses, sorted (none for GPT-2's byte-level BPE)."""
         return sorted(c for c in set(text) if not self._encodes(c))
@@ -89,6 +93,10 @@ class Gpt2Tokenizer(Tokenizer):
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self._encoding.encode_ordinary_batch(texts)  # threads; tiktoken drops the GIL
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # No special tokens allowed, none refused: a literal "<|endoftext|>" is plain text, as in encode().
+        return self._encoding.encode_to_numpy(text, disallowed_special=())
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._encoding.decode(list(ids))
@@ -187,6 +195,9 @@ class CharTokenizer(Tokenizer):
         return cls("".join(sorted(seen)), with_eot=documents > 1)
 
     def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_array(self, text: str) -> np.ndarray:
         codepoints = _codepoints(text)  # (len(text),)
         known = codepoints < len(self._id_of_codepoint)
         ids = np.full(len(codepoints), -1, dtype=np.int64)
@@ -197,7 +208,7 @@ class CharTokenizer(Tokenizer):
                 f"character {unknown!r} (U+{ord(unknown):04X}) is not in the char tokenizer's "
                 "vocabulary, which holds the characters of its training text"
             )
-        return ids.tolist()
+        return ids.astype(np.uint32)
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self._pieces[i] for i in ids)

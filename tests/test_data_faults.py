@@ -113,8 +113,8 @@ def test_a_row_without_text_is_named(tmp_path, tokenizer, num_proc):
     rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     cfg = DataConfig(name="t", source="files", path=str(rows), tokenizer=tokenizer, num_proc=num_proc,
                      data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"))
-    with pytest.raises(DataError, match=rf"document 3 of .*{rows} has no 'text' value \(null or missing\): "
-                                        "fix the row or set data.text_column"):
+    with pytest.raises(DataError, match=rf"line 4 of .*{rows} has no 'text' text \(its fields: \['id'\]\): "
+                                        "null, missing or not a string; fix the row or set data.text_column"):
         prepare(cfg)
     assert prepare(dataclasses.replace(cfg, max_documents=3)).meta["documents"] == 3  # unread rows don't count
 
@@ -125,7 +125,7 @@ def test_a_streamed_row_without_text_is_named(tmp_path, tokenizer):
     (tmp_path / "hub" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     cfg = DataConfig(name="t", source="hub", dataset=str(tmp_path / "hub"), streaming=True, tokenizer=tokenizer,
                      data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"), val_fraction=0.3)
-    with pytest.raises(DataError, match=r"document 3 of data.dataset='.*hub' has no 'text' value"):
+    with pytest.raises(DataError, match=r"row 4 of data.dataset='.*hub' has no 'text' text"):
         prepare(cfg)
 
 
@@ -143,40 +143,65 @@ def survivors(pids: list[int]) -> list[int]:
     return [pid for pid in pids if parent_of(pid) is not None]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="workers die with their parent through Linux's prctl")
-@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_a_killed_prepare_takes_its_workers_with_it(tmp_path, kill):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text((json.dumps({"text": "lorem ipsum dolor sit amet " * 20}) + "\n") * 20_000)
-    command = [sys.executable, "-m", "data", "data=files", f"data.path={rows}", "data.num_proc=2",
-               f"data.data_dir={tmp_path / 'data'}", f"data.hf_cache_dir={tmp_path / 'hf'}"]
-    progress = tmp_path / "stderr.txt"
-    with open(progress, "wb") as stderr:
-        parent = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr)
+@pytest.mark.skipif(sys.platform != "linux", reason="forked processes die with their parent through Linux's prctl")
+def test_processes_forked_while_preparing_die_with_it(tmp_path):
+    """datasets' download processes (num_proc, for a Hub dataset) are forked like this one."""
+    script = (
+        "import os, time\n"
+        "from data.preparation import _forks_die_with_this_process\n"
+        "with _forks_die_with_this_process():\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    print(child, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, start_new_session=True)
     try:
-        # Kill mid-map, once the first batch is reported: the workers are busy and datasets'
-        # progress manager is up (it holds the pool's pipes open, so nothing else ends them).
-        deadline = time.monotonic() + 60
-        while not re.search(r"tokenizing \(num_proc=2\):[^\r]*\| [1-9]\d*/", progress.read_text(errors="replace")):
-            assert parent.poll() is None and time.monotonic() < deadline, "prepare ended before it tokenised"
-            time.sleep(0.02)
-        children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                    and parent_of(int(p.name)) == parent.pid]
-        assert len(children) >= 2, "no tokenising workers"
-        parent.send_signal(kill)
+        child = int(parent.stdout.readline())
+        assert survivors([child]) == [child]
+        parent.kill()
         parent.wait(timeout=30)
         deadline = time.monotonic() + 5
-        while survivors(children) and time.monotonic() < deadline:
+        while survivors([child]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not survivors(children), "workers outlived their killed parent"
-        if kill == signal.SIGTERM:  # a signal it can see: one message, and no partial files
-            assert parent.returncode == 128 + signal.SIGTERM
-            assert "error: interrupted by SIGTERM while preparing" in progress.read_text()
-            assert "Traceback" not in progress.read_text()
-            assert not [p for p in (tmp_path / "data").iterdir() if ".tmp-" in p.name]
+        assert not survivors([child]), "a forked process outlived its killed parent"
     finally:
-        with contextlib.suppress(ProcessLookupError):  # whatever is left of its session, on failure
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"row {i}: " + "lorem ipsum dolor sit amet " * 30}) + "\n"
+                            for i in range(6000)))
+    settings = [f"data.path={rows}", "data.shuffle_block_tokens=20000", "data.batch_mb=0.05", "data.num_proc=1"]
+    command = [sys.executable, "-m", "data", "data=files", *settings, f"data.data_dir={tmp_path / 'data'}"]
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+    progress = tmp_path / "data" / "progress.json"
+    deadline = time.monotonic() + 60
+    while not (progress.exists() and json.loads(progress.read_text())["blocks"] >= 3):
+        assert parent.poll() is None and time.monotonic() < deadline, "prepare ended before its third block"
+        time.sleep(0.01)
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(timeout=30)
+    printed = (tmp_path / "stderr.txt").read_text()
+    assert parent.returncode == 128 + signal.SIGTERM and "Traceback" not in printed
+    assert "error: interrupted by SIGTERM while preparing" in printed and "resumes after the last complete block" in printed
+    assert not (tmp_path / "data" / "meta.json").exists()
+    blocks_done = json.loads(progress.read_text())["blocks"]
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming the prepare of {tmp_path / 'data'} after block {blocks_done}" in resumed.stderr
+    whole = subprocess.run([*command[:-1], f"data.data_dir={tmp_path / 'whole'}"], cwd=REPO, capture_output=True,
+                           timeout=120)
+    assert whole.returncode == 0
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "data" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert not progress.exists()
 
 
 OVERRIDES = [

@@ -1,0 +1,301 @@
+"""Readers: a corpus as a stream of text pieces, in bounded memory, resumable.
+
+Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is
+read as `Piece`s of at most about `piece_chars` characters, each marked with whether
+it starts a document and with the position a later reader can resume from.
+
+A document longer than a piece is cut only where GPT-2's pre-tokeniser would split
+anyway (see `cut_point`), so its pieces tokenise to exactly the tokens of the whole
+text; the tokens never depend on the piece size. Bytes that are not UTF-8 become
+U+FFFD, and are counted.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from data.errors import DataError, describe_error
+
+log = logging.getLogger(__name__)
+
+# A cut at index i is exact for GPT-2's pre-tokeniser when text[i] is a space between
+# two non-space characters, or when text[i-1] is a newline between two non-space
+# characters: no pre-token crosses such a place, and none looks across it. Python's
+# \s covers every character Unicode calls White_Space (and a few more), so these cuts
+# are a subset of the exact ones.
+_SAFE_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
+# Text without a safe cut for this long (minified or binary-like) is cut here anyway.
+# Those cuts are counted from the last safe cut, so they too never depend on the piece size.
+FORCED_CUT_CHARS = 1 << 18
+# How surrogateescape spells an undecodable byte (and what a JSON "\\udXXX" escape can leave)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_READ_BYTES = 1 << 22  # bytes per read from a file
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    new_document: bool  # the first piece of a document (an empty document is one empty piece)
+    position: dict  # JSON-able: a reader given it starts again with this very piece
+    replaced_bytes: int = 0  # bytes of the source that were not UTF-8 and became U+FFFD here
+    # Why this document has no text (a row without the column, say). Raised by whoever counts
+    # documents, and only if it reaches it: data.max_documents may stop before.
+    error: Optional[str] = None
+
+
+def cut_point(text: str, start: int, limit: int) -> int:
+    """Where the piece starting at `start` ends: the last safe cut within `limit` characters,
+    else the first one within FORCED_CUT_CHARS, else FORCED_CUT_CHARS on; len(text) if the
+    rest fits. `text` must hold FORCED_CUT_CHARS + 2 characters past `start`, or all there is."""
+    if len(text) - start <= limit:
+        return len(text)
+    end = start + limit
+    width = 4096
+    while True:  # look back from `end` in growing windows: cuts are usually a few characters apart
+        low = max(start + 1, end - width)
+        matches = [m.start() for m in _SAFE_CUT.finditer(text, low, end + 2) if m.start() <= end]
+        if matches:
+            return matches[-1]
+        if low == start + 1:
+            break
+        width *= 4
+    forced = start + FORCED_CUT_CHARS
+    following = _SAFE_CUT.search(text, end + 1, forced + 2)
+    if following is not None and following.start() <= forced:
+        return following.start()
+    return min(forced, len(text))
+
+
+def text_pieces(text: str, start: int, limit: int) -> Iterator[tuple[int, str]]:
+    """(offset, piece) for an in-memory text from character `start` on (nothing for an empty text)."""
+    while start < len(text):
+        end = cut_point(text, start, limit)
+        yield start, text[start:end]
+        start = end
+
+
+def replace_escaped(text: str) -> tuple[str, int]:
+    """`text` with each lone surrogate (an undecodable byte) as U+FFFD, and how many there were."""
+    if text.isascii():
+        return text, 0
+    count = len(_LONE_SURROGATE.findall(text))
+    return (_LONE_SURROGATE.sub("\ufffd", text), count) if count else (text, 0)
+
+
+class TextFiles:
+    """Each file is one document, or, with a separator, one document per separated part."""
+
+    def __init__(self, files: Sequence[Path], piece_chars: int, separator: Optional[str] = None):
+        self.files, self.piece_chars, self.separator = list(files), piece_chars, separator
+
+    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        at = position or {"file": 0, "byte": 0, "new": True}
+        for index in range(at["file"], len(self.files)):
+            resumed = index == at["file"]
+            yield from self._file_pieces(index, at["byte"] if resumed else 0, at["new"] if resumed else True)
+
+    def _file_pieces(self, index: int, offset: int, new_document: bool) -> Iterator[Piece]:
+        path = self.files[index]
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        lookahead = FORCED_CUT_CHARS + 2 + self.piece_chars  # what cut_point may look at
+        buffer, start, at_end, replaced_in_file = "", 0, False, 0
+        with open_source(path) as f:
+            f.seek(offset)
+            while True:
+                while not at_end and len(buffer) - start < lookahead:
+                    chunk = read_source(f, path)
+                    at_end = not chunk
+                    buffer, start = buffer[start:] + decoder.decode(chunk, final=at_end), 0
+                if start == len(buffer) and not new_document:
+                    if replaced_in_file:
+                        log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, replaced_in_file)
+                    return
+                end, separated = self._piece_end(buffer, start)
+                text, replaced = replace_escaped(buffer[start:end])
+                replaced_in_file += replaced
+                yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
+                offset += len(buffer[start:end].encode("utf-8", "surrogateescape"))
+                start, new_document = end, separated
+                if separated:
+                    offset += len(self.separator.encode("utf-8"))
+                    start += len(self.separator)
+
+    def _piece_end(self, buffer: str, start: int) -> tuple[int, bool]:
+        """Where this piece ends, and whether a separator (skipped, not tokenised) follows it."""
+        end = cut_point(buffer, start, self.piece_chars)
+        if self.separator:
+            found = buffer.find(self.separator, start, end + len(self.separator) - 1)
+            if found >= 0:
+                return found, True
+        return end, False
+
+
+class JsonLines:
+    """One document per line: a JSON object whose `column` holds its text."""
+
+    def __init__(self, files: Sequence[Path], column: str, piece_chars: int):
+        self.files, self.column, self.piece_chars = list(files), column, piece_chars
+
+    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        at = position or {"file": 0, "byte": 0, "char": 0, "line": 1}
+        for index in range(at["file"], len(self.files)):
+            resumed = index == at["file"]
+            start = (at["byte"], at["char"], at["line"]) if resumed else (0, 0, 1)
+            yield from self._file_pieces(index, *start)
+
+    def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int) -> Iterator[Piece]:
+        path = self.files[index]
+        for line, line_offset in _lines(path, offset):
+            if line.strip():
+                position = {"file": index, "byte": line_offset, "line": line_number}
+                where = f"line {line_number} of {path}"
+                text = lambda: document_text(json_row(line, where), where, self.column)  # noqa: E731
+                yield from row_pieces(text, position, skip_chars, self.piece_chars)
+            skip_chars = 0
+            line_number += 1
+
+
+class Rows:
+    """Documents as rows of a table: a datasets.Dataset, a parquet file's batches, or a list."""
+
+    def __init__(self, batches, column: str, origin: str, piece_chars: int):
+        """`batches(first_row)` yields lists of texts (None for a missing one) from that row on."""
+        self.batches, self.column, self.origin, self.piece_chars = batches, column, origin, piece_chars
+
+    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        at = position or {"row": 0, "char": 0}
+        row, skip_chars = at["row"], at["char"]
+        for texts in self.batches(row):
+            for text in texts:
+                checked = lambda: document_text(text, f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
+                yield from row_pieces(checked, {"row": row}, skip_chars, self.piece_chars)
+                skip_chars = 0
+                row += 1
+
+
+class Stream:
+    """Documents as the rows of a datasets.IterableDataset, resumable through its state_dict."""
+
+    STATE_EVERY = 1000  # rows between the stream states a position refers to
+
+    def __init__(self, open_stream, column: str, origin: str, piece_chars: int):
+        """`open_stream()` returns the stream afresh, its rows dicts with a "text" entry."""
+        self.open_stream, self.column, self.origin, self.piece_chars = open_stream, column, origin, piece_chars
+
+    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        at = position or {"state": None, "since": 0, "row": 0, "char": 0}
+        stream = self.open_stream()
+        if at["state"] is not None:
+            stream.load_state_dict(at["state"])
+        state, since, row = at["state"], 0, at["row"] - at["since"]
+        skip_rows, skip_chars = at["since"], at["char"]
+        for example in _examples(stream, self.origin):
+            if since == self.STATE_EVERY:
+                state, since = stream.state_dict(), 0  # the state before this row
+            if skip_rows:
+                skip_rows -= 1
+            else:
+                text = lambda: document_text(example["text"], f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
+                yield from row_pieces(text, {"state": state, "since": since, "row": row}, skip_chars, self.piece_chars)
+                skip_chars = 0
+            since += 1
+            row += 1
+
+
+class Chain:
+    """Several readers, one after another."""
+
+    def __init__(self, parts: Sequence):
+        self.parts = list(parts)
+
+    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        at = position or {"part": 0, "at": None}
+        for index in range(at["part"], len(self.parts)):
+            for piece in self.parts[index].pieces(at["at"] if index == at["part"] else None):
+                yield dataclasses.replace(piece, position={"part": index, "at": piece.position})
+
+
+def row_pieces(row_text: Callable[[], str], position: dict, skip_chars: int, piece_chars: int) -> Iterator[Piece]:
+    """One document held in memory (a row), as pieces; its position gains each piece's "char".
+    `row_text()` gives its text, or raises the DataError that the piece then carries."""
+    try:
+        text = row_text()
+    except DataError as err:
+        yield Piece("", True, {**position, "char": 0}, error=str(err))
+        return
+    clean, replaced = replace_escaped(text)
+    if not clean:
+        yield Piece("", True, {**position, "char": 0})
+        return
+    for offset, piece in text_pieces(clean, skip_chars, piece_chars):
+        yield Piece(piece, offset == 0, {**position, "char": offset}, replaced if offset == 0 else 0)
+
+
+def document_text(row: Any, where: str, column: str) -> str:
+    """The text of a row (a dict, or the text itself); DataError naming the row when there is none."""
+    text = row.get(column) if isinstance(row, dict) else row
+    if not isinstance(text, str):
+        fields = f" (its fields: {list(row)})" if isinstance(row, dict) and column not in row else ""
+        raise DataError(
+            f"{where} has no {column!r} text{fields}: null, missing or not a string; fix the row or set data.text_column"
+        )
+    return text
+
+
+def json_row(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as err:
+        raise DataError(f"{where} is not valid JSON ({err}): each line must be one JSON object") from err
+
+
+def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:
+    """(line, its byte offset) from `offset` on, decoded with undecodable bytes kept as surrogates."""
+    with open_source(path) as f:
+        f.seek(offset)
+        rest = b""
+        while True:
+            chunk = read_source(f, path)
+            rest += chunk
+            lines = rest.split(b"\n")
+            rest = lines.pop() if chunk else b""
+            for line in lines + ([rest] if not chunk and rest else []):
+                yield line.decode("utf-8", "surrogateescape"), offset
+                offset += len(line) + 1
+            if not chunk:
+                return
+
+
+def _examples(stream, origin: str) -> Iterator[dict]:
+    """The stream's rows; a failure while reading it (network, a malformed file) becomes a DataError."""
+    rows = iter(stream)
+    while True:
+        try:
+            example = next(rows)
+        except StopIteration:
+            return
+        except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
+            raise DataError(f"reading {origin} through datasets failed ({describe_error(err)})") from err
+        yield example
+
+
+def open_source(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}") from err
+
+
+def read_source(f, path: Path) -> bytes:
+    try:
+        return f.read(_READ_BYTES)
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}") from err

@@ -1,0 +1,144 @@
+"""Writing train.bin and val.bin: the token stream in blocks, each shuffled and split.
+
+The stream (every document's tokens in reading order, separators included) is cut
+into blocks of `block_tokens` tokens: block k holds the stream's tokens
+[k * block_tokens, (k + 1) * block_tokens). Within a block the documents (or the parts
+of them that fall in it) are shuffled with a generator seeded by (seed, k); then the
+block's first (1 - val_fraction) of tokens are appended to train.bin and the rest to
+val.bin. So val.bin samples every part of the corpus, a stream included, and memory
+holds one block whatever the corpus size. A document that runs over a block's end
+stays last in it and continues first in the next, so its text is never reordered; every
+document but the corpus's first opens with the separator, so shuffling never joins two.
+
+Shards are written as <split>.bin.partial. After each block, progress.json records
+their sizes and where the next block starts in the source, so a prepare that is
+killed resumes at its last complete block.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from data.errors import DataError
+from data.meta import SPLITS, shard_path, write_json_atomic
+
+PROGRESS_FILE = "progress.json"
+PARTIAL_SUFFIX = ".partial"
+BLOCK_TOKENS = 1 << 24  # the default block: 32 MB of uint16 tokens held at once
+
+
+class WriteError(DataError):
+    """Writing the shards failed (a full disk, say): what was written is kept, to resume from."""
+
+
+def partial_path(data_dir: Path, split: str) -> Path:
+    final = shard_path(data_dir, split)
+    return final.with_name(final.name + PARTIAL_SUFFIX)
+
+
+@dataclass
+class _Run:
+    document: int  # index of the document these tokens belong to
+    separated: bool  # whether they open with the separator (the corpus's first document has none)
+    parts: list = field(default_factory=list)  # arrays of its tokens, in order
+
+
+class ShardWriter:
+    """Appends the stream's tokens to the partial shards, one block at a time."""
+
+    def __init__(self, data_dir: Path, dtype: np.dtype, block_tokens: int, val_fraction: float, seed: int,
+                 progress: dict, resumed: bool):
+        """`progress` is what progress.json holds (new or read back); `resumed` continues its partial shards."""
+        self.data_dir, self.dtype, self.block_tokens = data_dir, dtype, block_tokens
+        self.val_fraction, self.seed, self.progress = val_fraction, seed, progress
+        self.runs: list[_Run] = []
+        self.filled = 0
+        self.files = {split: self._open(split, progress["bytes"][split] if resumed else None) for split in SPLITS}
+
+    def _open(self, split: str, size: Optional[int]):
+        path = partial_path(self.data_dir, split)
+        try:
+            if size is None:
+                return open(path, "wb")
+            f = open(path, "r+b")
+            f.truncate(size)  # bytes written after the last recorded block are not part of it
+            f.seek(size)
+            return f
+        except OSError as err:
+            raise self._write_error(path, err) from err
+
+    def add(self, tokens: np.ndarray, document: int, separated: bool, position: dict, counters: dict) -> None:
+        """Add one piece's tokens (`separated`: they open with the separator); `position` and
+        `counters` are where reading the piece began."""
+        consumed = 0
+        while consumed < len(tokens):
+            part = tokens[consumed:consumed + self.block_tokens - self.filled]
+            self._append(document, separated and consumed == 0, part)
+            consumed += len(part)
+            if self.filled == self.block_tokens:
+                self._write_block()
+                self._record(position, consumed, counters)
+
+    def _append(self, document: int, separated: bool, tokens: np.ndarray) -> None:
+        if not self.runs or self.runs[-1].document != document:
+            self.runs.append(_Run(document, separated))
+        self.runs[-1].parts.append(tokens.astype(self.dtype))
+        self.filled += len(tokens)
+
+    def finish(self) -> dict[str, int]:
+        """Write the last (short) block, close the shards; their token counts."""
+        if self.filled:
+            self._write_block()
+        for split, f in self.files.items():
+            self._guarded(split, f.close)
+        return {split: size // self.dtype.itemsize for split, size in self.progress["bytes"].items()}
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+    def _write_block(self) -> None:
+        tokens = np.concatenate([part for run in self._shuffled_runs() for part in run.parts])
+        n_train = int(len(tokens) * (1 - self.val_fraction))
+        for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
+            f = self.files[split]
+            self._guarded(split, lambda: (f.write(chunk.tobytes()), f.flush(), os.fsync(f.fileno())))
+            self.progress["bytes"][split] += chunk.nbytes
+        self.progress["blocks"] += 1
+        self.runs, self.filled = [], 0
+
+    def _shuffled_runs(self) -> list[_Run]:
+        """The block's runs in shuffled order. A first run without a separator (one continuing
+        the last block, or the corpus's first document) stays first; the last stays last."""
+        runs = self.runs
+        first = 0 if runs[0].separated else 1
+        if len(runs) - first < 2:
+            return runs
+        middle = runs[first:-1]
+        order = np.random.default_rng([self.seed, self.progress["blocks"]]).permutation(len(middle))
+        return runs[:first] + [middle[i] for i in order] + runs[-1:]
+
+    def _record(self, position: dict, consumed: int, counters: dict) -> None:
+        self.progress["resume"] = {"position": position, "skip_tokens": consumed, "counters": counters}
+        path = self.data_dir / PROGRESS_FILE
+        self._guarded(None, lambda: write_json_atomic(path, self.progress), path)
+
+    def _guarded(self, split: Optional[str], action, path: Optional[Path] = None) -> None:
+        try:
+            action()
+        except OSError as err:
+            raise self._write_error(path or partial_path(self.data_dir, split), err) from err
+
+    def _write_error(self, path: Path, err: OSError) -> WriteError:
+        done = self.progress["blocks"]
+        resume = (f"run the same command again: it resumes after the {done} block(s) already written"
+                  if done else "run the same command again")
+        if err.errno == errno.ENOSPC:
+            return WriteError(f"no space left on device writing {path}: free some space and {resume}")
+        return WriteError(f"cannot write {path} ({err.strerror}): {resume}")
