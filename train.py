@@ -333,16 +333,14 @@ def start(config: Config, group: Distributed, device: torch.device):
     if device.type == "cuda":
         configure_cuda(config.tf32)
     seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
-    return precision, prepare_on_main_first(config, group)
+    return precision, prepare_data(config, group)
 
 
-def prepare_on_main_first(config: Config, group: Distributed):
-    """Rank 0 tokenises (if needed) or verifies the shards while the others wait, then
-    they reuse its shards (checking sizes only: rank 0 has just hashed them)."""
-    if group.is_main:
-        data = prepare(config.data)
-    barrier(group)
-    return data if group.is_main else prepare(replace(config.data, verify="size"))
+def prepare_data(config: Config, group: Distributed):
+    """Every rank prepares. The first to take the data directory's lock tokenises (if needed)
+    while the others wait on that lock, not in a collective that would time out on a large
+    corpus; then they reuse its shards, checking only sizes (rank 0 hashes them)."""
+    return prepare(config.data if group.is_main else replace(config.data, verify="size"))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,36 @@ def test_a_failed_save_on_rank_0_stops_every_rank_with_the_error(train_overrides
     assert result.stderr.count("error: could not write the checkpoint (FileExistsError") == 2, result.stderr
 
 
+SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT = """
+import datetime, os, runpy, sys, time
+import torch.distributed as dist
+import data.preparation
+
+real_init, real_build = dist.init_process_group, data.preparation._build
+dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=3))
+def slow_build(*args):
+    time.sleep(8)  # rank 0 prepares for longer than any collective may wait
+    return real_build(*args)
+if os.environ["RANK"] == "0":
+    data.preparation._build = slow_build
+else:
+    time.sleep(2)  # so that rank 0 takes the data directory's lock first
+sys.argv = [{train_py!r}] + sys.argv[1:]
+runpy.run_path({train_py!r}, run_name="__main__")
+"""
+
+
+def test_ranks_wait_for_a_long_prepare_without_a_collective_timing_out(train_overrides, tmp_path):
+    script = tmp_path / "slow_prepare.py"
+    script.write_text(SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT.format(train_py=str(REPO / "train.py")))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run([*launcher, str(script), *train_overrides, "max_iters=2", "eval_interval=2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert "waiting for it to finish" in result.stdout  # rank 1 waited on the lock (logged by Hydra to stdout)
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     from conftest import training_overrides
@@ -151,7 +181,7 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("damage, reason", [
-    (lambda text: text[: len(text) // 2] + "\n  - [unclosed", "ParserError|ScannerError"),
+    (lambda text: "max_iters: [unclosed\n" + text, "ParserError|ScannerError"),
     (lambda text: "!!python/object/apply:os.system [echo owned]\n", "ConstructorError|UnsupportedValueType"),
     (lambda text: b"max_iters: \xff\xfe\n", "UnicodeDecodeError"),
     (lambda text: "- just\n- a list\n", "it holds a list"),
