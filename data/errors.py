@@ -6,11 +6,12 @@ class DataError(RuntimeError):
 
 
 def innermost_cause(err: BaseException) -> BaseException:
-    """The exception at the bottom of a chain of `raise ... from ...` (or of one raised while handling another)."""
+    """The exception at the bottom of a chain of `raise ... from ...`: what really went wrong
+    (datasets wraps, say, Arrow's capacity error in a DatasetGenerationError)."""
     seen = {id(err)}
-    while (inner := err.__cause__ or err.__context__) is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        err = inner
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
     return err
 
 

@@ -31,7 +31,7 @@ SPLITS = ("train", "val")
 SHARD_DTYPES = ("uint16", "uint32")
 TEMP_MARK = ".tmp-"  # written files are <name>.tmp-<pid> until renamed into place
 PREPARE_HINT = "run the prepare step again (python -m data, or train.py does it)"
-IO_CHUNK = 1 << 24  # bytes per read when hashing or copying a shard
+IO_CHUNK = 1 << 20  # bytes per read when hashing a shard
 
 
 def shard_path(data_dir: Path, split: str) -> Path:

@@ -130,7 +130,7 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.info("another process is preparing %s: waiting for it to finish", data_dir)
+            log.warning("another process is preparing %s: waiting for it to finish", data_dir)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

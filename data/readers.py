@@ -34,10 +34,10 @@ log = logging.getLogger(__name__)
 _SAFE_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 # Text without a safe cut for this long (minified or binary-like) is cut here anyway.
 # Those cuts are counted from the last safe cut, so they too never depend on the piece size.
-FORCED_CUT_CHARS = 1 << 18
+FORCED_CUT_CHARS = 1 << 16
 # How surrogateescape spells an undecodable byte (and what a JSON "\\udXXX" escape can leave)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_READ_BYTES = 1 << 22  # bytes per read from a file
+_READ_BYTES = 1 << 18  # bytes per read from a file
 
 
 @dataclass(frozen=True)
@@ -198,16 +198,15 @@ class Stream:
         state, since, row = at["state"], 0, at["row"] - at["since"]
         skip_rows, skip_chars = at["since"], at["char"]
         for example in _examples(stream, self.origin):
-            if since == self.STATE_EVERY:
-                state, since = stream.state_dict(), 0  # the state before this row
             if skip_rows:
                 skip_rows -= 1
             else:
                 text = lambda: document_text(example["text"], f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
                 yield from row_pieces(text, {"state": state, "since": since, "row": row}, skip_chars, self.piece_chars)
                 skip_chars = 0
-            since += 1
-            row += 1
+            since, row = since + 1, row + 1
+            if since == self.STATE_EVERY:
+                state, since = stream.state_dict(), 0  # after the row just read: before the next one
 
 
 class Chain:

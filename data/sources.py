@@ -13,6 +13,7 @@ did is counted, logged and stored in meta.json.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -148,11 +149,21 @@ def _hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
     description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
     if streamed:
-        open_stream = lambda: _text_column(_load_hub(cfg, streaming=True), cfg.text_column)  # noqa: E731
+        open_stream = functools.partial(_open_stream, cfg)
         open_stream()  # fails here, before any work, if the source cannot be read
         return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
     table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
     return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
+
+
+def _open_stream(cfg: DataConfig):
+    stream = _load_hub(cfg, streaming=True)
+    try:
+        return _text_column(stream, cfg.text_column)  # reads the first row, for the columns
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
+        raise DataError(f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})") from err
 
 
 def _is_saved_dataset(path: Path) -> bool:

@@ -1,0 +1,322 @@
+"""The prepare step at scale, on small corpora: bounded memory, exact pieces, the same
+shards from every source kind, shuffled blocks that each give val its share, resume."""
+
+import dataclasses
+import errno
+import json
+import os
+import random
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import data.preparation as prepare_module
+import data.shards
+import data.sources
+from data import DataConfig, DataError, Gpt2Tokenizer, prepare
+from data.errors import describe_error
+from data.readers import Stream, TextFiles, text_pieces
+from data.sources import _hub_corpus
+
+EOT = "<|endoftext|>"
+SEPARATOR = "\n===\n"
+
+
+def documents(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "ünï", "✓", "42", "x=1;", "\t", "  ", "\n", "'s", "’"]
+    return [f"document {i:05d}: " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 80))) + "."
+            for i in range(n)]
+
+
+def config(tmp_path, name="data", **overrides) -> DataConfig:
+    settings = dict(name="t", source="files", data_dir=str(tmp_path / name), num_proc=1, val_fraction=0.1)
+    return DataConfig(**{**settings, **overrides})
+
+
+def shards(prepared) -> tuple[bytes, bytes]:
+    return prepared.shard("train").read_bytes(), prepared.shard("val").read_bytes()
+
+
+def write_kind(tmp_path, kind: str, texts: list[str]) -> dict:
+    """The same documents as a source of `kind`: the DataConfig settings that read them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / kind
+    root.mkdir()
+    if kind == "separated text file":
+        (root / "all.txt").write_text(SEPARATOR.join(texts), encoding="utf-8")
+        return dict(path=str(root / "all.txt"), document_separator=SEPARATOR)
+    if kind == "text directory":
+        for i, text in enumerate(texts):
+            (root / f"{i:05d}.txt").write_text(text, encoding="utf-8")
+        return dict(path=str(root))
+    rows = [{"id": i, "text": text} for i, text in enumerate(texts)]
+    if kind == "jsonl":
+        (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        return dict(path=str(root / "rows.jsonl"))
+    half = len(rows) // 2
+    for part, chunk in enumerate((rows[:half], rows[half:])):
+        pq.write_table(pa.Table.from_pylist(chunk), root / f"part{part}.parquet", row_group_size=37)
+    if kind == "parquet":
+        return dict(path=str(root))
+    return dict(source="hub", dataset=str(root), streaming=True)  # "hub stream": a local dir stands in for the Hub
+
+
+KINDS = ["separated text file", "text directory", "jsonl", "parquet", "hub stream"]
+
+
+def test_pieces_tokenise_exactly_as_the_whole_text():
+    encoding = Gpt2Tokenizer()
+    rng = random.Random(1)
+    alphabet = list("ab \n\n\t  .,'s1 2\r\n") + ["é", "日本", "\u00a0", "\u2028", "\x1c", " '", "’", "\u3000", "😀"]
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 2000)))
+        pieces = [piece for _, piece in text_pieces(text, 0, rng.randint(1, 100))]
+        assert "".join(pieces) == text
+        assert [t for piece in pieces for t in encoding.encode(piece)] == encoding.encode(text)
+
+
+def test_a_text_file_far_larger_than_a_batch_is_one_document_with_the_whole_files_tokens(tmp_path):
+    text = "\n\n".join(documents(3000))
+    (tmp_path / "big.txt").write_text(text, encoding="utf-8")
+    cfg = config(tmp_path, path=str(tmp_path / "big.txt"), batch_mb=0.01, val_fraction=0.01)
+    prepared = prepare(cfg)
+    train, val = (np.frombuffer(b, dtype=np.uint16) for b in shards(prepared))
+    assert prepared.meta["documents"] == 1 and len(text) > 40 * 0.01 * 2**20
+    assert np.concatenate([train, val]).tolist() == Gpt2Tokenizer().encode(text)
+
+
+@pytest.mark.parametrize("kind", KINDS[1:])
+def test_every_source_kind_gives_the_same_shards_as_a_separated_text_file(tmp_path, kind):
+    texts = documents(300)
+    common = dict(shuffle_block_tokens=2000, batch_mb=0.02)
+    reference = prepare(config(tmp_path, "reference", **write_kind(tmp_path, KINDS[0], texts), **common))
+    prepared = prepare(config(tmp_path, **write_kind(tmp_path, kind, texts), **common))
+    assert prepared.meta["documents"] == 300 and prepared.meta["tokens"] == reference.meta["tokens"]
+    assert shards(prepared) == shards(reference)
+
+
+def test_separated_documents_are_the_documents_split_by_hand(tmp_path):
+    texts = documents(50)
+    prepared = prepare(config(tmp_path, **write_kind(tmp_path, KINDS[0], texts), tokenizer="char"))
+    decoded = prepared.tokenizer().decode(np.concatenate([np.frombuffer(b, np.uint16) for b in shards(prepared)]))
+    assert sorted(decoded.split(EOT)) == sorted(texts)  # one block: train + val is the shuffled stream
+
+
+def test_shards_depend_on_neither_batch_size_nor_threads(tmp_path):
+    source = write_kind(tmp_path, "jsonl", documents(400))
+    small = prepare(config(tmp_path, "a", **source, batch_mb=0.005, shuffle_block_tokens=3000))
+    large = prepare(config(tmp_path, "b", **source, batch_mb=64, num_proc=2, shuffle_block_tokens=3000))
+    assert shards(small) == shards(large)
+
+
+def test_blocks_are_shuffled_by_the_seed_and_each_gives_val_its_share(tmp_path):
+    texts = documents(2000)
+    source = write_kind(tmp_path, "jsonl", texts)
+    block = 5000
+    prepared = prepare(config(tmp_path, "a", **source, shuffle_block_tokens=block, tokenizer="char"))
+    tokens = prepared.meta["tokens"]
+    total = sum(tokens.values())
+    full, last = divmod(total, block)
+    expected_val = full * (block - int(block * 0.9)) + (last - int(last * 0.9))
+    assert prepared.meta["blocks"] == full + (last > 0) > 10 and tokens["val"] == expected_val
+    tokenizer = prepared.tokenizer()
+    train, val = (tokenizer.decode(np.frombuffer(b, np.uint16)) for b in shards(prepared))
+    val_documents = [int(n) for n in re.findall(r"document (\d{5})", val)]
+    assert min(val_documents) < 200 and max(val_documents) > 1800  # val samples the whole corpus
+    order = [int(n) for n in re.findall(r"document (\d{5})", train)]
+    seen = set(order) | set(val_documents)  # a header cut by the val boundary (one per block) is missed
+    assert order != sorted(order) and seen <= set(range(2000)) and len(seen) >= 2000 - prepared.meta["blocks"]
+    again = prepare(config(tmp_path, "b", **source, shuffle_block_tokens=block, tokenizer="char"))
+    reseeded = prepare(config(tmp_path, "c", **source, shuffle_block_tokens=block, tokenizer="char", split_seed=7))
+    assert shards(again) == shards(prepared) and shards(reseeded) != shards(prepared)
+
+
+def test_memory_holds_a_batch_and_a_block_not_the_corpus(tmp_path):
+    """tracemalloc sees every Python and NumPy allocation: a whole-file read, a corpus-sized
+    list of ids or an unbounded batch would each show up in its peak."""
+    (tmp_path / "big.txt").write_text("\n\n".join(documents(60000)), encoding="utf-8")
+    jsonl = write_kind(tmp_path, "jsonl", documents(60000, seed=1))
+    Gpt2Tokenizer()  # built once per process (and cached): its construction is not the corpus's memory
+    for name, source in (("text", dict(path=str(tmp_path / "big.txt"))), ("jsonl", jsonl)):
+        size = os.path.getsize(source["path"])
+        cfg = config(tmp_path, name, **source, batch_mb=0.25, shuffle_block_tokens=1 << 16)
+        tracemalloc.start()
+        try:
+            prepare(cfg)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert size > 11e6 and peak < 6e6, f"{name}: {peak / 1e6:.1f} MB at peak for a {size / 1e6:.0f} MB corpus"
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing below catches it."""
+
+
+@pytest.mark.parametrize("kind, tokenizer", [(kind, "gpt2") for kind in KINDS] + [("jsonl", "char")])
+def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, monkeypatch, kind, tokenizer):
+    texts = documents(600)
+    source = write_kind(tmp_path, kind, texts)
+    common = dict(source, shuffle_block_tokens=1500, batch_mb=0.01, tokenizer=tokenizer)
+    whole = prepare(config(tmp_path, "whole", **common))
+    monkeypatch.setattr(Stream, "STATE_EVERY", 7)  # so a resumed stream starts from a saved state
+    real_write_block = data.shards.ShardWriter._write_block
+    written = []
+
+    def killed_after_five_blocks(writer):
+        if len(written) == 5:
+            raise Killed
+        written.append(real_write_block(writer))
+
+    monkeypatch.setattr(data.shards.ShardWriter, "_write_block", killed_after_five_blocks)
+    cfg = config(tmp_path, **common)
+    with pytest.raises(Killed):
+        prepare(cfg)
+    assert not (cfg.resolved_data_dir() / "meta.json").exists()
+    assert json.loads((cfg.resolved_data_dir() / "progress.json").read_text())["blocks"] == 5
+    monkeypatch.setattr(data.shards.ShardWriter, "_write_block", real_write_block)
+    resumed = prepare(cfg)
+    assert shards(resumed) == shards(whole) and resumed.meta["tokens"] == whole.meta["tokens"]
+    assert resumed.meta["documents"] == whole.meta["documents"] == 600
+    assert not (cfg.resolved_data_dir() / "progress.json").exists()
+
+
+def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypatch):
+    (tmp_path / "one.txt").write_text(" ".join(documents(400)), encoding="utf-8")
+    common = dict(path=str(tmp_path / "one.txt"), shuffle_block_tokens=1000, batch_mb=0.003)
+    whole = prepare(config(tmp_path, "whole", **common))
+    real_add = data.shards.ShardWriter.add
+    calls = []
+
+    def killed_later(writer, *args):
+        calls.append(1)
+        if len(calls) == 40:
+            raise Killed
+        real_add(writer, *args)
+
+    monkeypatch.setattr(data.shards.ShardWriter, "add", killed_later)
+    cfg = config(tmp_path, **common)
+    with pytest.raises(Killed):
+        prepare(cfg)
+    monkeypatch.undo()
+    assert shards(prepare(cfg)) == shards(whole)
+
+
+def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, monkeypatch):
+    source = write_kind(tmp_path, "jsonl", documents(500))
+    common = dict(source, shuffle_block_tokens=2000, batch_mb=0.01)
+    whole = prepare(config(tmp_path, "whole", **common))
+    real_fsync, calls = os.fsync, []
+
+    def full_after_three_blocks(fd):
+        calls.append(fd)
+        if len(calls) > 6:  # two shards per block
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(data.shards.os, "fsync", full_after_three_blocks)
+    cfg = config(tmp_path, **common)
+    with pytest.raises(DataError, match=r"no space left on device writing .*train.bin.partial: free some space and "
+                                        r"run the same command again: it resumes after the 3 block\(s\) already written"):
+        prepare(cfg)
+    monkeypatch.undo()
+    assert shards(prepare(cfg)) == shards(whole)
+
+
+def test_max_documents_reads_no_further(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\nthis line is not JSON\n')
+    assert prepare(config(tmp_path, path=str(rows), max_documents=3, val_fraction=0.3)).meta["documents"] == 3
+    with pytest.raises(DataError, match=r"line 4 of .*rows.jsonl is not valid JSON"):
+        prepare(config(tmp_path, "all", path=str(rows), val_fraction=0.3))
+
+
+def test_a_hub_dataset_with_max_documents_is_streamed_not_downloaded(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_load(cfg, streaming):
+        seen.append(streaming)
+        raise DataError("stop here")
+
+    monkeypatch.setattr(data.sources, "_load_hub", fake_load)
+    cfg = DataConfig(source="hub", dataset="someone/huge", data_dir=str(tmp_path / "d"))
+    for limit in (None, 10):
+        with pytest.raises(DataError, match="stop here"):
+            _hub_corpus(dataclasses.replace(cfg, max_documents=limit), piece_chars=1000)
+    assert seen == [False, True]
+
+
+def test_a_local_directory_in_place_of_a_presets_hub_id_names_the_hub_only_settings(tmp_path):
+    write_kind(tmp_path, "jsonl", documents(5))
+    cfg = DataConfig(source="hub", dataset=str(tmp_path / "jsonl"), subset="sample-10BT", streaming=True,
+                     data_dir=str(tmp_path / "d"))
+    with pytest.raises(DataError, match=r"a local directory replaces the Hub id here: data.subset='sample-10BT' "
+                                        r"names a configuration the directory may lack \(set data.subset=null\)"):
+        prepare(cfg)
+    assert prepare(dataclasses.replace(cfg, subset=None, val_fraction=0.5)).meta["documents"] == 5
+
+
+def test_a_datasets_failure_names_its_innermost_cause(tmp_path):
+    try:
+        try:
+            raise OSError("ArrowCapacityError: array cannot contain more than 2147483646 bytes")
+        except OSError as capacity:
+            raise RuntimeError("An error occurred while generating the dataset") from capacity
+    except RuntimeError as wrapped:
+        assert describe_error(wrapped) == ("RuntimeError: An error occurred while generating the dataset; caused by "
+                                           "OSError: ArrowCapacityError: array cannot contain more than 2147483646 bytes")
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "train.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    cfg = DataConfig(source="hub", dataset=str(tmp_path / "hub"), streaming=True, data_dir=str(tmp_path / "d"))
+    with pytest.raises(DataError, match=r"could not read data.dataset=.* through datasets \(ArrowInvalid: JSON parse"):
+        prepare(cfg)
+
+
+def test_the_default_cache_inside_the_data_directory_is_removed_unless_kept(tmp_path):
+    source = write_kind(tmp_path, "hub stream", documents(20))
+    for keep in (False, True):
+        cfg = config(tmp_path, f"keep_{keep}", **source, keep_hf_cache=keep, val_fraction=0.3)
+        cfg.resolved_hf_cache_dir().mkdir(parents=True)  # as a download would leave it
+        prepare(cfg)
+        assert cfg.resolved_hf_cache_dir().exists() == keep
+
+
+def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5, 7}, raising=False)
+    assert DataConfig().resolved_num_proc() == 3 and DataConfig(num_proc=1).resolved_num_proc() == 1
+
+
+def test_new_settings_are_checked():
+    for field, value, rule in [("batch_mb", 0, "positive number"), ("shuffle_block_tokens", 0, "positive integer"),
+                               ("document_separator", "", "non-empty string"), ("keep_hf_cache", "yes", "true or false")]:
+        with pytest.raises(ValueError, match=f"DataConfig.{field} must be a {rule}|DataConfig.{field} must be {rule}"):
+            DataConfig(**{field: value})
+
+
+def test_text_file_reader_resumes_at_any_piece(tmp_path):
+    (tmp_path / "a.txt").write_bytes(" ".join(documents(200)).encode() + b"\xff tail")
+    reader = TextFiles([tmp_path / "a.txt"], piece_chars=500)
+    pieces = list(reader.pieces())
+    assert len(pieces) > 20 and sum(p.replaced_bytes for p in pieces) == 1
+    for i in (1, len(pieces) // 2, len(pieces) - 1):
+        assert [p.text for p in reader.pieces(pieces[i].position)] == [p.text for p in pieces[i:]]
+
+
+def test_lock_serialises_two_preparers(tmp_path):
+    import threading
+
+    source = write_kind(tmp_path, "jsonl", documents(200))
+    cfg = config(tmp_path, **source)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(prepare(cfg))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r.reused for r in results) == [False, True]
+    assert prepare_module.LOCK_FILE in os.listdir(cfg.resolved_data_dir())
