@@ -139,7 +139,10 @@ class TextFiles:
 
 
 class JsonLines:
-    """One document per line: a JSON object whose `column` holds its text."""
+    """One document per line: a JSON object whose `column` holds its text. A file that is
+    one JSON array of such objects (up to JSON_ARRAY_BYTES) is read whole instead."""
+
+    JSON_ARRAY_BYTES = 1 << 28
 
     def __init__(self, files: Sequence[Path], column: str, piece_chars: int):
         self.files, self.column, self.piece_chars = list(files), column, piece_chars
@@ -148,11 +151,14 @@ class JsonLines:
         at = position or {"file": 0, "byte": 0, "char": 0, "line": 1}
         for index in range(at["file"], len(self.files)):
             resumed = index == at["file"]
-            start = (at["byte"], at["char"], at["line"]) if resumed else (0, 0, 1)
+            start = (at["byte"], at["char"], at["line"], at.get("element", 0)) if resumed else (0, 0, 1, 0)
             yield from self._file_pieces(index, *start)
 
-    def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int) -> Iterator[Piece]:
+    def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, element: int) -> Iterator[Piece]:
         path = self.files[index]
+        if _is_json_array(path):
+            yield from self._array_pieces(index, element, skip_chars)
+            return
         for line, line_offset in _lines(path, offset):
             if line.strip():
                 position = {"file": index, "byte": line_offset, "line": line_number}
@@ -161,6 +167,24 @@ class JsonLines:
                 yield from row_pieces(text, position, skip_chars, self.piece_chars)
             skip_chars = 0
             line_number += 1
+
+    def _array_pieces(self, index: int, first: int, skip_chars: int) -> Iterator[Piece]:
+        path = self.files[index]
+        if path.stat().st_size > self.JSON_ARRAY_BYTES:
+            raise DataError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, too large to read at once: "
+                            "convert it to JSON Lines (one object per line), which is read as a stream")
+        with open_source(path) as f:
+            rows = json_row(f.read().decode("utf-8", "surrogateescape"), str(path))
+        for element in range(first, len(rows)):
+            where = f"element {element} of the JSON array in {path}"
+            text = lambda: document_text(rows[element], where, self.column)  # noqa: E731
+            position = {"file": index, "byte": 0, "line": 1, "element": element}
+            yield from row_pieces(text, position, skip_chars if element == first else 0, self.piece_chars)
+
+
+def _is_json_array(path: Path) -> bool:
+    with open_source(path) as f:
+        return f.read(4096).lstrip()[:1] == b"["
 
 
 class Rows:
@@ -253,7 +277,8 @@ def json_row(line: str, where: str) -> Any:
     try:
         return json.loads(line)
     except ValueError as err:
-        raise DataError(f"{where} is not valid JSON ({err}): each line must be one JSON object") from err
+        raise DataError(f"{where} is not valid JSON ({err}): each line must be one JSON object (JSON Lines), "
+                        "or the whole file one JSON array") from err
 
 
 def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:

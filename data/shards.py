@@ -108,7 +108,7 @@ class ShardWriter:
         n_train = int(len(tokens) * (1 - self.val_fraction))
         for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
             f = self.files[split]
-            self._guarded(split, lambda: (f.write(chunk.tobytes()), f.flush(), os.fsync(f.fileno())))
+            self._guarded(split, lambda: (f.write(chunk.data), f.flush(), os.fsync(f.fileno())))
             self.progress["bytes"][split] += chunk.nbytes
         self.progress["blocks"] += 1
         self.runs, self.filled = [], 0

@@ -228,6 +228,17 @@ def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, mo
     assert shards(prepare(cfg)) == shards(whole)
 
 
+def test_a_json_array_file_reads_like_json_lines(tmp_path):
+    rows = [{"text": text} for text in documents(30)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows, indent=1))
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    as_array = prepare(config(tmp_path, "a", path=str(tmp_path / "rows.json")))
+    assert shards(as_array) == shards(prepare(config(tmp_path, "b", path=str(tmp_path / "rows.jsonl"))))
+    (tmp_path / "bad.json").write_text('[{"text": "x"}, {"body": "y"}]')
+    with pytest.raises(DataError, match=r"element 1 of the JSON array in .*bad.json has no 'text' text"):
+        prepare(config(tmp_path, "c", path=str(tmp_path / "bad.json")))
+
+
 def test_max_documents_reads_no_further(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\nthis line is not JSON\n')
