@@ -67,8 +67,7 @@ class ShardWriter:
             if size is None:
                 return open(path, "wb")
             f = open(path, "r+b")
-            f.truncate(size)  # bytes written after the last recorded block are not part of it
-            f.seek(size)
+            f.seek(size)  # a block written after the last one recorded is written again, the same
             return f
         except OSError as err:
             raise self._write_error(path, err) from err

@@ -80,6 +80,18 @@ def test_pieces_tokenise_exactly_as_the_whole_text():
         assert [t for piece in pieces for t in encoding.encode(piece)] == encoding.encode(text)
 
 
+def test_forced_cuts_in_text_without_safe_ones_do_not_depend_on_the_piece_size():
+    from data.readers import FORCED_CUT_CHARS
+
+    encoding = Gpt2Tokenizer()
+    text = "a b " + "x" * (3 * FORCED_CUT_CHARS + 123) + " c\nd " + "y" * (FORCED_CUT_CHARS // 2) + " e"
+    cuts = {limit: [offset for offset, _ in text_pieces(text, 0, limit)] for limit in (10, 5000, FORCED_CUT_CHARS)}
+    forced = [offset for offset in cuts[10] if text[offset - 1:offset + 1] == "xx"]
+    assert len(forced) == 3 and all(set(forced) <= set(c) for c in cuts.values())
+    tokens = {limit: [t for _, p in text_pieces(text, 0, limit) for t in encoding.encode(p)] for limit in cuts}
+    assert tokens[10] == tokens[5000] == tokens[FORCED_CUT_CHARS]
+
+
 def test_a_text_file_far_larger_than_a_batch_is_one_document_with_the_whole_files_tokens(tmp_path):
     text = "\n\n".join(documents(3000))
     (tmp_path / "big.txt").write_text(text, encoding="utf-8")
@@ -184,6 +196,25 @@ def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, mon
     assert shards(resumed) == shards(whole) and resumed.meta["tokens"] == whole.meta["tokens"]
     assert resumed.meta["documents"] == whole.meta["documents"] == 600
     assert not (cfg.resolved_data_dir() / "progress.json").exists()
+
+
+def test_a_kill_between_writing_a_block_and_recording_it_resumes_without_the_extra_bytes(tmp_path, monkeypatch):
+    source = write_kind(tmp_path, "jsonl", documents(300))
+    common = dict(source, shuffle_block_tokens=1500, batch_mb=0.01)
+    whole = prepare(config(tmp_path, "whole", **common))
+    real_record, recorded = data.shards.ShardWriter._record, []
+
+    def killed_before_the_third_record(writer, *args):
+        if len(recorded) == 2:
+            raise Killed  # block 3 is in the partial shards, progress.json still says 2
+        recorded.append(real_record(writer, *args))
+
+    monkeypatch.setattr(data.shards.ShardWriter, "_record", killed_before_the_third_record)
+    cfg = config(tmp_path, **common)
+    with pytest.raises(Killed):
+        prepare(cfg)
+    monkeypatch.undo()
+    assert shards(prepare(cfg)) == shards(whole)
 
 
 def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypatch):
