@@ -23,7 +23,7 @@ import numpy as np
 
 from data.errors import DataError
 
-FORMAT_VERSION = 2  # bump when the shard layout or meta.json changes: prepare then rebuilds old data
+FORMAT_VERSION = 3  # bump when the shard layout or meta.json changes: prepare then rebuilds old data
 DIGESTS_SINCE = 2  # the first format whose meta.json records sha256 digests
 META_FILE = "meta.json"
 META_DIGEST = "meta_sha256"  # meta.json's entry holding the digest of its other entries
