@@ -20,6 +20,7 @@ meta.json is written last, so an interrupted run never leaves shards that look c
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 # Where, how fast and how carefully; never which tokens.
 RUN_ONLY_FIELDS = ("name", "num_proc", "batch_mb", "data_dir", "hf_cache_dir", "keep_hf_cache", "verify")
 LOCK_FILE = ".prepare.lock"
+TASK_CHARS = 1 << 16  # text per task handed to a tokenising thread
 
 
 @dataclass(frozen=True)
@@ -278,33 +280,46 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
-    """(piece, document, counters before it, its ids, whether they open with the separator):
-    ids as uint32 arrays, tokenised a batch of about batch_chars at a time."""
+    """(piece, document, counters before it, its ids, whether they open with the separator),
+    in reading order, ids as uint32 arrays. Pieces are grouped into small tasks for the
+    threads while this thread reads on: about batch_chars of text is in flight at most."""
+    task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
     with ThreadPoolExecutor(threads) as pool:
-        for batch in _batches(numbered, batch_chars):
-            groups = [batch[i::threads * 4] for i in range(threads * 4)]  # a few tasks per thread
-            encoded = pool.map(lambda group: [tokenizer.encode_array(p.text) for p, _, _ in group], groups)
-            ids = [None] * len(batch)
-            for i, arrays in enumerate(encoded):
-                ids[i::threads * 4] = arrays
-            for (piece, document, before), tokens in zip(batch, ids):
-                separated = piece.new_document and len(tokens) > 0 and before["nonempty"] > 0
-                if separated and tokenizer.eot_id is not None:
-                    yield piece, document, before, np.concatenate([[tokenizer.eot_id], tokens]).astype(np.uint32), True
-                else:
-                    yield piece, document, before, tokens, False
+        in_flight, chars = collections.deque(), 0
+        for task in _tasks(numbered, task_chars):
+            in_flight.append((task, pool.submit(_encode_task, tokenizer, task)))
+            chars += sum(len(piece.text) for piece, _, _ in task)
+            while chars > batch_chars:
+                done, encoded = in_flight.popleft()
+                chars -= sum(len(piece.text) for piece, _, _ in done)
+                yield from _with_separators(done, encoded.result(), tokenizer.eot_id)
+        for done, encoded in in_flight:
+            yield from _with_separators(done, encoded.result(), tokenizer.eot_id)
 
 
-def _batches(numbered, batch_chars: int):
-    batch, size = [], 0
+def _tasks(numbered, task_chars: int):
+    task, size = [], 0
     for item in numbered:
-        batch.append(item)
+        task.append(item)
         size += len(item[0].text)
-        if size >= batch_chars:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+        if size >= task_chars:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
+def _encode_task(tokenizer: Tokenizer, task: list) -> list[np.ndarray]:
+    return [tokenizer.encode_array(piece.text) for piece, _, _ in task]
+
+
+def _with_separators(task: list, encoded: list[np.ndarray], eot_id: Optional[int]):
+    for (piece, document, before), tokens in zip(task, encoded):
+        separated = piece.new_document and len(tokens) > 0 and before["nonempty"] > 0
+        if separated and eot_id is not None:
+            yield piece, document, before, np.concatenate([[eot_id], tokens]).astype(np.uint32), True
+        else:
+            yield piece, document, before, tokens, False
 
 
 # Processes forked while preparing (datasets' pool workers, and the manager process that

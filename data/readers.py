@@ -58,7 +58,7 @@ def cut_point(text: str, start: int, limit: int) -> int:
     if len(text) - start <= limit:
         return len(text)
     end = start + limit
-    width = 4096
+    width = 256
     while True:  # look back from `end` in growing windows: cuts are usually a few characters apart
         low = max(start + 1, end - width)
         matches = [m.start() for m in _SAFE_CUT.finditer(text, low, end + 2) if m.start() <= end]
@@ -80,6 +80,14 @@ def text_pieces(text: str, start: int, limit: int) -> Iterator[tuple[int, str]]:
         end = cut_point(text, start, limit)
         yield start, text[start:end]
         start = end
+
+
+def _decoded(text: str) -> tuple[str, int, int]:
+    """replace_escaped(text), and how many bytes of the file `text` was decoded from."""
+    try:
+        return text, 0, len(text.encode("utf-8"))  # the usual case: no undecodable bytes
+    except UnicodeEncodeError:
+        return *replace_escaped(text), len(text.encode("utf-8", "surrogateescape"))
 
 
 def replace_escaped(text: str) -> tuple[str, int]:
@@ -119,10 +127,10 @@ class TextFiles:
                         log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, replaced_in_file)
                     return
                 end, separated = self._piece_end(buffer, start)
-                text, replaced = replace_escaped(buffer[start:end])
+                text, replaced, size = _decoded(buffer[start:end])
                 replaced_in_file += replaced
                 yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
-                offset += len(buffer[start:end].encode("utf-8", "surrogateescape"))
+                offset += size
                 start, new_document = end, separated
                 if separated:
                     offset += len(self.separator.encode("utf-8"))
