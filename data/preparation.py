@@ -50,7 +50,7 @@ from data.meta import (
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
 from data.sources import Corpus, open_corpus, source_signature
-from data.tokenizer import CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer
+from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +269,8 @@ def _numbered(pieces: Iterator[Piece], max_documents: Optional[int], counters: d
 
 def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
     """The tokenizer for a new corpus; only `char` reads the corpus first (for its vocabulary)."""
-    if cfg.tokenizer != "char":
-        return build_tokenizer(cfg.tokenizer, [])
+    if cfg.tokenizer == "gpt2":
+        return Gpt2Tokenizer()
     characters: set[str] = set()
     counters = _new_counters()
     for piece, _, _ in tqdm(_numbered(corpus.reader.pieces(), cfg.max_documents, counters), desc="vocabulary",

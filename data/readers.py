@@ -227,18 +227,15 @@ class Stream:
         stream = self.open_stream()
         if at["state"] is not None:
             stream.load_state_dict(at["state"])
-        state, since, row = at["state"], 0, at["row"] - at["since"]
-        skip_rows, skip_chars = at["since"], at["char"]
-        for example in _examples(stream, self.origin):
-            if skip_rows:
-                skip_rows -= 1
-            else:
-                text = lambda: document_text(example["text"], f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
-                yield from row_pieces(text, {"state": state, "since": since, "row": row}, skip_chars, self.piece_chars)
+        state, row, skip_chars = at["state"], at["row"] - at["since"], at["char"]
+        for texts in _batches_of(stream, self.STATE_EVERY, self.origin):
+            for since, text in enumerate(texts[at["since"]:], start=at["since"]):
+                checked = lambda: document_text(text, f"row {row + since + 1} of {self.origin}", self.column)  # noqa: E731
+                position = {"state": state, "since": since, "row": row + since}
+                yield from row_pieces(checked, position, skip_chars, self.piece_chars)
                 skip_chars = 0
-            since, row = since + 1, row + 1
-            if since == self.STATE_EVERY:
-                state, since = stream.state_dict(), 0  # after the row just read: before the next one
+            at = {"since": 0}
+            state, row = stream.state_dict(), row + len(texts)  # after this batch: before the next one
 
 
 class Chain:
@@ -306,17 +303,18 @@ def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:
                 return
 
 
-def _examples(stream, origin: str) -> Iterator[dict]:
-    """The stream's rows; a failure while reading it (network, a malformed file) becomes a DataError."""
-    rows = iter(stream)
+def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
+    """The stream's texts, `rows` at a time; a failure while reading it (network, a
+    malformed file) becomes a DataError."""
+    batches = stream.iter(batch_size=rows)
     while True:
         try:
-            example = next(rows)
+            batch = next(batches)
         except StopIteration:
             return
         except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
             raise DataError(f"reading {origin} through datasets failed ({describe_error(err)})") from err
-        yield example
+        yield batch["text"]
 
 
 def open_source(path: Path):

@@ -61,9 +61,6 @@ class Tokenizer(ABC):
         """UTF-8 bytes of each id's text (0 for end-of-text): the bytes a run of tokens
         stands for is the sum over its ids, for losses in bits per byte."""
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
-
     def encode_array(self, text: str) -> np.ndarray:
         """encode() as a uint32 array (what the prepare step writes, without a list per token)."""
         return np.asarray(self.encode(text), dtype=np.uint32)
@@ -90,9 +87,6 @@ class Gpt2Tokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._encoding.encode_ordinary_batch(texts)  # threads; tiktoken drops the GIL
 
     def encode_array(self, text: str) -> np.ndarray:
         # No special tokens allowed, none refused: a literal "<|endoftext|>" is plain text, as in encode().
@@ -222,13 +216,6 @@ class CharTokenizer(Tokenizer):
 
 def _codepoints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-
-
-def build_tokenizer(name: str, texts: Iterable[str]) -> Tokenizer:
-    """A tokenizer for a new corpus; only `char` reads `texts` (for its vocabulary)."""
-    if name == "char":
-        return CharTokenizer.from_texts(texts)
-    return Gpt2Tokenizer()
 
 
 def load_tokenizer(source: dict | str | Path) -> Tokenizer:
