@@ -134,6 +134,9 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             log.warning("another process is preparing %s: waiting for it to finish", data_dir)
             fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as err:  # a filesystem without locks (some network mounts)
+            log.warning("cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
+                        data_dir / LOCK_FILE, err.strerror)
         yield
 
 
@@ -165,17 +168,18 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
 def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> dict:
     dtype = np.dtype(progress["dtype"])
     resumed = progress["resume"] is not None
-    writer = ShardWriter(data_dir, dtype, cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed, progress, resumed)
+    settings = (cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed)
+    writer = ShardWriter(data_dir, dtype, tokenizer.eot_id, settings, progress, resumed)
     try:
         start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": _new_counters()}
         counters = dict(start["counters"])
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
-        tokenized = _tokenized(pieces, tokenizer, threads, batch_chars)
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
-            for index, (piece, document, before, tokens, separated) in enumerate(tokenized):
+            for index, (piece, document, before, tokens) in enumerate(_tokenized(pieces, tokenizer, threads, batch_chars)):
+                opens = piece.new_document
                 if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
-                    tokens, separated = tokens[start["skip_tokens"]:], False
-                writer.add(tokens, document, separated, piece.position, before)
+                    tokens, opens = tokens[start["skip_tokens"]:], False
+                writer.add(tokens, document, opens, piece.position, before)
                 bar.update(len(tokens))
         tokens = writer.finish()
     finally:
@@ -280,8 +284,8 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
-    """(piece, document, counters before it, its ids, whether they open with the separator),
-    in reading order, ids as uint32 arrays. Pieces are grouped into small tasks for the
+    """(piece, document, counters before it, its ids as a uint32 array), in reading order.
+    Pieces are grouped into small tasks for the
     threads while this thread reads on: about batch_chars of text is in flight at most."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
     with ThreadPoolExecutor(threads) as pool:
@@ -292,9 +296,9 @@ def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
             while chars > batch_chars:
                 done, encoded = in_flight.popleft()
                 chars -= sum(len(piece.text) for piece, _, _ in done)
-                yield from _with_separators(done, encoded.result(), tokenizer.eot_id)
+                yield from _results(done, encoded.result())
         for done, encoded in in_flight:
-            yield from _with_separators(done, encoded.result(), tokenizer.eot_id)
+            yield from _results(done, encoded.result())
 
 
 def _tasks(numbered, task_chars: int):
@@ -313,13 +317,9 @@ def _encode_task(tokenizer: Tokenizer, task: list) -> list[np.ndarray]:
     return [tokenizer.encode_array(piece.text) for piece, _, _ in task]
 
 
-def _with_separators(task: list, encoded: list[np.ndarray], eot_id: Optional[int]):
+def _results(task: list, encoded: list[np.ndarray]):
     for (piece, document, before), tokens in zip(task, encoded):
-        separated = piece.new_document and len(tokens) > 0 and before["nonempty"] > 0
-        if separated and eot_id is not None:
-            yield piece, document, before, np.concatenate([[eot_id], tokens]).astype(np.uint32), True
-        else:
-            yield piece, document, before, tokens, False
+        yield piece, document, before, tokens
 
 
 # Processes forked while preparing (datasets' pool workers, and the manager process that

@@ -4,11 +4,11 @@ The stream (every document's tokens in reading order, separators included) is cu
 into blocks of `block_tokens` tokens: block k holds the stream's tokens
 [k * block_tokens, (k + 1) * block_tokens). Within a block the documents (or the parts
 of them that fall in it) are shuffled with a generator seeded by (seed, k); then the
-block's first (1 - val_fraction) of tokens are appended to train.bin and the rest to
-val.bin. So val.bin samples every part of the corpus, a stream included, and memory
-holds one block whatever the corpus size. A document that runs over a block's end
-stays last in it and continues first in the next, so its text is never reordered; every
-document but the corpus's first opens with the separator, so shuffling never joins two.
+block's first (1 - val_fraction) of tokens, the separator placed before each document
+but the first one written, are appended to train.bin and the rest to val.bin. So
+val.bin samples every part of the corpus, a stream included, and memory holds one block
+whatever the corpus size. A document that runs over a block's end stays last in it and
+continues first in the next, so its text is never reordered.
 
 Shards are written as <split>.bin.partial. After each block, progress.json records
 their sizes and where the next block starts in the source, so a prepare that is
@@ -45,18 +45,20 @@ def partial_path(data_dir: Path, split: str) -> Path:
 @dataclass
 class _Run:
     document: int  # index of the document these tokens belong to
-    separated: bool  # whether they open with the separator (the corpus's first document has none)
+    starts: bool  # whether they open it (else they continue it from the last block)
     parts: list = field(default_factory=list)  # arrays of its tokens, in order
 
 
 class ShardWriter:
     """Appends the stream's tokens to the partial shards, one block at a time."""
 
-    def __init__(self, data_dir: Path, dtype: np.dtype, block_tokens: int, val_fraction: float, seed: int,
+    def __init__(self, data_dir: Path, dtype: np.dtype, eot_id: Optional[int], settings: tuple[int, float, int],
                  progress: dict, resumed: bool):
-        """`progress` is what progress.json holds (new or read back); `resumed` continues its partial shards."""
-        self.data_dir, self.dtype, self.block_tokens = data_dir, dtype, block_tokens
-        self.val_fraction, self.seed, self.progress = val_fraction, seed, progress
+        """`settings` are (block_tokens, val_fraction, seed); `progress` is what progress.json
+        holds (new or read back); `resumed` continues its partial shards."""
+        self.data_dir, self.dtype, self.eot_id = data_dir, dtype, eot_id
+        self.block_tokens, self.val_fraction, self.seed = settings
+        self.progress = progress
         self.runs: list[_Run] = []
         self.filled = 0
         self.files = {split: self._open(split, progress["bytes"][split] if resumed else None) for split in SPLITS}
@@ -72,28 +74,28 @@ class ShardWriter:
         except OSError as err:
             raise self._write_error(path, err) from err
 
-    def add(self, tokens: np.ndarray, document: int, separated: bool, position: dict, counters: dict) -> None:
-        """Add one piece's tokens (`separated`: they open with the separator); `position` and
-        `counters` are where reading the piece began."""
+    def add(self, tokens: np.ndarray, document: int, new_document: bool, position: dict, counters: dict) -> None:
+        """Add one piece's tokens (`new_document`: it opens a document, perhaps an empty one,
+        which still takes its place in the shuffle); `position` and `counters` are where
+        reading the piece began."""
+        if new_document:
+            self.runs.append(_Run(document, starts=True))
         consumed = 0
         while consumed < len(tokens):
+            if not self.runs:  # the document runs on from the last block
+                self.runs.append(_Run(document, starts=False))
             part = tokens[consumed:consumed + self.block_tokens - self.filled]
-            self._append(document, separated and consumed == 0, part)
+            self.runs[-1].parts.append(part.astype(self.dtype))
+            self.filled += len(part)
             consumed += len(part)
             if self.filled == self.block_tokens:
-                self._write_block()
+                self._write_block(final=False)
                 self._record(position, consumed, counters)
-
-    def _append(self, document: int, separated: bool, tokens: np.ndarray) -> None:
-        if not self.runs or self.runs[-1].document != document:
-            self.runs.append(_Run(document, separated))
-        self.runs[-1].parts.append(tokens.astype(self.dtype))
-        self.filled += len(tokens)
 
     def finish(self) -> dict[str, int]:
         """Write the last (short) block, close the shards; their token counts."""
         if self.filled:
-            self._write_block()
+            self._write_block(final=True)
         for split, f in self.files.items():
             self._guarded(split, f.close)
         return {split: size // self.dtype.itemsize for split, size in self.progress["bytes"].items()}
@@ -102,8 +104,8 @@ class ShardWriter:
         for f in self.files.values():
             f.close()
 
-    def _write_block(self) -> None:
-        tokens = np.concatenate([part for run in self._shuffled_runs() for part in run.parts])
+    def _write_block(self, final: bool) -> None:
+        tokens = np.concatenate(self._with_separators(self._shuffled_runs(final)))
         n_train = int(len(tokens) * (1 - self.val_fraction))
         for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
             f = self.files[split]
@@ -112,16 +114,28 @@ class ShardWriter:
         self.progress["blocks"] += 1
         self.runs, self.filled = [], 0
 
-    def _shuffled_runs(self) -> list[_Run]:
-        """The block's runs in shuffled order. A first run without a separator (one continuing
-        the last block, or the corpus's first document) stays first; the last stays last."""
-        runs = self.runs
-        first = 0 if runs[0].separated else 1
-        if len(runs) - first < 2:
-            return runs
-        middle = runs[first:-1]
-        order = np.random.default_rng([self.seed, self.progress["blocks"]]).permutation(len(middle))
-        return runs[:first] + [middle[i] for i in order] + runs[-1:]
+    def _shuffled_runs(self, final: bool) -> list[_Run]:
+        """The block's runs in shuffled order. One continuing the last block stays first; the
+        last stays last unless the block is the corpus's last (it may run on into the next).
+        default_rng([seed, 0]) is default_rng(seed) (a trailing zero adds nothing to a seed
+        sequence), so a corpus of one block is shuffled as a whole by default_rng(seed), as
+        format 2 shuffled every corpus."""
+        runs, blocks = self.runs, self.progress["blocks"]
+        first = 0 if runs[0].starts else 1
+        last = len(runs) if final else max(first, len(runs) - 1)
+        middle = runs[first:last]
+        generator = np.random.default_rng([self.seed, blocks])
+        return runs[:first] + [middle[i] for i in generator.permutation(len(middle))] + runs[last:]
+
+    def _with_separators(self, runs: list[_Run]) -> list[np.ndarray]:
+        """The runs' tokens, the separator before each document but the first one written."""
+        parts = []
+        for index, run in enumerate(runs):
+            opens_corpus = self.progress["blocks"] == 0 and index == 0
+            if run.starts and run.parts and self.eot_id is not None and not opens_corpus:
+                parts.append(np.array([self.eot_id], dtype=self.dtype))
+            parts += run.parts
+        return parts
 
     def _record(self, position: dict, consumed: int, counters: dict) -> None:
         self.progress["resume"] = {"position": position, "skip_tokens": consumed, "counters": counters}

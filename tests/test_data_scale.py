@@ -119,6 +119,30 @@ def test_separated_documents_are_the_documents_split_by_hand(tmp_path):
     assert sorted(decoded.split(EOT)) == sorted(texts)  # one block: train + val is the shuffled stream
 
 
+def test_a_corpus_within_one_block_is_shuffled_and_split_as_format_2_did(tmp_path):
+    """Format 2 shuffled a whole corpus with datasets' shuffle (default_rng(seed).permutation
+    over all documents, empty ones included), put the separator before every non-empty
+    document but the one shuffled first, and held out the last val_fraction of tokens."""
+    texts = documents(200)
+    empty = (7, 50, 120)
+    for i in empty:
+        texts[i] = ""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    encoding = Gpt2Tokenizer()
+    first_is_empty = next(s for s in range(1000) if np.random.default_rng(s).permutation(len(texts))[0] in empty)
+    for seed in (1337, first_is_empty):
+        prepared = prepare(config(tmp_path, f"seed{seed}", path=str(rows), split_seed=seed))
+        stream = []
+        for position, index in enumerate(np.random.default_rng(seed).permutation(len(texts))):
+            if texts[index]:
+                stream += ([encoding.eot_id] if position > 0 else []) + encoding.encode(texts[index])
+        n_train = int(len(stream) * 0.9)
+        train, val = (np.frombuffer(b, np.uint16).tolist() for b in shards(prepared))
+        assert (stream[0] == encoding.eot_id) == (seed == first_is_empty)
+        assert train == stream[:n_train] and val == stream[n_train:]
+
+
 def test_shards_depend_on_neither_batch_size_nor_threads(tmp_path):
     source = write_kind(tmp_path, "jsonl", documents(400))
     small = prepare(config(tmp_path, "a", **source, batch_mb=0.005, shuffle_block_tokens=3000))
@@ -133,9 +157,10 @@ def test_blocks_are_shuffled_by_the_seed_and_each_gives_val_its_share(tmp_path):
     prepared = prepare(config(tmp_path, "a", **source, shuffle_block_tokens=block, tokenizer="char"))
     tokens = prepared.meta["tokens"]
     total = sum(tokens.values())
-    full, last = divmod(total, block)
-    expected_val = full * (block - int(block * 0.9)) + (last - int(last * 0.9))
-    assert prepared.meta["blocks"] == full + (last > 0) > 10 and tokens["val"] == expected_val
+    document_tokens = total - (2000 - 1)  # blocks are cut before the separators go in
+    blocks = prepared.meta["blocks"]
+    assert blocks == -(-document_tokens // block) > 10
+    assert abs(tokens["val"] - 0.1 * total) <= blocks  # each block rounds its share down
     tokenizer = prepared.tokenizer()
     train, val = (tokenizer.decode(np.frombuffer(b, np.uint16)) for b in shards(prepared))
     val_documents = [int(n) for n in re.findall(r"document (\d{5})", val)]
@@ -180,10 +205,10 @@ def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, mon
     real_write_block = data.shards.ShardWriter._write_block
     written = []
 
-    def killed_after_five_blocks(writer):
+    def killed_after_five_blocks(writer, **final):
         if len(written) == 5:
             raise Killed
-        written.append(real_write_block(writer))
+        written.append(real_write_block(writer, **final))
 
     monkeypatch.setattr(data.shards.ShardWriter, "_write_block", killed_after_five_blocks)
     cfg = config(tmp_path, **common)
@@ -196,6 +221,19 @@ def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, mon
     assert shards(resumed) == shards(whole) and resumed.meta["tokens"] == whole.meta["tokens"]
     assert resumed.meta["documents"] == whole.meta["documents"] == 600
     assert not (cfg.resolved_data_dir() / "progress.json").exists()
+
+
+def test_a_document_running_over_a_block_end_continues_first_in_the_next(tmp_path):
+    """The long document is upper case, the others lower case: its text continuing after
+    another document without a separator would show as a lower-case letter before an upper-case one."""
+    texts = ["ABCDEFGHIJ" * 250 + "ABCDE"] + [f"short doc {i} text here." for i in range(300)]  # ends mid-block
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    prepared = prepare(config(tmp_path, path=str(rows), tokenizer="char", shuffle_block_tokens=1000))
+    tokenizer = prepared.tokenizer()
+    train, val = (tokenizer.decode(np.frombuffer(b, np.uint16)) for b in shards(prepared))
+    assert prepared.meta["blocks"] > 3 and train.count("A") + val.count("A") == 251
+    assert re.search(r"[a-z0-9 .][A-Z]", train) is None and re.search(r"[a-z0-9 .][A-Z]", val) is None
 
 
 def test_a_kill_between_writing_a_block_and_recording_it_resumes_without_the_extra_bytes(tmp_path, monkeypatch):
@@ -221,6 +259,9 @@ def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypa
     (tmp_path / "one.txt").write_text(" ".join(documents(400)), encoding="utf-8")
     common = dict(path=str(tmp_path / "one.txt"), shuffle_block_tokens=1000, batch_mb=0.003)
     whole = prepare(config(tmp_path, "whole", **common))
+    assert whole.meta["blocks"] > 10 and whole.meta["documents"] == 1
+    tokens = np.concatenate([np.frombuffer(b, np.uint16) for b in shards(whole)])
+    assert Gpt2Tokenizer().eot_id not in tokens  # one document: no separator at any block boundary
     real_add = data.shards.ShardWriter.add
     calls = []
 
@@ -362,3 +403,15 @@ def test_lock_serialises_two_preparers(tmp_path):
         thread.join()
     assert sorted(r.reused for r in results) == [False, True]
     assert prepare_module.LOCK_FILE in os.listdir(cfg.resolved_data_dir())
+
+
+def test_a_filesystem_without_locks_prepares_with_a_warning(tmp_path, monkeypatch, caplog):
+    import fcntl
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    source = write_kind(tmp_path, "jsonl", documents(20))
+    assert not prepare(config(tmp_path, **source, val_fraction=0.3)).reused
+    assert "preparing without the lock" in caplog.text and "No locks available" in caplog.text
