@@ -195,6 +195,27 @@ class Killed(BaseException):
     """Stands in for SIGKILL: nothing below catches it."""
 
 
+def killed_then_resumed(monkeypatch, cfg: DataConfig, method: str, call: int):
+    """prepare(cfg) killed at the `call`-th call of ShardWriter.<method>, then run again:
+    (the data directory as the kill left it: its progress.json, if any), the resumed result."""
+    real, calls = getattr(data.shards.ShardWriter, method), []
+
+    def killed(writer, *args, **kwargs):
+        calls.append(method)
+        if len(calls) == call:
+            raise Killed
+        return real(writer, *args, **kwargs)
+
+    monkeypatch.setattr(data.shards.ShardWriter, method, killed)
+    with pytest.raises(Killed):
+        prepare(cfg)
+    monkeypatch.setattr(data.shards.ShardWriter, method, real)
+    progress = cfg.resolved_data_dir() / "progress.json"
+    left = json.loads(progress.read_text()) if progress.exists() else None
+    assert not (cfg.resolved_data_dir() / "meta.json").exists()
+    return left, prepare(cfg)
+
+
 @pytest.mark.parametrize("kind, tokenizer", [(kind, "gpt2") for kind in KINDS] + [("jsonl", "char")])
 def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, monkeypatch, kind, tokenizer):
     texts = documents(600)
@@ -202,22 +223,9 @@ def test_a_prepare_killed_mid_way_resumes_to_byte_identical_shards(tmp_path, mon
     common = dict(source, shuffle_block_tokens=1500, batch_mb=0.01, tokenizer=tokenizer)
     whole = prepare(config(tmp_path, "whole", **common))
     monkeypatch.setattr(Stream, "STATE_EVERY", 7)  # so a resumed stream starts from a saved state
-    real_write_block = data.shards.ShardWriter._write_block
-    written = []
-
-    def killed_after_five_blocks(writer, **final):
-        if len(written) == 5:
-            raise Killed
-        written.append(real_write_block(writer, **final))
-
-    monkeypatch.setattr(data.shards.ShardWriter, "_write_block", killed_after_five_blocks)
     cfg = config(tmp_path, **common)
-    with pytest.raises(Killed):
-        prepare(cfg)
-    assert not (cfg.resolved_data_dir() / "meta.json").exists()
-    assert json.loads((cfg.resolved_data_dir() / "progress.json").read_text())["blocks"] == 5
-    monkeypatch.setattr(data.shards.ShardWriter, "_write_block", real_write_block)
-    resumed = prepare(cfg)
+    left, resumed = killed_then_resumed(monkeypatch, cfg, "_write_block", call=6)
+    assert left["blocks"] == 5
     assert shards(resumed) == shards(whole) and resumed.meta["tokens"] == whole.meta["tokens"]
     assert resumed.meta["documents"] == whole.meta["documents"] == 600
     assert not (cfg.resolved_data_dir() / "progress.json").exists()
@@ -240,19 +248,9 @@ def test_a_kill_between_writing_a_block_and_recording_it_resumes_without_the_ext
     source = write_kind(tmp_path, "jsonl", documents(300))
     common = dict(source, shuffle_block_tokens=1500, batch_mb=0.01)
     whole = prepare(config(tmp_path, "whole", **common))
-    real_record, recorded = data.shards.ShardWriter._record, []
-
-    def killed_before_the_third_record(writer, *args):
-        if len(recorded) == 2:
-            raise Killed  # block 3 is in the partial shards, progress.json still says 2
-        recorded.append(real_record(writer, *args))
-
-    monkeypatch.setattr(data.shards.ShardWriter, "_record", killed_before_the_third_record)
-    cfg = config(tmp_path, **common)
-    with pytest.raises(Killed):
-        prepare(cfg)
-    monkeypatch.undo()
-    assert shards(prepare(cfg)) == shards(whole)
+    # killed before the third record: block 3 is in the partial shards, progress.json still says 2
+    left, resumed = killed_then_resumed(monkeypatch, config(tmp_path, **common), "_record", call=3)
+    assert left["blocks"] == 2 and shards(resumed) == shards(whole)
 
 
 def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypatch):
@@ -262,21 +260,8 @@ def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypa
     assert whole.meta["blocks"] > 10 and whole.meta["documents"] == 1
     tokens = np.concatenate([np.frombuffer(b, np.uint16) for b in shards(whole)])
     assert Gpt2Tokenizer().eot_id not in tokens  # one document: no separator at any block boundary
-    real_add = data.shards.ShardWriter.add
-    calls = []
-
-    def killed_later(writer, *args):
-        calls.append(1)
-        if len(calls) == 40:
-            raise Killed
-        real_add(writer, *args)
-
-    monkeypatch.setattr(data.shards.ShardWriter, "add", killed_later)
-    cfg = config(tmp_path, **common)
-    with pytest.raises(Killed):
-        prepare(cfg)
-    monkeypatch.undo()
-    assert shards(prepare(cfg)) == shards(whole)
+    left, resumed = killed_then_resumed(monkeypatch, config(tmp_path, **common), "add", call=40)
+    assert 0 < left["blocks"] < whole.meta["blocks"] and shards(resumed) == shards(whole)
 
 
 def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, monkeypatch):
