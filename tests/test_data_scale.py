@@ -264,7 +264,7 @@ def test_a_big_document_split_across_blocks_resumes_inside_it(tmp_path, monkeypa
     assert 0 < left["blocks"] < whole.meta["blocks"] and shards(resumed) == shards(whole)
 
 
-def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, monkeypatch):
+def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, monkeypatch, caplog):
     source = write_kind(tmp_path, "jsonl", documents(500))
     common = dict(source, shuffle_block_tokens=2000, batch_mb=0.01)
     whole = prepare(config(tmp_path, "whole", **common))
@@ -282,7 +282,9 @@ def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, mo
                                         r"run the same command again: it resumes after the 3 block\(s\) already written"):
         prepare(cfg)
     monkeypatch.undo()
+    caplog.set_level("INFO", logger="data.preparation")
     assert shards(prepare(cfg)) == shards(whole)
+    assert f"resuming the prepare of {cfg.resolved_data_dir()} after block 3" in caplog.text
 
 
 def test_a_json_array_file_reads_like_json_lines(tmp_path):
