@@ -285,41 +285,42 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
     """(piece, document, counters before it, its ids as a uint32 array), in reading order.
-    Pieces are grouped into small tasks for the
-    threads while this thread reads on: about batch_chars of text is in flight at most."""
+    Pieces are grouped into small tasks for the threads while this thread reads on: about
+    batch_chars of text is in flight at most."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
     with ThreadPoolExecutor(threads) as pool:
         in_flight, chars = collections.deque(), 0
-        for task in _tasks(numbered, task_chars):
-            in_flight.append((task, pool.submit(_encode_task, tokenizer, task)))
-            chars += sum(len(piece.text) for piece, _, _ in task)
+        for task, size in _tasks(numbered, task_chars):
+            in_flight.append((task, size, pool.submit(_encode_task, tokenizer, task)))
+            chars += size
             while chars > batch_chars:
-                done, encoded = in_flight.popleft()
-                chars -= sum(len(piece.text) for piece, _, _ in done)
-                yield from _results(done, encoded.result())
-        for done, encoded in in_flight:
-            yield from _results(done, encoded.result())
+                chars -= in_flight[0][1]
+                yield from _results(in_flight.popleft())
+        while in_flight:
+            yield from _results(in_flight.popleft())
 
 
 def _tasks(numbered, task_chars: int):
+    """(items, their characters), about task_chars at a time."""
     task, size = [], 0
     for item in numbered:
         task.append(item)
         size += len(item[0].text)
         if size >= task_chars:
-            yield task
+            yield task, size
             task, size = [], 0
     if task:
-        yield task
+        yield task, size
+
+
+def _results(submitted):
+    task, _, encoded = submitted
+    for (piece, document, before), tokens in zip(task, encoded.result()):
+        yield piece, document, before, tokens
 
 
 def _encode_task(tokenizer: Tokenizer, task: list) -> list[np.ndarray]:
     return [tokenizer.encode_array(piece.text) for piece, _, _ in task]
-
-
-def _results(task: list, encoded: list[np.ndarray]):
-    for (piece, document, before), tokens in zip(task, encoded):
-        yield piece, document, before, tokens
 
 
 # Processes forked while preparing (datasets' pool workers, and the manager process that

@@ -13,7 +13,6 @@ did is counted, logged and stored in meta.json.
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import logging
 import os
@@ -149,8 +148,11 @@ def _hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
     description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
     if streamed:
-        open_stream = functools.partial(_open_stream, cfg)
-        open_stream()  # fails here, before any work, if the source cannot be read
+        opened = [_open_stream(cfg)]  # fails here, before any work, if the source cannot be read
+
+        def open_stream():  # the stream checked above serves the first read; later reads open anew
+            return opened.pop() if opened else _open_stream(cfg)
+
         return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
     table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
     return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
