@@ -12,11 +12,15 @@ Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from .gpt import GPT
 from .memory import huge_page_zeros
+
+if TYPE_CHECKING:
+    from .gpt import GPT
 
 _ALIGN = 64  # bytes: every packed weight starts on a cache line
 
@@ -28,10 +32,18 @@ def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
     pages (huge_pages=False: ordinary memory, for comparison). Weights on other devices
     are left as they are.
 
-    Call it last: a later .to(dtype) or .half() copies the weights back into ordinary
-    memory. Meant for inference: every weight is now a view of the shared buffer, so
-    torch.save of a single weight would carry all of them (clone it first).
+    The model remembers its layout: a later .to(dtype), .half() or move back to the CPU
+    repacks the converted weights, so the order of the calls does not matter. Meant for
+    inference: every weight is now a view of the shared buffer, so torch.save of a
+    single weight would carry all of them (clone it first).
     """
+    model.decode_layout = huge_pages
+    pack_linear_weights(model, huge_pages)
+    return model
+
+
+def pack_linear_weights(model: nn.Module, huge_pages: bool) -> None:
+    """The repacking of to_decode_layout, for a model that already chose its layout."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     weights = [w for w in weights.values() if w.device.type == "cpu"]
     starts = [0]
@@ -48,4 +60,3 @@ def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
             packed = arena[start : start + weight.nbytes].view(weight.dtype).view(rows, cols)
             packed.copy_(weight.t() if column_major else weight)
             weight.data = packed.t() if column_major else packed
-    return model

@@ -11,16 +11,22 @@ crops its input to block_size (each such step costs a prefill of block_size).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
+from .cuda_graph import GraphedDecodeStep
 from .gpt import GPT
-from .kv_cache import KVCache
+from .kv_cache import KVCache, StaticKVCache
 from .sampling import Sampling, sample_next
 
 # Decides from a row's generated tokens (the newest last) whether the row is done.
 StopCheck = Callable[[list[int]], bool]
+# eager: a KVCache sized to what is filled; graph: a StaticKVCache and the decode step
+# replayed as a CUDA graph; static: the same step run as plain calls (what the graph
+# captures, checkable on any device).
+DECODE_MODES = ("eager", "graph", "static")
 
 
 @torch.inference_mode()
@@ -33,6 +39,7 @@ def stream(
     stop_tokens: Collection[int] = (),
     stop: StopCheck | None = None,
     vocab_size: int | None = None,
+    decode: str = "eager",
 ) -> Iterator[dict[int, int]]:
     """Generate continuations of prompts (lists of token ids) as one batch, yielding
     after every step {row: new token} for the rows still generating.
@@ -41,14 +48,17 @@ def stream(
     yielded), when stop(its generated tokens) is true (the token that made it true is
     yielded; sample.py maps stop strings to this), or after max_new_tokens. Only ids
     below vocab_size are sampled: pass the tokenizer's when the model's vocabulary is
-    padded (the padding rows are never trained). Put the model in eval mode first.
+    padded (the padding rows are never trained). decode is one of DECODE_MODES. Rows
+    with the same prompt share one prefill. Put the model in eval mode first.
     """
-    _check_request(model, prompts, max_new_tokens)
-    weight = model.lm_head.weight
+    _check_request(model, prompts, max_new_tokens, decode)
+    weight = model.transformer.wpe.weight  # in the activations' dtype, whatever the weight format
     history, pad = _left_pad(prompts, max_new_tokens, weight.device)  # (B, n + max_new_tokens), (B,)
     n = history.size(1) - max_new_tokens  # columns filled so far, padding included
     max_len = min(history.size(1), model.config.block_size)
-    cache = KVCache(model.config, len(prompts), max_len, device=weight.device, dtype=weight.dtype)
+    cache_type = KVCache if decode == "eager" else StaticKVCache
+    cache = cache_type(model.config, len(prompts), max_len, device=weight.device, dtype=weight.dtype)
+    step = GraphedDecodeStep(model, cache) if decode == "graph" else partial(_decode_step, model, cache)
     generator = sampling.generator(weight.device)
     rows = _Rows(len(prompts), stop_tokens, stop)
     logits = _prefill(model, cache, history[:, :n], pad)
@@ -64,7 +74,7 @@ def stream(
         if cache.length == cache.max_len:  # past block_size: slide the window
             logits = _prefill(model, cache, history[:, :n], pad)
         else:
-            logits = model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]
+            logits = step(tokens)
 
 
 def generate(
@@ -76,10 +86,12 @@ def generate(
     stop_tokens: Collection[int] = (),
     stop: StopCheck | None = None,
     vocab_size: int | None = None,
+    decode: str = "eager",
 ) -> list[list[int]]:
     """The generated tokens of every prompt: everything stream() yields, per row."""
     outputs: list[list[int]] = [[] for _ in prompts]
-    steps = stream(model, prompts, max_new_tokens, sampling, stop_tokens=stop_tokens, stop=stop, vocab_size=vocab_size)
+    steps = stream(model, prompts, max_new_tokens, sampling,
+                   stop_tokens=stop_tokens, stop=stop, vocab_size=vocab_size, decode=decode)
     for new in steps:
         for row, token in new.items():
             outputs[row].append(token)
@@ -114,7 +126,9 @@ class _Rows:
         return new
 
 
-def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, decode: str) -> None:
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
@@ -140,8 +154,19 @@ def _left_pad(
 
 def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:
     """Refill the cache with the last block_size columns of tokens (B, n), whose row b
-    begins with pad[b] padding columns. Returns the next-token logits (B, vocab)."""
+    begins with pad[b] padding columns, running each distinct row once (the samples of
+    one prompt share its prefill). Returns the next-token logits (B, vocab)."""
     start = max(0, tokens.size(1) - model.config.block_size)
-    cache.reset((pad - start).clamp(min=0))
-    logits, _ = model(tokens[:, start:], kv_cache=cache, last_only=True)
-    return logits[:, -1]
+    pad = (pad - start).clamp(min=0)
+    # Equal tokens with different padding are different rows: a prompt may begin with id 0.
+    rows = torch.cat([pad[:, None], tokens[:, start:]], dim=1)
+    distinct, source = torch.unique(rows, dim=0, return_inverse=True)  # (U, 1 + n - start), (B,)
+    cache.reset(distinct[:, 0])
+    logits, _ = model(distinct[:, 1:], kv_cache=cache, last_only=True)
+    cache.spread(source, pad)
+    return logits[source, -1]
+
+
+def _decode_step(model: GPT, cache: KVCache, tokens: Tensor) -> Tensor:
+    """Next-token logits (B, vocab) after appending tokens (B,) to the cached sequences."""
+    return model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]

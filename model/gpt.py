@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
+from .decode_layout import pack_linear_weights
 from .init import draw_seed, init_weights
 from .kv_cache import KVCache
 
@@ -65,6 +66,15 @@ class GPT(nn.Module):
         # Weight tying: the output projection reuses the token embedding matrix.
         self.transformer.wte.weight = self.lm_head.weight
         init_weights(self, init_seed)
+        self.decode_layout: bool | None = None  # to_decode_layout's huge_pages, once it has run
+
+    def _apply(self, fn, recurse: bool = True) -> "GPT":
+        # .to(), .half(), .cpu() and the like end here: they put converted weights in
+        # fresh row-major memory, so a model in the decode layout is packed again.
+        super()._apply(fn, recurse)
+        if self.decode_layout is not None:
+            pack_linear_weights(self, self.decode_layout)
+        return self
 
     @classmethod
     def shapes_only(cls, config: GPTConfig) -> "GPT":
@@ -128,7 +138,10 @@ class GPT(nn.Module):
             )
         # (T,), or (B, T) for a cache holding padded rows
         pos = kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
-        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        positions = self.transformer.wpe(pos)
+        # A token table stored in another format (weight_formats.py) joins the activations' dtype.
+        tokens = self.transformer.wte(idx).to(positions.dtype)
+        return self.transformer.drop(tokens + positions)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (the tied head counted once). exclude_embeddings drops

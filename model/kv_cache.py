@@ -79,14 +79,22 @@ class KVCache:
         return allowed[:, None]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store a layer's keys and values for the next T positions, k, v: (B, n_kv_head, T, hd).
+        """Store a layer's keys and values for the next T positions, k, v: (B, n_kv_head, T, hd),
+        B being the cache's batch or, in a prefill shared by several rows, its first B rows.
         Returns that layer's keys and values for all positions so far: (B, n_kv_head, length + T, hd)."""
-        end = self.length + k.size(2)
+        B, end = k.size(0), self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        self.keys[layer][:, :, self.length : end] = k
-        self.values[layer][:, :, self.length : end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        self.keys[layer][:B, :, self.length : end] = k
+        self.values[layer][:B, :, self.length : end] = v
+        return self.keys[layer][:B, :, :end], self.values[layer][:B, :, :end]
+
+    def spread(self, source_rows: Tensor, pad: Tensor) -> None:
+        """Give every row b the filled positions of row source_rows[b] and pad[b] padding
+        positions (both (batch,)): one prefill serves all the rows that share a prompt."""
+        for buffer in self.keys + self.values:
+            buffer[:, :, : self.length] = buffer[source_rows, :, : self.length]  # indexing copies first
+        self.pad = pad if bool(pad.any()) else None
 
     def advance(self, T: int) -> None:
         """Count the T positions every layer has just stored."""
@@ -98,3 +106,70 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     if device.type == "cpu":
         return huge_page_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose decode steps all have the same shapes and read how far the cache
+    is filled from a device tensor, not from Python: the step a CUDA graph can capture
+    once and replay (see cuda_graph.py). Every query attends over all max_len positions
+    through a mask that hides the unfilled ones, so a step costs a full-length attention.
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        batch_size: int,
+        max_len: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__(config, batch_size, max_len, device=device, dtype=dtype)
+        device = self.keys[0].device
+        self.filled = torch.zeros((), dtype=torch.long, device=device)  # `length` on the device
+        self.pad_rows = torch.zeros(batch_size, dtype=torch.long, device=device)  # `pad`, always a tensor
+        self.rows = batch_size  # rows in use: fewer during a prefill shared by several rows
+
+    def reset(self, pad: Tensor | None = None) -> None:
+        super().reset(pad)
+        pad = pad if pad is not None else torch.zeros_like(self.pad_rows)
+        self.rows = pad.numel()
+        # In place: a captured step keeps reading these very tensors.
+        self.filled.zero_()
+        self.pad_rows[: self.rows].copy_(pad)
+
+    def spread(self, source_rows: Tensor, pad: Tensor) -> None:
+        super().spread(source_rows, pad)
+        self.rows = pad.numel()
+        self.pad_rows.copy_(pad)
+
+    def _query_positions(self, T: int) -> Tensor:
+        return self.filled + torch.arange(T, device=self.filled.device)  # (T,)
+
+    def positions(self, T: int) -> Tensor:
+        """(rows, T) position ids, counted from each row's first real token."""
+        return (self._query_positions(T)[None] - self.pad_rows[: self.rows, None]).clamp(min=0)
+
+    def attention_mask(self, T: int) -> Tensor:
+        """(rows, 1, T, max_len): causal over the filled positions, padding hidden (a
+        padding query sees itself, so no softmax row is empty)."""
+        query_pos = self._query_positions(T)[:, None]  # (T, 1)
+        key_pos = torch.arange(self.max_len, device=query_pos.device)  # (max_len,)
+        real_key = key_pos >= self.pad_rows[: self.rows, None, None]  # (rows, 1, max_len)
+        allowed = (key_pos <= query_pos) & (real_key | (key_pos == query_pos))  # (B, T, max_len)
+        return allowed[:, None]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (rows, n_kv_head, T, hd) at the next T positions; returns the whole
+        buffers (rows, n_kv_head, max_len, hd), which the mask limits to what is filled."""
+        if self.length + k.size(2) > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {self.length + k.size(2)} were asked for")
+        where = self._query_positions(k.size(2))
+        keys, values = self.keys[layer][: self.rows], self.values[layer][: self.rows]
+        keys.index_copy_(2, where, k)
+        values.index_copy_(2, where, v)
+        return keys, values
+
+    def advance(self, T: int) -> None:
+        self.length += T
+        self.filled += T

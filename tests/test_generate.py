@@ -4,7 +4,7 @@ whole sequence (cropped to block_size) through the model for every new token."""
 import pytest
 import torch
 
-from model import GPT, Sampling, generate, stream, to_decode_layout
+from model import GPT, Sampling, generate, sample_next, stream, to_decode_layout
 
 GREEDY = Sampling(temperature=0)
 
@@ -18,6 +18,20 @@ def reference_greedy(model: GPT, prompt: list[int], max_new_tokens: int) -> list
             logits, _ = model(torch.tensor([seq[-block_size:]]))
             seq.append(int(logits[0, -1].argmax()))
     return seq[len(prompt) :]
+
+
+def reference_sampled(model: GPT, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> list[list[int]]:
+    """Each row's own tokens, no padding, the last block_size run through the model
+    without a cache; per step one draw for all rows together, as stream draws."""
+    seqs = [list(p) for p in prompts]
+    block_size = model.config.block_size
+    generator = sampling.generator(model.lm_head.weight.device)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = torch.stack([model(torch.tensor([seq[-block_size:]]))[0][0, -1] for seq in seqs])  # (B, V)
+            for seq, token in zip(seqs, sample_next(logits, sampling, generator).tolist()):
+                seq.append(token)
+    return [seq[len(p) :] for seq, p in zip(seqs, prompts)]
 
 
 def prompt(length: int, seed: int = 0) -> list[int]:
@@ -58,6 +72,18 @@ def test_seed_makes_sampling_reproducible(make_model):
     assert generate(model, prompts, 20, sampling) == first
     assert generate(model, prompts, 20, Sampling(temperature=1.0, top_k=50, seed=8)) != first
     assert first[0] != first[1]  # rows of one batch draw different samples
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(temperature=1.0, seed=3), Sampling(temperature=0.8, top_k=20, top_p=0.9, seed=4)]
+)
+def test_seeded_sampling_past_block_size_with_left_padded_rows_equals_reference(make_model, sampling):
+    model = make_model(block_size=16).double()  # float64: cached and uncached logits agree to ~1e-12
+    prompts = [prompt(n, seed=20 + n) for n in (3, 9, 14)]  # left padded by 11, 5 and 0
+    out = generate(model, prompts, 40, sampling)  # every row slides far past block_size
+    assert out == reference_sampled(model, prompts, 40, sampling)
+    assert all(len(set(tokens)) > 10 for tokens in out)  # diverse samples, so a wrong context shows
+    assert len({tuple(tokens) for tokens in out}) == 3
 
 
 def test_top_k_one_is_greedy(make_model):

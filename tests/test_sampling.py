@@ -97,6 +97,43 @@ def test_sample_frequencies_follow_softmax_at_temperature(temperature):
     torch.testing.assert_close(frequencies, torch.softmax(row / temperature, -1), rtol=0, atol=0.02)
 
 
+# Sorted: 3, 2, 1.5, 1, 0.5, 0, -1, -2. The nucleus (p=0.8) holds 5 tokens at temperature 2
+# (cumulative 0.77 after 4) but only 3 at temperature 1 (cumulative 0.73 after 2, 0.85 after 3).
+TEMPERED_LOGITS = torch.tensor([0.5, 3.0, -1.0, 1.5, 0.0, 2.0, -2.0, 1.0], dtype=torch.float64)
+TEMPERED_DRAWS = 200_000
+
+
+def softmax_over(logits: torch.Tensor, kept: set[int], temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) renormalised over the ids in kept; 0 elsewhere."""
+    ids = torch.tensor(sorted(kept))
+    probs = torch.zeros_like(logits)
+    probs[ids] = torch.exp((logits[ids] - logits[ids].max()) / temperature)
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(temperature=2.0, top_p=0.8), Sampling(temperature=2.0, top_k=4)], ids=["top_p", "top_k"]
+)
+def test_temperature_is_applied_before_top_p_and_top_k(sampling):
+    logits, temperature = TEMPERED_LOGITS, sampling.temperature
+    if sampling.top_k is None:
+        kept = reference_top_p((logits / temperature).tolist(), sampling.top_p)
+        untempered_nucleus = reference_top_p(logits.tolist(), sampling.top_p)
+        assert len(kept) == 5 and len(untempered_nucleus) == 3
+        wrong = softmax_over(logits, untempered_nucleus, temperature)  # filtered first, tempered after
+    else:
+        kept = reference_top_k(logits.tolist(), sampling.top_k)  # the same set at any temperature
+        wrong = softmax_over(logits, kept, 1.0)  # the temperature left out
+    expected = softmax_over(logits, kept, temperature)
+    batch = logits.float().expand(TEMPERED_DRAWS, -1)
+    samples = sample_next(batch, sampling, torch.Generator().manual_seed(3))
+    frequencies = torch.bincount(samples, minlength=len(logits)).double() / TEMPERED_DRAWS
+    # 5 standard errors per token (at most 0.0056); 0 for the tokens outside the kept set.
+    tolerance = 5 * (expected * (1 - expected) / TEMPERED_DRAWS).sqrt()
+    assert ((frequencies - expected).abs() <= tolerance).all(), (frequencies, expected)
+    assert (wrong - expected).abs().max() > 10 * tolerance.max()  # the wrong order is far outside
+
+
 def test_same_seed_same_samples_other_seed_other_samples():
     logits = random_logits(50, 40, seed=14)
     sampling = Sampling(seed=5)

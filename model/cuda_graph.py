@@ -1,0 +1,67 @@
+"""A decode step captured once as a CUDA graph and replayed for every later token.
+
+At batch 1 a GPU decode step is a few hundred small kernels, and launching them from
+Python takes longer than running them. A CUDA graph records the launches of one step
+against fixed input and output tensors; replaying it launches them all at once. That
+needs a step whose shapes never change and whose state lives on the device: a
+StaticKVCache gives both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .gpt import GPT
+from .kv_cache import StaticKVCache
+
+WARMUP_STEPS = 2  # eager runs on a side stream before capture, as torch asks for
+
+
+class GraphedDecodeStep:
+    """model(tokens (B, 1), kv_cache=cache, last_only=True) as a replayable CUDA graph.
+
+    Captured at the first call, from wherever the cache then stands; every call writes
+    the tokens into the graph's input, replays it (storing keys and values and moving
+    the cache on by one position) and returns the next-token logits (B, vocab) in the
+    graph's output tensor, which the next call overwrites.
+    """
+
+    def __init__(self, model: GPT, cache: StaticKVCache) -> None:
+        device = cache.keys[0].device
+        if device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs the model on a CUDA device, not {device}")
+        self.model, self.cache = model, cache
+        self.tokens = torch.zeros(cache.pad_rows.size(0), 1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: Tensor | None = None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        self.tokens.copy_(tokens.view(-1, 1))
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        self.cache.length += 1  # the replay moved the device's count; Python's follows
+        return self.logits
+
+    def _step(self) -> Tensor:
+        return self.model(self.tokens, kv_cache=self.cache, last_only=True)[0][:, -1]
+
+    def _capture(self) -> None:
+        # Each warm-up step and the capture advance the cache by one; step back after
+        # each, so the first replay writes the position they wrote (with the same tokens).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                self._step()
+                self._rewind()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+        self.cache.length -= 1  # capture records the kernels without running them
+
+    def _rewind(self) -> None:
+        self.cache.length -= 1
+        self.cache.filled -= 1

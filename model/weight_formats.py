@@ -1,0 +1,144 @@
+"""Weights in fewer bytes for decoding: bf16, or int8 with one scale per output channel.
+
+A batch-1 decode step reads every weight once, so it runs as fast as the weights
+arrive from memory: bf16 halves the bytes of fp32 and int8 quarters them. Only the
+Linear weights change format (and the token table, which is the LM head's weight);
+LayerNorms, biases, the position table, the residual stream and the KV cache keep
+the activation dtype. Each product rounds its input to bf16 and accumulates in fp32,
+as torch's CPU kernels for these formats do, and returns to the activation dtype.
+
+The stored weights are integer tensors (int8 values, and bf16 bit patterns kept as
+int16), so a later .to(dtype) or .half() changes the activations but never the format.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .gpt import GPT
+from .memory import huge_page_zeros
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+INT8_MAX = 127  # symmetric: -127..127, so a channel's scale is its largest |weight| / 127
+
+
+def to_weight_format(model: GPT, weights: str) -> GPT:
+    """The model with every Linear weight (the tied token table with them) stored as
+    `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
+    a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
+    inference; call it after moving the model to its device."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    if weights == "fp32":
+        return model
+    device = model.lm_head.weight.device
+    if weights == "int8" and device.type != "cpu":
+        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul); "
+                         f"the model is on {device}: use weights=bf16 there")
+    if model.transformer.wte.weight is not model.lm_head.weight:
+        raise ValueError("to_weight_format expects GPT's tied token table and LM head")
+    packed = BF16Linear if weights == "bf16" else Int8Linear
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, packed(child))
+    model.transformer.wte = TiedEmbedding(model.lm_head)
+    return model
+
+
+def weight_format(model: GPT) -> str:
+    """Which of WEIGHT_FORMATS the model's LM head is stored in (fp32: a plain Linear)."""
+    head = model.lm_head
+    return "int8" if isinstance(head, Int8Linear) else "bf16" if isinstance(head, BF16Linear) else "fp32"
+
+
+def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight (out, in) as int8 values and one bf16 scale per output row, weight ~ values * scale.
+
+    Each scale is the row's largest |weight| / 127 rounded up to a bf16, so no value
+    needs clipping; quantizing values * scale again gives back the same values and
+    scales. A row of zeros gets scale 1."""
+    amax = weight.detach().float().abs().amax(dim=1)
+    exact = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    scale = exact.to(torch.bfloat16)
+    rounded_down = scale.float() < exact
+    # The next larger bf16 of a positive bf16 is its bit pattern plus one.
+    scale = torch.where(rounded_down, (scale.view(torch.int16) + 1).view(torch.bfloat16), scale)
+    values = (weight.detach().float() / scale.float()[:, None]).round().clamp(-INT8_MAX, INT8_MAX)
+    return values.to(torch.int8), scale
+
+
+def dequantize_per_channel(values: Tensor, scale: Tensor) -> Tensor:
+    """The fp32 weight that int8 values (out, in) and bf16 scales (out,) stand for."""
+    return values.float() * scale.float()[:, None]
+
+
+class BF16Linear(nn.Module):
+    """A Linear whose weight is stored in bf16."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.register_buffer("weight_bits", _stored(weight.view(torch.int16)))
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> Tensor:
+        return self.weight_bits.view(torch.bfloat16)  # (out, in)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, idx: Tensor) -> Tensor:
+        """Rows idx of the weight, in bf16: (*idx.shape, in)."""
+        return self.weight[idx]
+
+
+class Int8Linear(nn.Module):
+    """A Linear whose weight is stored as int8 with one bf16 scale per output channel;
+    the product is torch's int8 weight-pack matmul (CPU), which takes bf16 inputs."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        values, scale = quantize_per_channel(linear.weight)
+        self.register_buffer("weight", _stored(values))  # (out, in) int8
+        self.register_buffer("scale_bits", scale.view(torch.int16))  # (out,)
+        self.bias = linear.bias
+
+    @property
+    def scale(self) -> Tensor:
+        return self.scale_bits.view(torch.bfloat16)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # the kernel takes (M, in)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)  # (M, out)
+        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, idx: Tensor) -> Tensor:
+        """Rows idx of the dequantized weight, in fp32 (exact): (*idx.shape, in)."""
+        return self.weight[idx].float() * self.scale[idx].float()[..., None]
+
+
+class TiedEmbedding(nn.Module):
+    """The token table read from the LM head it is tied to, in the head's format."""
+
+    def __init__(self, head: BF16Linear | Int8Linear) -> None:
+        super().__init__()
+        # Not a submodule: the head belongs to the model; the table only reads it.
+        self.__dict__["head"] = head
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.head.rows(idx)  # GPT casts it to the position table's dtype
+
+
+def _stored(tensor: Tensor) -> Tensor:
+    """tensor copied into huge pages on a CPU (a decode step streams it whole)."""
+    if tensor.device.type != "cpu":
+        return tensor.contiguous()
+    return huge_page_zeros(tensor.shape, tensor.dtype).copy_(tensor)
