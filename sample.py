@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from conf.cli import check_setting_names, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
-from model import GPT, stream, to_decode_layout
+from model import GPT, check_weight_format, stream, to_decode_layout, to_weight_format
 from model.generate import StopCheck
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from training.runtime import resolve_device, resolve_precision
@@ -63,11 +63,14 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     (when given) and return them with what produced them, as a JSON-able dict."""
     device = resolve_device(config.device)
     dtype = resolve_precision(config.dtype, device).dtype
+    check_weight_format(config.weights, device)
+    if config.decode == "graph" and device.type != "cuda":
+        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device}")
     checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
     if config.checkpoint is None:
         print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
     tokenizer = checkpoint.tokenizer()
-    model = checkpoint_model(checkpoint, device, dtype)
+    model = checkpoint_model(checkpoint, device, dtype, config.weights)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
                               f"only {model.config.vocab_size}: the checkpoint is mismatched")
@@ -84,6 +87,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
         stop_tokens=[] if tokenizer.eot_id is None else [tokenizer.eot_id],
         stop=stop_string_check(tokenizer, stops),
         vocab_size=tokenizer.vocab_size,
+        decode=config.decode,
     )
     for new in steps:
         for row, token in new.items():
@@ -100,17 +104,19 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
         "checkpoint": str(checkpoint.path),
         "prompt": prompt,
         "settings": {name: getattr(config, name) for name in
-                     ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")},
+                     ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "weights", "decode")},
         "samples": [c.summary(config.max_new_tokens) for c in completions],
     }
 
 
-def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> GPT:
-    """The checkpoint's model in eval mode on device, its weights in dtype."""
+def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
+    """The checkpoint's model in eval mode on device, computing in dtype, its Linear
+    weights converted to the `weights` format (in memory only)."""
     checkpoint.check_finite()
     model = GPT(checkpoint.model_config)
     load_weights(model, checkpoint.model_state)
-    return to_decode_layout(model.to(device=device, dtype=dtype).eval())
+    model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
+    return to_decode_layout(model)
 
 
 def read_prompt(prompt: str) -> str:

@@ -1,12 +1,15 @@
-"""Decode speed of the KV-cached generation engine for the gpt2 preset as MHA, GQA and MQA.
+"""Decode speed of the KV-cached generation engine for the gpt2 preset as MHA, GQA and MQA,
+with its weights in fp32, bf16 and int8.
 
-    python bench/decode.py --threads 1                  # the full table (about 2 minutes on a CPU)
-    python bench/decode.py --batch 1 --long 256         # shorter
+    python bench/decode.py --threads 1                  # the full table (about 6 minutes on a CPU)
+    python bench/decode.py --variants MHA --batch 1     # the weight formats side by side at batch 1
+    python bench/decode.py --weights fp32 --batch 1 --long 256   # shorter
     python bench/decode.py --json decode.json           # also write the figures as JSON
 
 How it is measured. Each model is the gpt2 preset (random weights: speed does not
-depend on their values) in fp32 on one device, in the layout sample.py uses
-(`to_decode_layout`). For every batch size and context length, `model.stream`
+depend on their values) computing in fp32 on one device, its Linear weights in each
+--weights format (`to_weight_format`: bf16, or int8 with a scale per output channel),
+in the layout sample.py uses (`to_decode_layout`). For every batch size and context length, `model.stream`
 generates greedily from random prompts of that length, and each decode step is
 timed from one yielded token to the next: sampling and Python overhead count, the
 prefill and --warmup steps do not. ms/token is the fastest step (one new token for
@@ -14,8 +17,9 @@ every row): on a shared machine it is the step least slowed by other processes, 
 the bandwidth below is taken the same way. tokens/s counts all rows.
 
 Batch-1 decode reads every weight once per token, so its ceiling is the memory read
-bandwidth over the bytes read per step: the weights (the position table counts one
-row) plus the cached keys and values. The bandwidth is measured as a large fp32
+bandwidth over the bytes read per step: the weights in their format (the position
+table counts one row) plus the cached keys and values; bf16 and int8 have ceilings
+2x and about 4x fp32's. The bandwidth is measured as a large fp32
 matrix-vector product (the fastest of --repeats, of a square and a wide 256 MiB matrix,
 each read in both layouts), in huge pages like the decode weights. A plain sum over the
 same matrices is printed beside it: it reads faster than BLAS's matrix-vector product
@@ -50,7 +54,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
 from conf import model_preset  # noqa: E402
-from model import GPT, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout  # noqa: E402
+from model import (  # noqa: E402
+    GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,
+)
 from training.runtime import describe_machine, synchronize  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
@@ -60,6 +66,7 @@ GREEDY = Sampling(temperature=0)
 @dataclass
 class Row:
     variant: str
+    weights: str
     n_kv_head: int
     batch: int
     context: int
@@ -99,10 +106,11 @@ def fastest_seconds(fn, device: torch.device, repeats: int) -> float:
 
 
 def bytes_per_step(model: GPT, batch: int, context: int) -> int:
-    """Bytes a decode step must read: every weight once (the position table: one row)
-    and the cached keys and values of every row."""
+    """Bytes a decode step must read: every weight once in its format (the position
+    table: one row) and the cached keys and values of every row."""
     wpe = model.transformer.wpe.weight
-    weights = sum(p.nbytes for p in model.parameters()) - wpe.nbytes + wpe[0].nbytes
+    stored = list(model.parameters()) + list(model.buffers())
+    weights = sum(t.nbytes for t in stored) - wpe.nbytes + wpe[0].nbytes
     cache = KVCache(model.config, batch, max_len=context, device="meta")
     return weights + cache.nbytes
 
@@ -112,10 +120,10 @@ def random_prompts(batch: int, length: int, vocab_size: int) -> list[list[int]]:
     return torch.randint(0, vocab_size, (batch, length), generator=generator).tolist()
 
 
-def decode_step_seconds(model: GPT, prompts: list[list[int]], steps: int, warmup: int) -> list[float]:
+def decode_step_seconds(model: GPT, prompts: list[list[int]], steps: int, warmup: int, decode: str = "eager") -> list[float]:
     """Seconds of each of the engine's decode steps after the prefill and `warmup` steps
     (each step hands its tokens to the host, so the clock covers the device's work)."""
-    stamps = [time.perf_counter() for _ in stream(model, prompts, warmup + steps + 1, GREEDY)]
+    stamps = [time.perf_counter() for _ in stream(model, prompts, warmup + steps + 1, GREEDY, decode=decode)]
     return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
 
 
@@ -156,49 +164,68 @@ def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
             for role, times in seconds.items()}
 
 
-def build_model(n_kv_head: int, device: torch.device, huge_pages: bool) -> GPT:
+def build_model(n_kv_head: int, device: torch.device, huge_pages: bool, weights: str = "fp32") -> GPT:
     torch.manual_seed(0)
     with device:
         model = GPT(model_preset("gpt2", f"model.n_kv_head={n_kv_head}")).eval()
-    return to_decode_layout(model, huge_pages)
+    return to_decode_layout(to_weight_format(model, weights), huge_pages)
 
 
 def run(args: argparse.Namespace, device: torch.device, bandwidth: float) -> tuple[list[Row], dict[str, float]]:
     rows, recompute_ratio = [], {}
     for name in args.variants:
-        model = build_model(VARIANTS[name], device, huge_pages=not args.small_pages)
-        block_size = model.config.block_size
-        for batch in args.batch:
-            kv_mb = KVCache(model.config, batch, block_size, device="meta").megabytes
-            for context in (args.short, args.long):
-                prompts = random_prompts(batch, context, model.config.vocab_size)
-                seconds = min(decode_step_seconds(model, prompts, args.tokens, args.warmup))
-                ceiling = batch * bandwidth / bytes_per_step(model, batch, context)
-                rows.append(Row(name, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling))
-                print(format_row(rows[-1]), flush=True)
-        if args.recompute_steps:
-            prompt = random_prompts(1, args.long, model.config.vocab_size)[0]
-            cached = next(r for r in rows if (r.variant, r.batch, r.context) == (name, 1, args.long))
-            recomputed = recompute_step_seconds(model, prompt, args.recompute_steps)
-            recompute_ratio[name] = 1e3 * recomputed / cached.ms_per_token
-            print(f"{name}: full recompute at context {args.long}: {1e3 * recomputed:.0f} ms/token, "
-                  f"{recompute_ratio[name]:.1f}x slower than cached", flush=True)
-        del model
+        for weights in args.weights:
+            model = build_model(VARIANTS[name], device, not args.small_pages, weights)
+            rows += measure_model(model, name, weights, args, bandwidth)
+            if args.recompute_steps and weights == args.weights[0]:
+                recompute_ratio[name] = measure_recompute(model, name, rows, args)
+            del model
     return rows, recompute_ratio
 
 
-HEADER = f"{'variant':<8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}"
+def measure_model(model: GPT, name: str, weights: str, args: argparse.Namespace, bandwidth: float) -> list[Row]:
+    rows = []
+    for batch in args.batch:
+        kv_mb = KVCache(model.config, batch, model.config.block_size, device="meta").megabytes
+        for context in (args.short, args.long):
+            prompts = random_prompts(batch, context, model.config.vocab_size)
+            seconds = min(decode_step_seconds(model, prompts, args.tokens, args.warmup))
+            ceiling = batch * bandwidth / bytes_per_step(model, batch, context)
+            rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling))
+            print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def measure_recompute(model: GPT, name: str, rows: list[Row], args: argparse.Namespace) -> float:
+    """How many times slower a loop without a cache is than the cached decode, batch 1."""
+    prompt = random_prompts(1, args.long, model.config.vocab_size)[0]
+    cached = next(r for r in rows if (r.variant, r.batch, r.context) == (name, 1, args.long))
+    recomputed = recompute_step_seconds(model, prompt, args.recompute_steps)
+    ratio = 1e3 * recomputed / cached.ms_per_token
+    print(f"{name}: full recompute at context {args.long}: {1e3 * recomputed:.0f} ms/token, "
+          f"{ratio:.1f}x slower than cached ({cached.weights} weights)", flush=True)
+    return ratio
+
+
+HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}"
 
 
 def format_row(r: Row) -> str:
-    return (f"{r.variant:<8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
+    return (f"{r.variant:<8}{r.weights:>8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
             f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%")
 
 
 def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:
-    """MQA's tokens/s over MHA's at this batch and context, when both were measured."""
-    speed = {r.variant: r.tokens_per_s for r in rows if (r.batch, r.context) == (batch, context)}
+    """MQA's tokens/s over MHA's at this batch and context (first weight format), when both were measured."""
+    speed = {r.variant: r.tokens_per_s for r in rows if (r.batch, r.context, r.weights) == (batch, context, rows[0].weights)}
     return speed["MQA"] / speed["MHA"] if {"MQA", "MHA"} <= speed.keys() else None
+
+
+def format_speedups(rows: list[Row]) -> dict[str, float]:
+    """Each weight format's batch-1 tokens/s over the first format's, per variant and context."""
+    base = {(r.variant, r.context): r.tokens_per_s for r in rows if r.batch == 1 and r.weights == rows[0].weights}
+    return {f"{r.variant} {r.weights} context {r.context}": r.tokens_per_s / base[(r.variant, r.context)]
+            for r in rows if r.batch == 1 and r.weights != rows[0].weights and (r.variant, r.context) in base}
 
 
 def parse_args() -> argparse.Namespace:
@@ -206,6 +233,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--weights", nargs="+", choices=WEIGHT_FORMATS, default=list(WEIGHT_FORMATS),
+                        help="weight formats, side by side (the first is the reference of the speed-ups)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--short", type=int, default=32, help="short context: prompt tokens")
     parser.add_argument("--long", type=int, default=960, help="long context: prompt tokens")
@@ -230,7 +259,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     bandwidth, plain_read = measure_bandwidth(device, args.repeats)
     pages = "4 KiB pages" if args.small_pages else "huge pages"
-    print(f"gpt2 preset, fp32, {device.type} ({describe_machine(device)}), torch {torch.__version__}, weights in {pages}")
+    print(f"gpt2 preset, fp32 activations, weights {'/'.join(args.weights)}, {device.type} ({describe_machine(device)}), torch {torch.__version__}, stored in {pages}")
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, fastest of {args.repeats}); "
           f"a plain sum reads {plain_read / 1e9:.1f} GB/s")
     print(f"greedy decode, the fastest of {args.tokens} steps after {args.warmup} warm-up steps; "
@@ -241,6 +270,9 @@ def main() -> None:
     speedup = mqa_speedup(rows, max(args.batch), args.long)
     if speedup is not None:
         print(f"MQA vs MHA at batch {max(args.batch)}, context {args.long}: {speedup:.2f}x the tokens/s")
+    speedups = format_speedups(rows)
+    for label, ratio in speedups.items():
+        print(f"batch 1, {label}: {ratio:.2f}x the tokens/s of {args.weights[0]} weights")
     variant = args.variants[0]
     rates = matrix_rates(build_model(VARIANTS[variant], device, huge_pages=not args.small_pages), args.repeats)
     print(f"{variant} batch 1: each weight's matrix-vector product timed alone "
@@ -258,6 +290,7 @@ def main() -> None:
             "rows": [asdict(r) for r in rows],
             "recompute_over_cached": recompute_ratio,
             "mqa_over_mha_tokens_per_s": speedup,
+            "over_first_weights_tokens_per_s": speedups,
             "matrix_gb_s": {role: rate / 1e9 for role, (_, rate) in rates.items()},
         }, indent=2))
 

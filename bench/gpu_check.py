@@ -18,7 +18,8 @@ Stages, each timed; one that fails records its error and the others still run:
                timed steps; peak memory; recompilations after warm-up and graph breaks;
                the same for GQA-4 and MQA
   decode       KV-cached greedy decode of the gpt2 preset in bf16 for MHA, GQA-4 and MQA at
-               batch 1/16/64 and context 128/1000: ms/token (median step), tokens/s, cache MiB
+               batch 1/16/64 and context 128/1000: ms/token (median step), tokens/s, cache MiB,
+               eagerly and with each step replayed as a CUDA graph (static KV cache), side by side
 
 It writes DIR/gpu_check.json and DIR/gpu_check.md and prints the markdown last. Packages
 the GPU image lacks (hydra-core, omegaconf, datasets, ...) are installed first from the
@@ -295,6 +296,7 @@ def _ratios(rows: list[dict]) -> None:
 
 def decode(device: torch.device, sizes: Sizes) -> list[dict]:
     dtype = torch.float32 if sizes.smoke else torch.bfloat16
+    graph = "graph" if device.type == "cuda" else "static"  # the smoke run checks the captured step eagerly
     rows = []
     for variant, n_kv_head in ATTENTION.items():
         torch.manual_seed(0)
@@ -304,9 +306,12 @@ def decode(device: torch.device, sizes: Sizes) -> list[dict]:
             cache_bytes = KVCache(model.config, batch, model.config.block_size, device="meta", dtype=dtype).nbytes
             for context in sizes.decode_contexts:
                 prompts = random_prompts(batch, context, model.config.vocab_size)
-                seconds = statistics.median(decode_step_seconds(model, prompts, sizes.decode_steps, warmup=3))
+                eager, graphed = (statistics.median(decode_step_seconds(model, prompts, sizes.decode_steps, 3, mode))
+                                  for mode in ("eager", graph))
                 rows.append({"attention": variant, "batch": batch, "context": context,
-                             "ms_per_token": round(1e3 * seconds, 3), "tokens_per_s": round(batch / seconds, 1),
+                             "ms_per_token": round(1e3 * eager, 3), "tokens_per_s": round(batch / eager, 1),
+                             "graph_mode": graph, "graph_ms_per_token": round(1e3 * graphed, 3),
+                             "graph_tokens_per_s": round(batch / graphed, 1), "graph_over_eager": round(eager / graphed, 2),
                              "kv_cache_bytes_full_context": cache_bytes})
         del model
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 TARGET_SPEEDUP, TARGET_MFU = 1.1, 0.45  # compiled gptlab over the compiled reference; MFU at dense bf16
+GRAPH_SPEEDUP = 3  # batch-1 decode replayed as a CUDA graph over eager
 
 
 def render(report: dict) -> str:
@@ -74,11 +75,14 @@ def _decode(report: dict) -> list[str]:
     rows = _result(report, "decode")
     if not rows:
         return []
-    lines = ["## KV-cached decode (greedy)", "", "| attention | batch | context | ms/token | tokens/s | KV cache MiB (full context) |",
-             "|---|--:|--:|--:|--:|--:|"]
+    graph = rows[0].get("graph_mode", "graph")
+    lines = ["## KV-cached decode (greedy)", "",
+             f"| attention | batch | context | eager ms/token | eager tokens/s | {graph} ms/token | {graph} tokens/s "
+             f"| {graph} / eager | KV cache MiB (full context) |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         lines.append(f"| {r['attention']} | {r['batch']} | {r['context']} | {r['ms_per_token']} | {r['tokens_per_s']:,} | "
-                     f"{r['kv_cache_bytes_full_context'] / 2**20:,.2f} |")
+                     f"{_or_dash(r.get('graph_ms_per_token'))} | {_or_dash(r.get('graph_tokens_per_s'))} | "
+                     f"{_times(r.get('graph_over_eager'))} | {r['kv_cache_bytes_full_context'] / 2**20:,.2f} |")
     return lines
 
 
@@ -108,7 +112,16 @@ def _targets(report: dict) -> list[str]:
             cache = at["MHA"]["kv_cache_bytes_full_context"] / at["MQA"]["kv_cache_bytes_full_context"]
             lines.append(_target(f"batch-{batch} MQA decode at context {context} faster than MHA "
                                  f"(cache {cache:.0f}x smaller)", speedup, speedup > 1, _times))
+        lines += _graph_targets(decode_rows)
     return ["## Targets", "", *lines] if lines else []
+
+
+def _graph_targets(rows: list[dict]) -> list[str]:
+    """CUDA-graph decode >= GRAPH_SPEEDUP x eager at batch 1, the shortest context, per attention."""
+    batch, context = min(r["batch"] for r in rows), min(r["context"] for r in rows)
+    return [_target(f"batch-{batch} {r['graph_mode']} decode at context {context} >= {GRAPH_SPEEDUP}x eager ({r['attention']})",
+                    r["graph_over_eager"], r["graph_over_eager"] >= GRAPH_SPEEDUP, _times)
+            for r in rows if (r["batch"], r["context"]) == (batch, context) and r.get("graph_over_eager") is not None]
 
 
 def _target(what: str, value, met: bool, fmt) -> str:

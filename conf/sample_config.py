@@ -8,9 +8,10 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from model import Sampling
+from model import WEIGHT_FORMATS, Sampling
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for checking
 MAX_NEW_TOKENS = 100_000  # per sample: the streamed text is decoded whole at each token
 
 
@@ -28,6 +29,8 @@ class SampleConfig:
     stop: list[str] = field(default_factory=list)
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "fp32"
+    decode: str = "eager"
     json: bool = False
 
     def __post_init__(self) -> None:
@@ -42,8 +45,9 @@ class SampleConfig:
         self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.seed)  # checks all four
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name, allowed in (("dtype", DTYPES), ("weights", WEIGHT_FORMATS), ("decode", DECODE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:

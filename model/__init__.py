@@ -3,11 +3,12 @@
 from .attention import CausalSelfAttention
 from .config import GPTConfig
 from .decode_layout import to_decode_layout
-from .generate import generate, stream
+from .generate import DECODE_MODES, generate, stream
 from .gpt import GPT, IGNORE_INDEX
 from .kv_cache import KVCache
 from .memory import huge_page_zeros
 from .sampling import Sampling, sample_next
+from .weight_formats import WEIGHT_FORMATS, check_weight_format, to_weight_format
 
 __all__ = [
     "GPT",
@@ -20,5 +21,9 @@ __all__ = [
     "generate",
     "stream",
     "to_decode_layout",
+    "to_weight_format",
+    "check_weight_format",
+    "WEIGHT_FORMATS",
+    "DECODE_MODES",
     "huge_page_zeros",
 ]

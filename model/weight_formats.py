@@ -29,14 +29,9 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
     `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
     a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
     inference; call it after moving the model to its device."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    check_weight_format(weights, model.lm_head.weight.device)
     if weights == "fp32":
         return model
-    device = model.lm_head.weight.device
-    if weights == "int8" and device.type != "cpu":
-        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul); "
-                         f"the model is on {device}: use weights=bf16 there")
     if model.transformer.wte.weight is not model.lm_head.weight:
         raise ValueError("to_weight_format expects GPT's tied token table and LM head")
     packed = BF16Linear if weights == "bf16" else Int8Linear
@@ -48,6 +43,15 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
     return model
 
 
+def check_weight_format(weights: str, device: torch.device) -> None:
+    """ValueError unless `weights` names a format that runs on device."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    if weights == "int8" and device.type != "cpu":
+        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul); "
+                         f"the model is on {device}: use weights=bf16 there")
+
+
 def weight_format(model: GPT) -> str:
     """Which of WEIGHT_FORMATS the model's LM head is stored in (fp32: a plain Linear)."""
     head = model.lm_head
@@ -57,15 +61,12 @@ def weight_format(model: GPT) -> str:
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
     """weight (out, in) as int8 values and one bf16 scale per output row, weight ~ values * scale.
 
-    Each scale is the row's largest |weight| / 127 rounded up to a bf16, so no value
-    needs clipping; quantizing values * scale again gives back the same values and
-    scales. A row of zeros gets scale 1."""
+    Each scale is the row's largest |weight| / 127 rounded to the nearest bf16, which
+    moves that weight to within 0.25 of 127 * scale: it becomes exactly -127 or 127, and
+    nothing is clipped. So values * scale quantizes again to the same values and scales.
+    A row of zeros gets scale 1."""
     amax = weight.detach().float().abs().amax(dim=1)
-    exact = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
-    scale = exact.to(torch.bfloat16)
-    rounded_down = scale.float() < exact
-    # The next larger bf16 of a positive bf16 is its bit pattern plus one.
-    scale = torch.where(rounded_down, (scale.view(torch.int16) + 1).view(torch.bfloat16), scale)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(torch.bfloat16)
     values = (weight.detach().float() / scale.float()[:, None]).round().clamp(-INT8_MAX, INT8_MAX)
     return values.to(torch.int8), scale
 

@@ -11,13 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     out = tmp_path / "decode.json"
-    args = ["--variants", "MQA", "MHA", "--batch", "1", "--short", "4", "--long", "8", "--tokens", "2",
+    args = ["--variants", "MQA", "MHA", "--weights", "fp32", "int8", "--batch", "1", "--short", "4", "--long", "8", "--tokens", "2",
             "--warmup", "1", "--recompute-steps", "1", "--repeats", "1", "--threads", "1", "--json", str(out)]
     run = subprocess.run([sys.executable, "bench/decode.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["bandwidth_gb_s"] > 0 and result["plain_read_gb_s"] > 0 and result["huge_pages"] is True
-    assert [(r["variant"], r["context"]) for r in result["rows"]] == [("MQA", 4), ("MQA", 8), ("MHA", 4), ("MHA", 8)]
+    assert [(r["variant"], r["weights"], r["context"]) for r in result["rows"]] == [
+        (variant, weights, context) for variant in ("MQA", "MHA") for weights in ("fp32", "int8") for context in (4, 8)]
     for row in result["rows"]:
         assert row["ms_per_token"] > 0 and row["ceiling_tokens_per_s"] > 0
         assert abs(row["tokens_per_s"] * row["ms_per_token"] - 1e3) < 1e-6 * 1e3  # batch 1
@@ -25,5 +26,10 @@ def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     assert kv == {"MHA": 72.0, "MQA": 6.0}  # gpt2 preset, 1024 positions, fp32
     assert set(result["recompute_over_cached"]) == {"MQA", "MHA"}
     assert result["mqa_over_mha_tokens_per_s"] > 0
+    ceiling = {(r["variant"], r["weights"], r["context"]): r["ceiling_tokens_per_s"] for r in result["rows"]}
+    assert 3.5 < ceiling[("MHA", "int8", 4)] / ceiling[("MHA", "fp32", 4)] < 4  # a quarter of the weight bytes
+    assert set(result["over_first_weights_tokens_per_s"]) == {
+        f"{variant} int8 context {context}" for variant in ("MQA", "MHA") for context in (4, 8)}
+    assert "batch 1, MHA int8 context 8:" in run.stdout
     assert set(result["matrix_gb_s"]) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}
     assert "MQA batch 1: each weight's matrix-vector product timed alone" in run.stdout

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from model import GPT, KVCache, Sampling, generate
+from model.weight_formats import to_weight_format
 from training.checkpoint import find_checkpoint, load_checkpoint
 from training.logger import read_metrics
 from training.runtime import configure_cuda
@@ -69,6 +70,24 @@ def test_greedy_sampling_on_the_gpu_matches_the_cpu(n_kv_head):
     seeded = Sampling(temperature=1.0, top_k=20, seed=1)
     assert generate(model, prompts, 8, seeded) == generate(model, prompts, 8, seeded)  # reproducible on the GPU
     assert on_gpu == generate(model.cpu(), prompts, 24, greedy)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_cuda_graph_decode_replays_exactly_the_static_steps(n_kv_head):
+    """Padded rows, sampled, and past block_size so the window slides between replays."""
+    model = cuda_model(n_kv_head=n_kv_head)
+    prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 44]]
+    sampling = Sampling(temperature=1.0, top_k=30, seed=7)
+    static = generate(model, prompts, 30, sampling, decode="static")
+    assert generate(model, prompts, 30, sampling, decode="graph") == static
+    greedy = Sampling(temperature=0)
+    assert generate(model, prompts, 30, greedy, decode="graph") == generate(model, prompts, 30, greedy)
+
+
+def test_bf16_weights_decode_on_the_gpu():
+    model = to_weight_format(cuda_model(torch.bfloat16, n_kv_head=2), "bf16")
+    tokens = generate(model, [[5, 17, 3]], 12, Sampling(temperature=0), decode="graph")
+    assert len(tokens[0]) == 12 and all(0 <= t < 97 for t in tokens[0])
 
 
 def test_compiled_model_equals_eager_on_the_gpu():

@@ -30,7 +30,10 @@ def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
     assert {(r["attention"], r["variant"]) for r in rows} >= {
         ("MHA", "gptlab-compiled"), ("MHA", "reference-compiled"), ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")}
     assert all(r["tokens_per_s"] > 0 for r in rows)
-    assert {r["attention"] for r in report["decode"]["result"]} == {"MHA", "GQA-4", "MQA"}
+    decode = report["decode"]["result"]
+    assert {r["attention"] for r in decode} == {"MHA", "GQA-4", "MQA"}
+    assert all(r["graph_mode"] == "static" and r["graph_tokens_per_s"] > 0 for r in decode)  # no CUDA: no graph
+    assert "| static ms/token |" in markdown
     for heading in ("## Training throughput", "## KV-cached decode", "## Targets"):
         assert heading in markdown
 
@@ -41,10 +44,14 @@ def test_a_failed_stage_is_reported_and_the_others_still_show():
         "environment": {"ok": True, "seconds": 1.0, "result": {"gpu": "NVIDIA H200", "torch": "2.11.0"}},
         "train": {"ok": False, "seconds": 2.0, "error": "RuntimeError: train.py failed\nmore"},
         "decode": {"ok": True, "seconds": 3.0, "result": [
-            {"attention": a, "batch": 64, "context": 1000, "ms_per_token": ms, "tokens_per_s": 64e3 / ms,
-             "kv_cache_bytes_full_context": mib * 2**20} for a, ms, mib in (("MHA", 20.0, 2304), ("MQA", 10.0, 192))]},
+            {"attention": a, "batch": batch, "context": 1000, "ms_per_token": ms, "tokens_per_s": batch * 1e3 / ms,
+             "graph_mode": "graph", "graph_ms_per_token": ms / speedup, "graph_tokens_per_s": batch * 1e3 * speedup / ms,
+             "graph_over_eager": speedup, "kv_cache_bytes_full_context": mib * 2**20}
+            for a, ms, mib, speedup in (("MHA", 20.0, 2304, 3.5), ("MQA", 10.0, 192, 2.0)) for batch in (1, 64)]},
     }
     markdown = render(report)
     assert "# GPU acceptance run: NVIDIA H200" in markdown
     assert "| train | FAILED: RuntimeError: train.py failed |" in markdown
     assert "batch-64 MQA decode at context 1000 faster than MHA (cache 12x smaller): 2.00x (met)" in markdown
+    assert "batch-1 graph decode at context 1000 >= 3x eager (MHA): 3.50x (met)" in markdown
+    assert "batch-1 graph decode at context 1000 >= 3x eager (MQA): 2.00x (NOT met)" in markdown

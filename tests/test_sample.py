@@ -205,6 +205,8 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
         ("max_new_tokens=0", "max_new_tokens must be an integer >= 1"),
         ("max_new_tokens=100000000", "max_new_tokens must be at most 100,000, got 100,000,000"),
         ("dtype=fp8", "dtype must be one of"),
+        ("weights=int4", r"weights must be one of \('fp32', 'bf16', 'int8'\), got 'int4'"),
+        ("decode=static", r"decode must be one of \('eager', 'graph'\), got 'static'"),
         ("stop=['']", "stop must be a list of non-empty strings"),
         ("+promt=hi", "promt is not a setting of sample.py"),
     ],
@@ -212,6 +214,18 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
 def test_invalid_settings_are_rejected_before_any_work(override, message):
     with pytest.raises(ValueError, match=message):
         settings(override)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_weight_formats_sample_the_checkpoint_and_say_so(runs_root, weights):
+    result, printed = run_sample(runs_root, "prompt=First", "temperature=0", "max_new_tokens=40", f"weights={weights}")
+    assert result["settings"]["weights"] == weights
+    assert result["samples"][0]["new_tokens"] == 40 and printed == "First" + result["samples"][0]["text"] + "\n"
+
+
+def test_a_graph_off_cuda_is_refused_before_the_checkpoint_is_read(tmp_path):
+    with pytest.raises(ValueError, match="decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on cpu"):
+        run_sample(tmp_path / "no-runs-here", "decode=graph", "device=cpu")
 
 
 def test_missing_prompt_file_is_explained(runs_root, tmp_path):

@@ -1,0 +1,170 @@
+"""bf16 and int8 weight formats against float references.
+
+Tolerances, from how the products round: given the same bf16-rounded input, a product
+sums in fp32 and rounds its output to bf16 (relative error 2^-9), so it agrees with the
+fp32 product of the same weights to 2^-8 of sum_k |x_k w_k| (room for the output
+rounding and for fp32 sums in another order). An int8 weight differs from the float
+weight by at most half its row's scale, so output i moves by at most scale_i / 2 *
+sum_k |x_k| on top of that.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model import GPT, KVCache, Sampling, generate, to_decode_layout
+from model.weight_formats import (
+    BF16Linear,
+    Int8Linear,
+    dequantize_per_channel,
+    quantize_per_channel,
+    to_weight_format,
+    weight_format,
+)
+
+GREEDY = Sampling(temperature=0)
+
+
+def random_linear(in_features=96, out_features=160, bias=True, seed=0) -> nn.Linear:
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():  # rows of very different sizes, as trained weights have
+        linear.weight.mul_(torch.logspace(-2, 1, out_features)[:, None])
+    return linear
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().float()
+
+
+def product_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """2^-8 of sum_k |x_k w_k| for each output of x @ weight^T."""
+    return 2**-8 * F.linear(rounded(x).abs(), weight.detach().float().abs()) + 1e-7
+
+
+def test_int8_scales_round_trip_and_no_value_is_clipped():
+    weight = random_linear().weight.detach()
+    values, scale = quantize_per_channel(weight)
+    assert values.dtype == torch.int8 and scale.dtype == torch.bfloat16 and scale.shape == (weight.size(0),)
+    assert torch.all(values.abs().amax(dim=1) == 127)  # each row's largest weight uses the whole range
+    again_values, again_scale = quantize_per_channel(dequantize_per_channel(values, scale))
+    assert torch.equal(again_values, values) and torch.equal(again_scale, scale)
+
+
+def test_int8_error_per_weight_is_at_most_half_a_scale():
+    weight = random_linear().weight.detach()
+    values, scale = quantize_per_channel(weight)
+    error = (dequantize_per_channel(values, scale) - weight).abs()
+    assert torch.all(error <= scale.float()[:, None] / 2 + 1e-7)
+
+
+def test_a_row_of_zeros_quantizes_to_zeros_with_scale_one():
+    weight = random_linear().weight.detach().clone()
+    weight[3] = 0
+    values, scale = quantize_per_channel(weight)
+    assert not values[3].any() and scale[3] == 1
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_int8_product_equals_the_float_product_of_its_dequantized_weight(rows):
+    linear = random_linear()
+    x = torch.randn(rows, linear.in_features)
+    values, scale = quantize_per_channel(linear.weight)
+    dequantized = dequantize_per_channel(values, scale)
+    reference = F.linear(rounded(x), dequantized, linear.bias)
+    assert torch.all((Int8Linear(linear)(x) - reference).abs() <= product_tolerance(x, dequantized))
+
+
+def test_int8_product_stays_within_the_quantization_bound_of_the_float_weight():
+    linear = random_linear()
+    x = torch.randn(5, linear.in_features)
+    _, scale = quantize_per_channel(linear.weight)
+    exact = F.linear(rounded(x), linear.weight.detach(), linear.bias)
+    bound = scale.float() / 2 * rounded(x).abs().sum(dim=1, keepdim=True) + product_tolerance(x, linear.weight)
+    assert torch.all((Int8Linear(linear)(x) - exact).abs() <= bound)
+
+
+def test_bf16_product_equals_the_float_product_of_the_rounded_weight():
+    linear = random_linear()
+    x = torch.randn(2, 3, linear.in_features)  # leading dimensions pass through
+    weight = rounded(linear.weight.detach())
+    reference = F.linear(rounded(x), weight, linear.bias)
+    assert torch.all((BF16Linear(linear)(x) - reference).abs() <= product_tolerance(x, weight))
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_every_linear_is_converted_and_the_token_table_reads_the_head(make_model, weights):
+    model = make_model(n_kv_head=2)
+    reference = copy.deepcopy(model)
+    to_weight_format(model, weights)
+    assert weight_format(model) == weights
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    idx = torch.tensor([[1, 5, 96, 0]])
+    head = model.lm_head
+    stored = head.weight.float() if weights == "bf16" else dequantize_per_channel(head.weight, head.scale)
+    assert torch.equal(model.transformer.wte(idx), stored[idx])
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected, _ = reference(idx)
+    torch.testing.assert_close(logits, expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_a_converted_model_decodes_with_its_cache_as_without(make_model, weights):
+    model = to_weight_format(make_model(n_kv_head=1).eval(), weights)
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    cache = KVCache(model.config, 2)
+    with torch.no_grad():
+        full, _ = model(idx)
+        prefill, _ = model(idx[:, :8], kv_cache=cache)
+        steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(8, 12)]
+    torch.testing.assert_close(torch.cat([prefill] + steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert cache.keys[0].dtype == torch.float32  # the cache keeps the activations' dtype
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_a_later_dtype_change_keeps_the_stored_format(make_model, weights):
+    model = to_weight_format(make_model(), weights)
+    stored = {name: b.clone() for name, b in model.named_buffers()}
+    start = [5, 17, 3]
+    tokens = generate(model.eval(), [start], 8, GREEDY)
+    model.double().float()
+    assert all(torch.equal(b, stored[name]) for name, b in model.named_buffers())
+    assert generate(model, [start], 8, GREEDY) == tokens
+
+
+def test_fp32_leaves_the_model_as_it_is(make_model):
+    model = make_model()
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert to_weight_format(model, "fp32") is model and weight_format(model) == "fp32"
+    assert linears == [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_unknown_format_and_int8_off_the_cpu_are_refused(make_model):
+    with pytest.raises(ValueError, match=r"weights must be one of \('fp32', 'bf16', 'int8'\), got 'int4'"):
+        to_weight_format(make_model(), "int4")
+    with pytest.raises(ValueError, match="weights=int8 runs on the CPU only .* on meta: use weights=bf16"):
+        to_weight_format(make_model().to("meta"), "int8")
+
+
+@pytest.mark.parametrize("change", ["to_bf16", "double"])
+def test_decode_layout_survives_a_later_dtype_change(make_model, change):
+    """to_decode_layout then .to(dtype) ends in the same layout as the other order."""
+    convert = (lambda m: m.to(torch.bfloat16)) if change == "to_bf16" else (lambda m: m.double())
+    model = make_model(n_kv_head=2)
+    later = convert(to_decode_layout(copy.deepcopy(model)))
+    first = to_decode_layout(convert(copy.deepcopy(model)))
+    for (name, a), (_, b) in zip(later.named_parameters(), first.named_parameters()):
+        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), name
+    column_major = later.transformer.h[0].mlp.c_fc.weight  # (128, 32): more outputs than inputs
+    assert column_major.stride() == (1, column_major.size(0))
+    assert later.lm_head.weight is later.transformer.wte.weight
+
+
+def test_a_model_never_put_in_decode_layout_keeps_plain_row_major_weights(make_model):
+    model = make_model().double()
+    assert model.decode_layout is None
+    assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, nn.Linear))
