@@ -1,10 +1,16 @@
-"""bench/decode.py runs end to end and reports every figure it promises (a smoke test:
+"""bench/decode.py and bench/weight_quality.py run end to end and reports every figure it promises (a smoke test:
 speed itself is never asserted)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+import train
+from conf import CONF_DIR
+from conftest import training_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,3 +39,26 @@ def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     assert "batch 1, MHA int8 context 8:" in run.stdout
     assert set(result["matrix_gb_s"]) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}
     assert "MQA batch 1: each weight's matrix-vector product timed alone" in run.stdout
+
+
+def test_weight_quality_benchmark_compares_every_format_with_fp32(tmp_path):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        train.train(compose(config_name="train", overrides=training_overrides(tmp_path)))
+    out = tmp_path / "quality.json"
+    args = ["--runs-root", str(tmp_path / "runs"), "--eval-iters", "2", "--batch-size", "2", "--prompts", "2",
+            "--prompt-tokens", "4", "--tokens", "40", "--json", str(out)]
+    run = subprocess.run([sys.executable, "bench/weight_quality.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = {r["weights"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["fp32", "bf16", "int8"]
+    assert rows["fp32"]["val_loss_change"] == 0 and rows["fp32"]["teacher_forced_agreement"] == 1
+    assert rows["fp32"]["first_difference"] == ["none", "none"]
+    for row in rows.values():
+        assert row["val_loss"] > 0 and 0 <= row["free_running_agreement"] <= 1
+    assert rows["int8"]["val_loss_change"] != 0  # the format really changed the weights
+
+
+def test_weight_quality_without_the_runs_data_says_what_is_missing(tmp_path):
+    run = subprocess.run([sys.executable, "bench/weight_quality.py", "--runs-root", str(tmp_path / "none")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and "Traceback" not in run.stderr

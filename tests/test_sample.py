@@ -20,6 +20,7 @@ from conf import CONF_DIR
 from conf.sample_config import load_sample_config
 from conftest import training_overrides
 from data import CharTokenizer
+from model.weight_formats import weight_format
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
 
 from test_generate import reference_greedy
@@ -221,6 +222,14 @@ def test_weight_formats_sample_the_checkpoint_and_say_so(runs_root, weights):
     result, printed = run_sample(runs_root, "prompt=First", "temperature=0", "max_new_tokens=40", f"weights={weights}")
     assert result["settings"]["weights"] == weights
     assert result["samples"][0]["new_tokens"] == 40 and printed == "First" + result["samples"][0]["text"] + "\n"
+    checkpoint = load_checkpoint(find_checkpoint(None, runs_root))
+    assert weight_format(sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32, weights)) == weights
+
+
+def test_int8_off_the_cpu_is_refused_before_the_checkpoint_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(sample, "resolve_device", lambda _: torch.device("meta"))  # any device but the CPU
+    with pytest.raises(ValueError, match="weights=int8 runs on the CPU only .* on meta: use weights=bf16 there"):
+        run_sample(tmp_path / "no-runs-here", "weights=int8")
 
 
 def test_a_graph_off_cuda_is_refused_before_the_checkpoint_is_read(tmp_path):

@@ -136,6 +136,15 @@ def test_a_later_dtype_change_keeps_the_stored_format(make_model, weights):
     assert generate(model, [start], 8, GREEDY) == tokens
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_a_converted_model_computes_in_bf16_activations_too(make_model, weights):
+    model = to_weight_format(make_model(), weights).to(torch.bfloat16)
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([[5, 17, 3]]))
+    assert logits.dtype == torch.bfloat16
+    assert len(generate(model, [[5, 17, 3]], 6, GREEDY)[0]) == 6
+
+
 def test_fp32_leaves_the_model_as_it_is(make_model):
     model = make_model()
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -161,6 +170,8 @@ def test_decode_layout_survives_a_later_dtype_change(make_model, change):
         assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), name
     column_major = later.transformer.h[0].mlp.c_fc.weight  # (128, 32): more outputs than inputs
     assert column_major.stride() == (1, column_major.size(0))
+    weights = [m.weight for m in later.modules() if isinstance(m, nn.Linear)]
+    assert len({w.untyped_storage().data_ptr() for w in weights}) == 1  # packed again into one buffer
     assert later.lm_head.weight is later.transformer.wte.weight
 
 
