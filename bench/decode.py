@@ -14,7 +14,8 @@ generates greedily from random prompts of that length, and each decode step is
 timed from one yielded token to the next: sampling and Python overhead count, the
 prefill and --warmup steps do not. ms/token is the fastest step (one new token for
 every row): on a shared machine it is the step least slowed by other processes, and
-the bandwidth below is taken the same way. tokens/s counts all rows.
+the bandwidth below is taken the same way. tokens/s counts all rows. prefill ms is the
+time from the call to the first token (the prompts' prefill), timed once.
 
 Batch-1 decode reads every weight once per token, so its ceiling is the memory read
 bandwidth over the bytes read per step: the weights in their format (the position
@@ -74,6 +75,7 @@ class Row:
     ms_per_token: float
     tokens_per_s: float
     ceiling_tokens_per_s: float  # memory read bandwidth / bytes read per decode step
+    prefill_ms: float  # the prompts' prefill and the first token, timed once
 
 
 def measure_bandwidth(device: torch.device, repeats: int) -> tuple[float, float]:
@@ -123,8 +125,16 @@ def random_prompts(batch: int, length: int, vocab_size: int) -> list[list[int]]:
 def decode_step_seconds(model: GPT, prompts: list[list[int]], steps: int, warmup: int, decode: str = "eager") -> list[float]:
     """Seconds of each of the engine's decode steps after the prefill and `warmup` steps
     (each step hands its tokens to the host, so the clock covers the device's work)."""
+    return timed_generation(model, prompts, steps, warmup, decode)[1]
+
+
+def timed_generation(model: GPT, prompts: list[list[int]], steps: int, warmup: int,
+                     decode: str = "eager") -> tuple[float, list[float]]:
+    """Seconds from the call to the first token (the prefill and one sampling), and
+    of each decode step after `warmup` more."""
+    start = time.perf_counter()
     stamps = [time.perf_counter() for _ in stream(model, prompts, warmup + steps + 1, GREEDY, decode=decode)]
-    return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
+    return stamps[0] - start, [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
 
 
 @torch.inference_mode()
@@ -189,9 +199,11 @@ def measure_model(model: GPT, name: str, weights: str, args: argparse.Namespace,
         kv_mb = KVCache(model.config, batch, model.config.block_size, device="meta").megabytes
         for context in (args.short, args.long):
             prompts = random_prompts(batch, context, model.config.vocab_size)
-            seconds = min(decode_step_seconds(model, prompts, args.tokens, args.warmup))
+            prefill, steps = timed_generation(model, prompts, args.tokens, args.warmup)
+            seconds = min(steps)
             ceiling = batch * bandwidth / bytes_per_step(model, batch, context)
-            rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling))
+            rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling,
+                            1e3 * prefill))
             print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -207,12 +219,12 @@ def measure_recompute(model: GPT, name: str, rows: list[Row], args: argparse.Nam
     return ratio
 
 
-HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}"
+HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}{'prefill ms':>12}"
 
 
 def format_row(r: Row) -> str:
     return (f"{r.variant:<8}{r.weights:>8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
-            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%")
+            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%{r.prefill_ms:>12.0f}")
 
 
 def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:

@@ -26,7 +26,7 @@ def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     assert [(r["variant"], r["weights"], r["context"]) for r in result["rows"]] == [
         (variant, weights, context) for variant in ("MQA", "MHA") for weights in ("fp32", "int8") for context in (4, 8)]
     for row in result["rows"]:
-        assert row["ms_per_token"] > 0 and row["ceiling_tokens_per_s"] > 0
+        assert row["ms_per_token"] > 0 and row["ceiling_tokens_per_s"] > 0 and row["prefill_ms"] > 0
         assert abs(row["tokens_per_s"] * row["ms_per_token"] - 1e3) < 1e-6 * 1e3  # batch 1
     kv = {r["variant"]: r["kv_cache_mib"] for r in result["rows"]}
     assert kv == {"MHA": 72.0, "MQA": 6.0}  # gpt2 preset, 1024 positions, fp32

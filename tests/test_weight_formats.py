@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import GPT, KVCache, Sampling, generate, to_decode_layout
+from model import KVCache, Sampling, generate, to_decode_layout
 from model.weight_formats import (
     BF16Linear,
     Int8Linear,
