@@ -5,11 +5,13 @@
     echo "a prompt from stdin" | python sample.py prompt=-
     python sample.py checkpoint=runs/<run> prompt=FILE:prompt.txt max_new_tokens=500
     python sample.py 'stop=["\\n\\n"]' json=true             # one JSON object, for scripts
+    python sample.py "def main(" weights=int8               # int8 weights: fewer bytes per token on a CPU
 
 The story: check the settings, find the checkpoint and load it (weights through
-safetensors only, nothing unpickled), rebuild its model and the tokenizer it was
-trained with, encode the prompt, then generate every sample in one batch with the
-KV-cached engine, printing the first sample as it grows and the others at the end.
+safetensors only, nothing unpickled), rebuild its model (its Linear weights in the
+`weights` format) and the tokenizer it was trained with, encode the prompt, then
+generate every sample in one batch with the KV-cached engine (one prefill for all of
+them), printing the first sample as it grows and the others at the end.
 """
 
 from __future__ import annotations

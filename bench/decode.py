@@ -1,7 +1,7 @@
 """Decode speed of the KV-cached generation engine for the gpt2 preset as MHA, GQA and MQA,
 with its weights in fp32, bf16 and int8.
 
-    python bench/decode.py --threads 1                  # the full table (about 6 minutes on a CPU)
+    python bench/decode.py --threads 1                  # the full table (about 12 minutes on a CPU)
     python bench/decode.py --variants MHA --batch 1     # the weight formats side by side at batch 1
     python bench/decode.py --weights fp32 --batch 1 --long 256   # shorter
     python bench/decode.py --json decode.json           # also write the figures as JSON
@@ -9,13 +9,14 @@ with its weights in fp32, bf16 and int8.
 How it is measured. Each model is the gpt2 preset (random weights: speed does not
 depend on their values) computing in fp32 on one device, its Linear weights in each
 --weights format (`to_weight_format`: bf16, or int8 with a scale per output channel),
-in the layout sample.py uses (`to_decode_layout`). For every batch size and context length, `model.stream`
+in the layout sample.py uses (`to_decode_layout`). The formats of one variant are
+measured side by side: at each batch and context they take turns, --rounds times. For every batch size and context length, `model.stream`
 generates greedily from random prompts of that length, and each decode step is
 timed from one yielded token to the next: sampling and Python overhead count, the
-prefill and --warmup steps do not. ms/token is the fastest step (one new token for
+prefill and --warmup steps do not. ms/token is the fastest step over the rounds (one new token for
 every row): on a shared machine it is the step least slowed by other processes, and
 the bandwidth below is taken the same way. tokens/s counts all rows. prefill ms is the
-time from the call to the first token (the prompts' prefill), timed once.
+time from the call to the first token (the prompts' prefill), the fastest of the rounds.
 
 Batch-1 decode reads every weight once per token, so its ceiling is the memory read
 bandwidth over the bytes read per step: the weights in their format (the position
@@ -24,7 +25,9 @@ table counts one row) plus the cached keys and values; bf16 and int8 have ceilin
 matrix-vector product (the fastest of --repeats, of a square and a wide 256 MiB matrix,
 each read in both layouts), in huge pages like the decode weights. A plain sum over the
 same matrices is printed beside it: it reads faster than BLAS's matrix-vector product
-does. At batch 8 a CPU is compute-bound, so that ceiling is far away. The
+does, and with several threads faster than one core can, so "% read" gives each row's
+share of that harder ceiling too (bf16 and int8 kernels use every thread; fp32
+matrix-vector products run on one core). At batch 8 a CPU is compute-bound, so that ceiling is far away. The
 full-recompute figure runs the whole sequence through the model for each token, as a
 loop without a cache does.
 
@@ -75,7 +78,8 @@ class Row:
     ms_per_token: float
     tokens_per_s: float
     ceiling_tokens_per_s: float  # memory read bandwidth / bytes read per decode step
-    prefill_ms: float  # the prompts' prefill and the first token, timed once
+    read_ceiling_tokens_per_s: float  # the same with a plain read's bandwidth
+    prefill_ms: float  # the prompts' prefill and the first token
 
 
 def measure_bandwidth(device: torch.device, repeats: int) -> tuple[float, float]:
@@ -181,30 +185,41 @@ def build_model(n_kv_head: int, device: torch.device, huge_pages: bool, weights:
     return to_decode_layout(to_weight_format(model, weights), huge_pages)
 
 
-def run(args: argparse.Namespace, device: torch.device, bandwidth: float) -> tuple[list[Row], dict[str, float]]:
+def run(args: argparse.Namespace, device: torch.device, bandwidth: tuple[float, float]) -> tuple[list[Row], dict[str, float]]:
     rows, recompute_ratio = [], {}
     for name in args.variants:
-        for weights in args.weights:
-            model = build_model(VARIANTS[name], device, not args.small_pages, weights)
-            rows += measure_model(model, name, weights, args, bandwidth)
-            if args.recompute_steps and weights == args.weights[0]:
-                recompute_ratio[name] = measure_recompute(model, name, rows, args)
-            del model
+        models = {weights: build_model(VARIANTS[name], device, not args.small_pages, weights) for weights in args.weights}
+        for batch in args.batch:
+            for context in (args.short, args.long):
+                rows += measure_formats(models, name, batch, context, args, bandwidth)
+        if args.recompute_steps:
+            recompute_ratio[name] = measure_recompute(models[args.weights[0]], name, rows, args)
+        del models
     return rows, recompute_ratio
 
 
-def measure_model(model: GPT, name: str, weights: str, args: argparse.Namespace, bandwidth: float) -> list[Row]:
+def measure_formats(models: dict[str, GPT], name: str, batch: int, context: int,
+                    args: argparse.Namespace, bandwidth: tuple[float, float]) -> list[Row]:
+    """Every weight format's decode at this batch and context, the formats taking turns
+    for --rounds rounds, so that a slow moment of a shared machine does not fall on one
+    format alone. Each figure is the fastest over all rounds."""
+    first = next(iter(models.values()))
+    prompts = random_prompts(batch, context, first.config.vocab_size)
+    prefills: dict[str, list[float]] = {weights: [] for weights in models}
+    steps: dict[str, list[float]] = {weights: [] for weights in models}
+    for _ in range(args.rounds):
+        for weights, model in models.items():
+            prefill, seconds = timed_generation(model, prompts, args.tokens, args.warmup)
+            prefills[weights].append(prefill)
+            steps[weights] += seconds
+    kv_mb = KVCache(first.config, batch, first.config.block_size, device="meta").megabytes
     rows = []
-    for batch in args.batch:
-        kv_mb = KVCache(model.config, batch, model.config.block_size, device="meta").megabytes
-        for context in (args.short, args.long):
-            prompts = random_prompts(batch, context, model.config.vocab_size)
-            prefill, steps = timed_generation(model, prompts, args.tokens, args.warmup)
-            seconds = min(steps)
-            ceiling = batch * bandwidth / bytes_per_step(model, batch, context)
-            rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds, ceiling,
-                            1e3 * prefill))
-            print(format_row(rows[-1]), flush=True)
+    for weights, model in models.items():
+        seconds = min(steps[weights])
+        matrix_vector, plain_read = (batch * rate / bytes_per_step(model, batch, context) for rate in bandwidth)
+        rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds,
+                        matrix_vector, plain_read, 1e3 * min(prefills[weights])))
+        print(format_row(rows[-1]), flush=True)
     return rows
 
 
@@ -219,12 +234,13 @@ def measure_recompute(model: GPT, name: str, rows: list[Row], args: argparse.Nam
     return ratio
 
 
-HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}{'prefill ms':>12}"
+HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}{'% read':>8}{'prefill ms':>12}"
 
 
 def format_row(r: Row) -> str:
     return (f"{r.variant:<8}{r.weights:>8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
-            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%{r.prefill_ms:>12.0f}")
+            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%"
+            f"{100 * r.tokens_per_s / r.read_ceiling_tokens_per_s:>7.0f}%{r.prefill_ms:>12.0f}")
 
 
 def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:
@@ -252,6 +268,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--long", type=int, default=960, help="long context: prompt tokens")
     parser.add_argument("--tokens", type=int, default=24, help="timed decode steps per measurement")
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps before them")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds in which the weight formats take turns")
     parser.add_argument("--recompute-steps", type=int, default=2, help="timed full-recompute steps (0: skip)")
     parser.add_argument("--repeats", type=int, default=20, help="bandwidth measurements (the fastest counts)")
     parser.add_argument("--small-pages", action="store_true",
@@ -275,10 +292,11 @@ def main() -> None:
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, fastest of {args.repeats}); "
           f"a plain sum reads {plain_read / 1e9:.1f} GB/s")
     print(f"greedy decode, the fastest of {args.tokens} steps after {args.warmup} warm-up steps; "
-          "ceiling = bandwidth / bytes read per step (weights + KV cache)")
+          "ceiling = bandwidth / bytes read per step (weights + KV cache); % read: the same share "
+          "against the plain sum's bandwidth")
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)
-    rows, recompute_ratio = run(args, device, bandwidth)
+    rows, recompute_ratio = run(args, device, (bandwidth, plain_read))
     speedup = mqa_speedup(rows, max(args.batch), args.long)
     if speedup is not None:
         print(f"MQA vs MHA at batch {max(args.batch)}, context {args.long}: {speedup:.2f}x the tokens/s")

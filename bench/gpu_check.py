@@ -11,7 +11,8 @@ Stages, each timed; one that fails records its error and the others still run:
                calls (training causal, GQA, the padded prefill's boolean mask, grouped decode)
   cuda_tests   `python -m pytest -m cuda`: the CUDA-only behaviour tests
   train        train.py itself (Hydra, data prepare, checkpoints) on the Python standard
-               library, bf16 + torch.compile, then resumed; then sample.py streams from it
+               library, bf16 + torch.compile, then resumed; then sample.py streams from it,
+               eagerly and with bf16 weights and CUDA-graph decode
   throughput   the gpt2 preset's training tokens/s and MFU in bf16, eager and compiled, at the
                largest batch of 32/16/8 that fits, beside bench/reference_gpt.py (the
                nanoGPT-equivalent) at the same batch, interleaved step by step, median of the
@@ -197,11 +198,16 @@ def train(device: torch.device, sizes: Sizes, work: Path) -> dict:
                    f"device={device.type}"])
     seconds["sample"] = time.perf_counter() - start
     text = json.loads(sample)
+    # The faster engine paths through sample.py: bf16 weights and CUDA-graph decode on the GPU, int8 on the CPU.
+    engine = ["weights=bf16", "decode=graph"] if device.type == "cuda" else ["weights=int8"]
+    fast = json.loads(_run([sys.executable, "sample.py", f"checkpoint={run_dir}", "max_new_tokens=64", "json=true",
+                            f"device={device.type}", *engine]))
     checks = {
         "loss falls": evals[-1]["val_loss"] < 0.8 * evals[0]["val_loss"],
         "resume is continuous": steps == list(range(10, final + 1, 10))
         and max(at_resume) - min(at_resume) < 0.5 * evals[0]["val_loss"],
         "sample.py streams": bool(text["samples"][0]["text"]),
+        f"sample.py {' '.join(engine)} streams": fast["samples"][0]["new_tokens"] > 0,
         "resume said where": f"at step {first}" in resumed,
     }
     if not all(checks.values()):

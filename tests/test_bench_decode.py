@@ -18,15 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     out = tmp_path / "decode.json"
     args = ["--variants", "MQA", "MHA", "--weights", "fp32", "int8", "--batch", "1", "--short", "4", "--long", "8", "--tokens", "2",
-            "--warmup", "1", "--recompute-steps", "1", "--repeats", "1", "--threads", "1", "--json", str(out)]
+            "--warmup", "1", "--rounds", "1", "--recompute-steps", "1", "--repeats", "1", "--threads", "1", "--json", str(out)]
     run = subprocess.run([sys.executable, "bench/decode.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["bandwidth_gb_s"] > 0 and result["plain_read_gb_s"] > 0 and result["huge_pages"] is True
-    assert [(r["variant"], r["weights"], r["context"]) for r in result["rows"]] == [
-        (variant, weights, context) for variant in ("MQA", "MHA") for weights in ("fp32", "int8") for context in (4, 8)]
+    assert [(r["variant"], r["context"], r["weights"]) for r in result["rows"]] == [
+        (variant, context, weights) for variant in ("MQA", "MHA") for context in (4, 8) for weights in ("fp32", "int8")]
     for row in result["rows"]:
-        assert row["ms_per_token"] > 0 and row["ceiling_tokens_per_s"] > 0 and row["prefill_ms"] > 0
+        assert row["ms_per_token"] > 0 and row["prefill_ms"] > 0
+        assert 0 < row["read_ceiling_tokens_per_s"] and 0 < row["ceiling_tokens_per_s"]
         assert abs(row["tokens_per_s"] * row["ms_per_token"] - 1e3) < 1e-6 * 1e3  # batch 1
     kv = {r["variant"]: r["kv_cache_mib"] for r in result["rows"]}
     assert kv == {"MHA": 72.0, "MQA": 6.0}  # gpt2 preset, 1024 positions, fp32
