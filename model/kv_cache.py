@@ -115,16 +115,9 @@ class StaticKVCache(KVCache):
     through a mask that hides the unfilled ones, so a step costs a full-length attention.
     """
 
-    def __init__(
-        self,
-        config: GPTConfig,
-        batch_size: int,
-        max_len: int | None = None,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, batch_size, max_len, device=device, dtype=dtype)
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, **placement) -> None:
+        """As KVCache; placement: its device= and dtype=."""
+        super().__init__(config, batch_size, max_len, **placement)
         device = self.keys[0].device
         self.filled = torch.zeros((), dtype=torch.long, device=device)  # `length` on the device
         self.pad_rows = torch.zeros(batch_size, dtype=torch.long, device=device)  # `pad`, always a tensor
