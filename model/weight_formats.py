@@ -32,6 +32,8 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
     check_weight_format(weights, model.lm_head.weight.device)
     if weights == "fp32":
         return model
+    if weight_format(model) != "fp32":
+        raise ValueError(f"the model's weights are already {weight_format(model)}: convert the fp32 model")
     if model.transformer.wte.weight is not model.lm_head.weight:
         raise ValueError("to_weight_format expects GPT's tied token table and LM head")
     packed = BF16Linear if weights == "bf16" else Int8Linear

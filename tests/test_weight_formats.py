@@ -157,6 +157,8 @@ def test_unknown_format_and_int8_off_the_cpu_are_refused(make_model):
         to_weight_format(make_model(), "int4")
     with pytest.raises(ValueError, match="weights=int8 runs on the CPU only .* on meta: use weights=bf16"):
         to_weight_format(make_model().to("meta"), "int8")
+    with pytest.raises(ValueError, match="the model's weights are already bf16: convert the fp32 model"):
+        to_weight_format(to_weight_format(make_model(), "bf16"), "int8")
 
 
 @pytest.mark.parametrize("change", ["to_bf16", "double"])
