@@ -148,9 +148,11 @@ import torch.distributed as dist
 import data.preparation
 
 real_init, real_build = dist.init_process_group, data.preparation._build
-dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=3))
+# 6 s: long enough for the ranks' skew after the prepare on a loaded 2-core machine (3 s
+# was not), far shorter than the prepare.
+dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=6))
 def slow_build(*args):
-    time.sleep(8)  # rank 0 prepares for longer than any collective may wait
+    time.sleep(15)  # rank 0 prepares for longer than any collective may wait
     return real_build(*args)
 if os.environ["RANK"] == "0":
     data.preparation._build = slow_build
