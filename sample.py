@@ -67,7 +67,8 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     dtype = resolve_precision(config.dtype, device).dtype
     check_weight_format(config.weights, device)
     if config.decode == "graph" and device.type != "cuda":
-        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device}")
+        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
+                         "(use decode=eager there)")
     checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
     if config.checkpoint is None:
         print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)

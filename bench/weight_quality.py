@@ -90,7 +90,7 @@ def measure(checkpoint: Checkpoint, loader: BatchLoader, args: argparse.Namespac
 
 
 def format_row(r: dict) -> str:
-    return (f"{r['weights']:<8}{r['val_loss']:>10.4f}{r['val_loss_change']:>+10.5f}"
+    return (f"{r['weights']:<8}{r['val_loss']:>10.5f}{r['val_loss_change']:>+10.5f}"
             f"{100 * r['teacher_forced_agreement']:>14.1f}%{100 * r['free_running_agreement']:>13.1f}%"
             f"   {', '.join(map(str, r['first_difference']))}")
 

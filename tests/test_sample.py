@@ -233,7 +233,7 @@ def test_int8_off_the_cpu_is_refused_before_the_checkpoint_is_read(tmp_path, mon
 
 
 def test_a_graph_off_cuda_is_refused_before_the_checkpoint_is_read(tmp_path):
-    with pytest.raises(ValueError, match="decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on cpu"):
+    with pytest.raises(ValueError, match=r"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on cpu \(use decode=eager there\)"):
         run_sample(tmp_path / "no-runs-here", "decode=graph", "device=cpu")
 
 
