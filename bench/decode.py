@@ -126,12 +126,6 @@ def random_prompts(batch: int, length: int, vocab_size: int) -> list[list[int]]:
     return torch.randint(0, vocab_size, (batch, length), generator=generator).tolist()
 
 
-def decode_step_seconds(model: GPT, prompts: list[list[int]], steps: int, warmup: int, decode: str = "eager") -> list[float]:
-    """Seconds of each of the engine's decode steps after the prefill and `warmup` steps
-    (each step hands its tokens to the host, so the clock covers the device's work)."""
-    return timed_generation(model, prompts, steps, warmup, decode)[1]
-
-
 def timed_generation(model: GPT, prompts: list[list[int]], steps: int, warmup: int,
                      decode: str = "eager") -> tuple[float, list[float]]:
     """Seconds from the call to the first token (the prefill and one sampling), and

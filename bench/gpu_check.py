@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.decode import decode_step_seconds, random_prompts  # noqa: E402
+from bench.decode import random_prompts, timed_generation  # noqa: E402
 from bench.gpu_report import render  # noqa: E402
 from bench.train_throughput import FixedBatch, build_trainers, timed_steps, training_flops_per_token  # noqa: E402
 from conf import model_preset  # noqa: E402
@@ -312,7 +312,7 @@ def decode(device: torch.device, sizes: Sizes) -> list[dict]:
             cache_bytes = KVCache(model.config, batch, model.config.block_size, device="meta", dtype=dtype).nbytes
             for context in sizes.decode_contexts:
                 prompts = random_prompts(batch, context, model.config.vocab_size)
-                eager, graphed = (statistics.median(decode_step_seconds(model, prompts, sizes.decode_steps, 3, mode))
+                eager, graphed = (statistics.median(timed_generation(model, prompts, sizes.decode_steps, 3, mode)[1])
                                   for mode in ("eager", graph))
                 rows.append({"attention": variant, "batch": batch, "context": context,
                              "ms_per_token": round(1e3 * eager, 3), "tokens_per_s": round(batch / eager, 1),

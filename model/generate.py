@@ -161,8 +161,12 @@ def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:
     # Equal tokens with different padding are different rows: a prompt may begin with id 0.
     rows = torch.cat([pad[:, None], tokens[:, start:]], dim=1)
     distinct, source = torch.unique(rows, dim=0, return_inverse=True)  # (U, 1 + n - start), (B,)
+    if len(distinct) == len(rows):  # no row shared (always so once the window slides): no copies
+        distinct, source = rows, None
     cache.reset(distinct[:, 0])
     logits, _ = model(distinct[:, 1:], kv_cache=cache, last_only=True)
+    if source is None:
+        return logits[:, -1]
     cache.spread(source, pad)
     return logits[source, -1]
 
