@@ -82,12 +82,17 @@ class KVCache:
         """Store a layer's keys and values for the next T positions, k, v: (B, n_kv_head, T, hd),
         B being the cache's batch or, in a prefill shared by several rows, its first B rows.
         Returns that layer's keys and values for all positions so far: (B, n_kv_head, length + T, hd)."""
-        B, end = k.size(0), self.length + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
+        B, end = k.size(0), self._check_room(k.size(2))
         self.keys[layer][:B, :, self.length : end] = k
         self.values[layer][:B, :, self.length : end] = v
         return self.keys[layer][:B, :, :end], self.values[layer][:B, :, :end]
+
+    def _check_room(self, T: int) -> int:
+        """Where T more positions would end; ValueError past max_len."""
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
+        return end
 
     def spread(self, source_rows: Tensor, pad: Tensor) -> None:
         """Give every row b the filled positions of row source_rows[b] and pad[b] padding
@@ -155,8 +160,7 @@ class StaticKVCache(KVCache):
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (rows, n_kv_head, T, hd) at the next T positions; returns the whole
         buffers (rows, n_kv_head, max_len, hd), which the mask limits to what is filled."""
-        if self.length + k.size(2) > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; {self.length + k.size(2)} were asked for")
+        self._check_room(k.size(2))
         where = self._query_positions(k.size(2))
         keys, values = self.keys[layer][: self.rows], self.values[layer][: self.rows]
         keys.index_copy_(2, where, k)
