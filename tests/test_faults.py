@@ -147,17 +147,23 @@ import datetime, os, runpy, sys, time
 import torch.distributed as dist
 import data.preparation
 
-real_init, real_build = dist.init_process_group, data.preparation._build
+real_init, real_build, real_lock = dist.init_process_group, data.preparation._build, data.preparation._only_preparer
 # 6 s: long enough for the ranks' skew after the prepare on a loaded 2-core machine (3 s
 # was not), far shorter than the prepare.
 dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=6))
+preparing = {marker!r}
 def slow_build(*args):
+    open(preparing, "w").close()  # rank 0 holds the lock from here on
     time.sleep(15)  # rank 0 prepares for longer than any collective may wait
     return real_build(*args)
+def lock_once_rank_0_prepares(data_dir):
+    while not os.path.exists(preparing):  # a fixed head start loses the race on a loaded machine
+        time.sleep(0.05)
+    return real_lock(data_dir)
 if os.environ["RANK"] == "0":
     data.preparation._build = slow_build
 else:
-    time.sleep(2)  # so that rank 0 takes the data directory's lock first
+    data.preparation._only_preparer = lock_once_rank_0_prepares
 sys.argv = [{train_py!r}] + sys.argv[1:]
 runpy.run_path({train_py!r}, run_name="__main__")
 """
@@ -165,7 +171,8 @@ runpy.run_path({train_py!r}, run_name="__main__")
 
 def test_ranks_wait_for_a_long_prepare_without_a_collective_timing_out(train_overrides, tmp_path):
     script = tmp_path / "slow_prepare.py"
-    script.write_text(SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT.format(train_py=str(REPO / "train.py")))
+    script.write_text(SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT.format(train_py=str(REPO / "train.py"),
+                                                                marker=str(tmp_path / "rank_0_preparing")))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     result = subprocess.run([*launcher, str(script), *train_overrides, "max_iters=2", "eval_interval=2"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=180,
