@@ -28,7 +28,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from conf.cli import check_setting_names, prompt_from_words
+from conf.cli import check_overrides, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
 from model import GPT, check_weight_format, stream, to_decode_layout, to_weight_format
@@ -222,5 +222,5 @@ class LiveText:
 
 if __name__ == "__main__":
     sys.argv[1:] = prompt_from_words(sys.argv[1:])
-    check_setting_names(sys.argv[1:], SampleConfig)
+    check_overrides(sys.argv[1:], SampleConfig, "sample")
     main()

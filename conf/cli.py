@@ -1,60 +1,150 @@
-"""The command line before Hydra reads it: gptlab's own message for a setting that does
-not exist (Hydra's would suggest appending it with `+`, which then fails), and a plain
-prompt argument for sample.py that needs no Hydra quoting."""
+"""The command line before Hydra reads it. An override Hydra would refuse gets one `error:`
+line here instead of Hydra's several: a setting that does not exist (Hydra would suggest
+appending it with `+`, which then fails), a preset that does not exist, a value of the wrong
+type, or text its override grammar cannot read. And sample.py's prompt needs no Hydra quoting."""
 
 from __future__ import annotations
 
 import difflib
 import re
 import sys
+import typing
 from dataclasses import fields, is_dataclass
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
+from hydra.errors import OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from conf import CONF_DIR
 
 # key=value, +key=value or key@package=value: Hydra's overrides; anything else is text.
 OVERRIDE = re.compile(r"^[+~]{0,2}[\w./@-]+=")
+PARSER = OverridesParser.create()
 
 
-def check_setting_names(args: list[str], schema: type) -> None:
-    """Exit with one clear line when an override names no setting of `schema`."""
-    groups = {p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+def check_overrides(args: list[str], schema: type, config_name: str) -> None:
+    """Exit with one clear line for the first override of conf/<config_name>.yaml (whose
+    values `schema` types) that Hydra would refuse."""
+    groups = config_groups(config_name)
     for arg in args:
-        if not OVERRIDE.match(arg):
-            continue
-        key = arg.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-        if key.split(".", 1)[0] == "hydra" or key in groups:
-            continue
-        problem = unknown_setting(key, schema)
+        problem = override_problem(arg, schema, groups) if OVERRIDE.match(arg) else None
         if problem:
             sys.exit(f"error: {problem}")
 
 
-def unknown_setting(key: str, schema: type) -> str | None:
-    """Why `key` (dotted) is not a setting of the dataclass `schema`, or None if it is."""
-    node, path = schema, []
-    for part in key.split("."):
-        if node is None:
-            return f"{'.'.join(path)} is a value, not a section: it has no {part}"
-        known = {f.name: f for f in fields(node)}
-        if part not in known:
-            close = difflib.get_close_matches(part, known, n=1)
-            hint = f" (did you mean {'.'.join([*path, close[0]])}?)" if close else ""
-            return (f"{'.'.join([*path, part])} is not a setting of {node.__name__}{hint}; "
-                    f"known: {', '.join(known)}")
-        path.append(part)
-        default = known[part].default_factory() if callable(known[part].default_factory) else None
-        node = type(default) if is_dataclass(default) else None
+def override_problem(arg: str, schema: type, groups: set[str]) -> str | None:
+    """Why Hydra would refuse the override `arg`, or None if it would not."""
+    try:
+        override = PARSER.parse_overrides([arg])[0]
+    except OverrideParseException as err:
+        key = arg.split("=", 1)[0]
+        return (f"{arg}: Hydra cannot read this value ({str(err).splitlines()[0]}); quote it, "
+                f"e.g. \"{key}='...'\"")
+    key = override.key_or_group
+    if key.split(".", 1)[0] == "hydra" or override.is_delete():
+        return None
+    if key in groups or (override.is_add() and (CONF_DIR / key).is_dir()):
+        return unknown_preset(key, override_values(override))
+    return unknown_setting(key, schema) or wrong_type(key, override_values(override), schema)
+
+
+def config_groups(config_name: str) -> set[str]:
+    """The config groups that conf/<config_name>.yaml's defaults list chooses from."""
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml")).get("defaults", [])
+    return {group for entry in defaults if isinstance(entry, dict) for group in entry
+            if not group.startswith("override ")}
+
+
+def override_values(override: Override) -> list[Any]:
+    """The value an override sets, or each value of a sweep (`-m seed=1,2,3`); none for an
+    interval sweep, whose floats only a tuning sweeper draws."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    if isinstance(override.value(), (ChoiceSweep, RangeSweep)):
+        return list(override.sweep_iterator())
+    return []
+
+
+def unknown_preset(group: str, values: list[Any]) -> str | None:
+    """Why some value is not a preset (a YAML file) of the config group `group`, or None."""
+    presets = sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+    chosen = [preset for value in values for preset in (value if isinstance(value, list) else [value])]
+    for preset in chosen:  # `model=[a,b]` chooses several
+        if preset is None:  # Hydra cannot take a group away from the command line
+            return f"{group}=null: {group} takes one of its presets: {', '.join(presets)}"
+        if preset not in presets:
+            return f"{group}={preset}: there is no preset conf/{group}/{preset}.yaml; presets: {', '.join(presets)}"
     return None
 
 
+def unknown_setting(key: str, schema: type) -> str | None:
+    """Why `key` (dotted) is not a setting of the dataclass `schema`, or None if it is."""
+    return setting_type(key, schema)[1]
+
+
+def wrong_type(key: str, values: list[Any], schema: type) -> str | None:
+    """Why some value cannot be given to the setting `key` of `schema`, or None: OmegaConf,
+    which Hydra merges with, is the judge, and the field's annotation the rule named."""
+    config = OmegaConf.structured(schema)
+    for value in values:
+        try:
+            OmegaConf.update(config, key, value, merge=True)
+        except ValidationError:
+            return f"{key} must be {describe(setting_type(key, schema)[0])}, got {value!r}"
+    return None
+
+
+def setting_type(key: str, schema: type) -> tuple[Any, str | None]:
+    """The annotation of the setting `key` (dotted) of the dataclass `schema`, or why there
+    is no such setting."""
+    hint, path = schema, []
+    for part in key.split("."):
+        if not is_dataclass(hint):
+            return None, f"{'.'.join(path)} is a value, not a section: it has no {part}"
+        known = [f.name for f in fields(hint)]
+        if part not in known:
+            close = difflib.get_close_matches(part, known, n=1)
+            suggestion = f" (did you mean {'.'.join([*path, close[0]])}?)" if close else ""
+            return None, (f"{'.'.join([*path, part])} is not a setting of {hint.__name__}{suggestion}; "
+                          f"known: {', '.join(known)}")
+        path.append(part)
+        hint = typing.get_type_hints(hint)[part]
+    return hint, None
+
+
+def describe(hint: Any) -> str:
+    """A type annotation in words: `Optional[int]` is "an integer or null"."""
+    arguments = [a for a in typing.get_args(hint) if a is not type(None)]
+    if type(None) in typing.get_args(hint):
+        return f"{describe(arguments[0])} or null"
+    if typing.get_origin(hint) is list:
+        return f"a list of {describe(arguments[0]).split(' ', 1)[1]}s, e.g. [a,b]"
+    if is_dataclass(hint):
+        return f"a section of settings ({hint.__name__})"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a text"}.get(hint, str(hint))
+
+
 def prompt_from_words(args: list[str]) -> list[str]:
-    """sample.py's arguments with its plain words (`python sample.py "it's, here"`) turned
-    into one prompt override, quoted for Hydra so that commas, quotes, parentheses and
-    `${` reach the prompt as typed."""
+    """sample.py's arguments with its plain words (`python sample.py "it's, here"`), or a
+    `prompt=` whose text Hydra cannot read (`prompt=x=1`), turned into one prompt override,
+    quoted for Hydra so that commas, quotes, parentheses and `${` reach the prompt as typed."""
+    unreadable = [arg for arg in args if arg.startswith("prompt=") and not readable(arg)]
     words = [arg for arg in args if not OVERRIDE.match(arg) and not arg.startswith("-")]
-    if not words:
+    if not words and not unreadable:
         return args
-    text = " ".join(words)
+    text = " ".join(words + [arg.split("=", 1)[1] for arg in unreadable])
     text = re.sub(r"(\\+)(?='|$)", lambda match: match.group(1) * 2, text)  # Hydra reads \\ as \ only there
     quoted = text.replace("'", "\\'").replace("${", "\\${")
-    return [arg for arg in args if arg not in words] + [f"prompt='{quoted}'"]
+    return [arg for arg in args if arg not in words and arg not in unreadable] + [f"prompt='{quoted}'"]
+
+
+def readable(arg: str) -> bool:
+    """Whether Hydra's override grammar can read `arg`."""
+    try:
+        PARSER.parse_overrides([arg])
+    except OverrideParseException:
+        return False
+    return True

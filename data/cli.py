@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONF_DIR, Config, load_config
-from conf.cli import check_setting_names
+from conf.cli import check_overrides
 from data.config import DataConfig
 from data.errors import DataError
 from data.preparation import prepare
@@ -52,7 +52,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
     args = parser.parse_args(argv)
-    check_setting_names(args.overrides, Config)  # train.py's message for a setting that does not exist
+    check_overrides(args.overrides, Config, "train")  # train.py's one-line message for a bad override
     try:
         cfg = config_from_overrides(args.overrides)
     except ValueError as err:

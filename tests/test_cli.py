@@ -1,0 +1,109 @@
+"""The command-line check that runs before Hydra: one `error:` line for every override
+Hydra would refuse, and none for an override it takes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conf import CONF_DIR, Config
+from conf.cli import config_groups, override_problem, prompt_from_words
+from conf.sample_config import SampleConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMAS = {"train": Config, "sample": SampleConfig}
+
+
+def problem(config_name: str, arg: str) -> str | None:
+    return override_problem(arg, SCHEMAS[config_name], config_groups(config_name))
+
+
+def hydra_refuses(config_name: str, arg: str) -> bool:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        try:
+            compose(config_name=config_name, overrides=[arg])
+        except Exception:  # Hydra's own errors are of several kinds
+            return True
+    return False
+
+
+@pytest.mark.parametrize("config_name, arg", [
+    ("train", arg) for arg in [
+        "max_iters=5", "max_iters=abc", "max_iters='7'", "max_iters=2.5", "model.dropout=0", "model.dropout=high",
+        "compile=true", "compile=maybe", "resume=true", "out_dir=null", "tokens_per_param=20", "tokens_per_param=many",
+        "seed=${max_iters}", "model=gpt2", "model=foo", "model=null", "model/attention=mqa", "model/attention=gqa",
+        "data=shakespeare_char", "data=bar", "experiment=attention_base", "experiment=nope", "+uptraining=mqa",
+        "+uptraining=nope", "optim.learning_rate=1e-3", "optim.learning_rate=fast", "optim=3",
+        "logging.wandb.mode=offline", "data.val_fraction=half", "data.path=/some/where", "seed=x=1",
+        "hydra.run.dir=/tmp/x",
+    ]
+] + [
+    ("sample", arg) for arg in [
+        "seed=abc", "seed=null", "num_samples=1.5", "num_samples=4", "stop=[a,b]", "stop=abc", "top_k=null",
+        "top_k=1.5", "temperature=1", "json=true", "json=sometimes", "prompt='a, b'", "prompt=x=1", "model=gpt2",
+    ]
+])
+def test_an_override_is_refused_exactly_when_hydra_refuses_it(config_name, arg):
+    assert (problem(config_name, arg) is not None) == hydra_refuses(config_name, arg), problem(config_name, arg)
+
+
+@pytest.mark.parametrize("config_name, arg, message", [
+    ("train", "max_iters=abc", "max_iters must be an integer, got 'abc'"),
+    ("train", "model.dropout=high", "model.dropout must be a number, got 'high'"),
+    ("train", "compile=maybe", "compile must be true or false, got 'maybe'"),
+    ("train", "optim=3", "optim must be a section of settings (OptimConfig), got 3"),
+    ("sample", "seed=abc", "seed must be an integer or null, got 'abc'"),
+    ("sample", "stop=abc", "stop must be a list of texts, e.g. [a,b], got 'abc'"),
+    ("train", "model=foo", "model=foo: there is no preset conf/model/foo.yaml; presets: gpt2, micro, mini, nano, small"),
+    ("train", "model/attention=gqa", "model/attention=gqa: there is no preset conf/model/attention/gqa.yaml; "
+                                     "presets: mha, mqa"),
+    ("train", "+uptraining=nope", "uptraining=nope: there is no preset conf/uptraining/nope.yaml"),
+    ("train", "model=null", "model=null: model takes one of its presets: gpt2, micro, mini, nano, small"),
+    ("sample", "model=gpt2", "model is not a setting of SampleConfig; known: checkpoint, runs_root"),
+    ("train", "seed=x=1", "seed=x=1: Hydra cannot read this value (mismatched input '=' expecting <EOF>); "
+                          "quote it, e.g. \"seed='...'\""),
+])
+def test_a_refusal_names_the_setting_and_the_rule(config_name, arg, message):
+    assert problem(config_name, arg).startswith(message)
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("seed=1,2,x", "seed must be an integer, got 'x'"),
+    ("seed=range(1,4)", None),
+    ("optim.learning_rate=interval(1e-4,1e-3)", None),  # for a tuning sweeper: no values to check
+    ("model=nano,foo", "model=foo: there is no preset"),
+    ("model=nano,mini", None),
+])
+def test_each_value_of_a_sweep_is_checked(arg, message):
+    found = problem("train", arg)
+    assert found == message if message is None else found.startswith(message)
+
+
+@pytest.mark.parametrize("command, message", [
+    (["sample.py", "max_new_token=5"], "error: max_new_token is not a setting of SampleConfig (did you mean max_new_tokens?)"),
+    (["train.py", "max_iter=5"], "error: max_iter is not a setting of Config (did you mean max_iters?)"),
+    (["sample.py", "seed=abc"], "error: seed must be an integer or null, got 'abc'"),
+    (["train.py", "model.n_head=2.5"], "error: model.n_head must be an integer, got 2.5"),
+    (["train.py", "-m", "model=nano,foo"], "error: model=foo: there is no preset conf/model/foo.yaml"),
+    (["-m", "data", "data=bar"], "error: data=bar: there is no preset conf/data/bar.yaml"),
+])
+def test_a_bad_override_gets_one_line_of_ours_not_hydras(tmp_path, command, message):
+    launch = [sys.executable, str(REPO / command[0])] if command[0].endswith(".py") else [sys.executable]
+    result = subprocess.run([*launch, *command[command[0].endswith(".py"):]], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+    assert not any(tmp_path.iterdir())  # refused before any run directory or data
+
+
+@pytest.mark.parametrize("arg, prompt", [
+    ("prompt=x=1", "x=1"), ("prompt=a(b", "a(b"), ("prompt=日本", "日本"),
+    ("prompt='a, b'", "a, b"), ("prompt=plain", "plain"),  # readable: Hydra's reading stands
+])
+def test_a_prompt_hydra_cannot_read_is_taken_as_typed(arg, prompt):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        composed = compose(config_name="sample", overrides=prompt_from_words([arg, "max_new_tokens=3"]))
+    assert composed.prompt == prompt and composed.max_new_tokens == 3
