@@ -16,6 +16,7 @@ them), printing the first sample as it grows and the others at the end.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -39,7 +40,6 @@ from training.runtime import resolve_device, resolve_precision
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input
 SEPARATOR = "\n" + "-" * 40 + "\n"
-UNFINISHED_CHARACTER = "\ufffd"  # how the first bytes of a multi-byte character decode
 ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
 ESCAPE = re.compile(r"\\[nt\\]")
 
@@ -95,8 +95,8 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     for new in steps:
         for row, token in new.items():
             completions[row].tokens.append(token)
-        if live:
-            live.update(completions[0].raw_text())
+        if live and 0 in new:
+            live.add(tokenizer.decode_bytes([new[0]]))
     if live:
         live.finish(completions[0].text())
         for completion in completions[1:]:
@@ -157,10 +157,13 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
 
 
 def stop_string_check(tokenizer: Tokenizer, stops: list[str]) -> StopCheck | None:
-    """Ends a sample once its text contains one of the stop strings."""
+    """Ends a sample once its text contains one of the stop strings. A stop string that
+    the newest token completes lies within the last `window` tokens (each is at least one
+    byte), so the check decodes only those: linear, not quadratic, in the sample's length."""
     if not stops:
         return None
-    return lambda generated: cut_at_stop(tokenizer.decode(generated), stops)[1]
+    window = max(len(stop.encode("utf-8")) for stop in stops)
+    return lambda generated: cut_at_stop(tokenizer.decode(generated[-window:]), stops)[1]
 
 
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -193,27 +196,31 @@ class Completion:
 class LiveText:
     """Prints a growing text as soon as later tokens can no longer change it: it holds
     back an unfinished multi-byte character and any ending that could still become a
-    stop string, and never prints a stop string."""
+    stop string, and never prints a stop string. Each token's bytes are decoded once."""
 
     def __init__(self, out: TextIO, stops: list[str]) -> None:
         self.out, self.stops = out, stops
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds an unfinished character
+        self.held = ""  # decoded, not yet printed: it may begin a stop string
         self.printed = 0  # characters of the text written so far
+        self.stopped = False
 
     def write(self, text: str) -> None:
         self.out.write(text)
         self.out.flush()
 
-    def update(self, text: str) -> None:
-        text, stopped = cut_at_stop(text, self.stops)
-        if not stopped:
-            text = text[: len(text) - self._possible_stop_start(text)].rstrip(UNFINISHED_CHARACTER)
-        if len(text) > self.printed:
-            self.write(text[self.printed :])
-            self.printed = len(text)
+    def add(self, token_bytes: bytes) -> None:
+        if self.stopped:
+            return
+        text, self.stopped = cut_at_stop(self.held + self.decoder.decode(token_bytes), self.stops)
+        ready = len(text) - (0 if self.stopped else self._possible_stop_start(text))
+        if ready:
+            self.write(text[:ready])
+        self.held, self.printed = text[ready:], self.printed + ready
 
     def finish(self, text: str) -> None:
+        """Print the rest of `text`, the whole sample, of which the printed part is a prefix."""
         self.write(text[self.printed :])
-        self.printed = len(text)
 
     def _possible_stop_start(self, text: str) -> int:
         """Length of the longest ending of text that begins a stop string."""

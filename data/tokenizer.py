@@ -53,6 +53,11 @@ class Tokenizer(ABC):
     def decode(self, ids: Iterable[int]) -> str: ...
 
     @abstractmethod
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The UTF-8 bytes of `ids`, which may end inside a character (decode() ends such a
+        text with U+FFFD). Each id stands for at least one byte."""
+
+    @abstractmethod
     def describe(self) -> dict:
         """A JSON-able dict from which `load_tokenizer` rebuilds this tokenizer."""
 
@@ -94,6 +99,9 @@ class Gpt2Tokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._encoding.decode(list(ids))
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self._encoding.decode_bytes(list(ids))
 
     def describe(self) -> dict:
         return {"name": self.name}
@@ -206,6 +214,9 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self._pieces[i] for i in ids)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self.decode(ids).encode("utf-8")
 
     def describe(self) -> dict:
         return {"name": self.name, "chars": self.chars, "eot": self.eot_id is not None}

@@ -140,3 +140,15 @@ def test_token_bytes_add_up_to_the_texts_utf8_bytes():
         assert sum(sizes[i] for i in tokenizer.encode(text)) == len(text.encode("utf-8"))
         if tokenizer.eot_id is not None:
             assert sizes[tokenizer.eot_id] == 0
+
+
+def test_decoded_bytes_are_the_texts_utf8_even_cut_inside_a_character():
+    text = "naïve café 🤖, 日本語\n" * 3
+    for tokenizer in (load_tokenizer({"name": "gpt2"}), CharTokenizer.from_texts([text, "x"])):
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode_bytes(ids) == text.encode("utf-8")
+        for end in range(len(ids) + 1):  # where GPT-2 cuts a character, decode() ends with U+FFFD
+            cut = tokenizer.decode_bytes(ids[:end])
+            assert text.encode("utf-8").startswith(cut)
+            assert cut.decode("utf-8", errors="replace") == tokenizer.decode(ids[:end])
+        assert all(len(tokenizer.decode_bytes([i])) >= 1 for i in range(tokenizer.vocab_size))  # what the stop check relies on
