@@ -106,8 +106,9 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     return {
         "checkpoint": str(checkpoint.path),
         "prompt": prompt,
-        "settings": {name: getattr(config, name) for name in
-                     ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "weights", "decode")},
+        "settings": {**{name: getattr(config, name) for name in
+                        ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")},
+                     "stop": stops},  # as matched: a typed \n is a newline
         "samples": [c.summary(config.max_new_tokens) for c in completions],
     }
 

@@ -9,12 +9,15 @@ ValueError naming the field, before any data or model work starts.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
@@ -135,7 +138,24 @@ def register_configs() -> None:
 def load_config(cfg: DictConfig) -> Config:
     """The composed config as validated dataclasses (ValueError naming the field)."""
     _reject_unknown_keys(cfg, Config, prefix="")
-    return OmegaConf.to_object(cfg)
+    with one_line_errors():
+        return OmegaConf.to_object(cfg)
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Hydra's and OmegaConf's errors (an interpolation that does not resolve, a preset a
+    YAML file names that does not exist) as a one-line ValueError: the message and the first
+    line of its cause, without the config search path Hydra lists after a missing preset."""
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as err:
+        lines = [line for line in str(err).split("Config search path:")[0].splitlines()
+                 if not line.strip().startswith(("full_key:", "object_type=", "reference_type="))]
+        if err.__cause__ is not None:
+            lines.append(": " + str(err.__cause__).splitlines()[0])
+        where = f" (at {err.full_key})" if getattr(err, "full_key", None) else ""
+        raise ValueError(" ".join(" ".join(lines).split()) + where) from err
 
 
 def build_model_config(cfg: DictConfig) -> GPTConfig:

@@ -8,6 +8,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from conf import one_line_errors
 from model import WEIGHT_FORMATS, Sampling
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -47,7 +48,8 @@ class SampleConfig:
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:
     """The composed config as a validated SampleConfig (ValueError naming the setting)."""
-    values = OmegaConf.to_container(cfg, resolve=True)
+    with one_line_errors():
+        values = OmegaConf.to_container(cfg, resolve=True)
     known = [f.name for f in fields(SampleConfig)]
     unknown = sorted(set(values) - set(known))
     if unknown:  # Hydra lets `+key=...` past the schema

@@ -17,10 +17,8 @@ import sys
 from typing import Optional
 
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
-from conf import CONF_DIR, Config, load_config
+from conf import CONF_DIR, Config, load_config, one_line_errors
 from conf.cli import check_overrides
 from data.config import DataConfig
 from data.errors import DataError
@@ -29,20 +27,8 @@ from data.preparation import prepare
 
 def config_from_overrides(overrides: list[str]) -> DataConfig:
     """The DataConfig train.py would run with these overrides; ValueError (one line) when they do not compose."""
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return load_config(compose(config_name="train", overrides=overrides)).data
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ValueError(_one_line(err)) from err
-
-
-def _one_line(err: Exception) -> str:
-    """Hydra's message and the first line of its cause (what was wrong with the value),
-    without the config search path it lists after a missing preset."""
-    text = str(err).split("Config search path:")[0]
-    if err.__cause__ is not None:
-        text += ": " + str(err.__cause__).splitlines()[0]
-    return " ".join(text.split())
+    with one_line_errors(), initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return load_config(compose(config_name="train", overrides=overrides)).data
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -89,6 +89,9 @@ def test_each_value_of_a_sweep_is_checked(arg, message):
     (["train.py", "model.n_head=2.5"], "error: model.n_head must be an integer, got 2.5"),
     (["train.py", "-m", "model=nano,foo"], "error: model=foo: there is no preset conf/model/foo.yaml"),
     (["-m", "data", "data=bar"], "error: data=bar: there is no preset conf/data/bar.yaml"),
+    # Past Hydra: an interpolation resolves only when the config is built.
+    (["train.py", "seed=${nope}"], "error: Interpolation key 'nope' not found (at seed)"),
+    (["sample.py", "seed=${nope}"], "error: Interpolation key 'nope' not found (at seed)"),
 ])
 def test_a_bad_override_gets_one_line_of_ours_not_hydras(tmp_path, command, message):
     launch = [sys.executable, str(REPO / command[0])] if command[0].endswith(".py") else [sys.executable]

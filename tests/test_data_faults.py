@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -234,13 +233,11 @@ def test_prepare_reads_overrides_exactly_as_train_py(monkeypatch):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("data.path='unterminated", r"data.path='unterminated"),
-    ("data=owt", r"data/owt.*Available options in 'data': files"),
-    ("data.val_fraction=abc", r"data.val_fraction=abc.*could not be converted to Float"),
+    ("data.path='unterminated", "error: data.path='unterminated: Hydra cannot read this value ("),
+    ("data=owt", "error: data=owt: there is no preset conf/data/owt.yaml; presets: files, fineweb_edu"),
+    ("data.val_fraction=abc", "error: data.val_fraction must be a number, got 'abc'"),
 ])
-def test_bad_overrides_are_one_line_naming_them(override, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_bad_overrides_are_one_line_naming_them(override, message):
+    with pytest.raises(SystemExit) as exit_info:  # train.py's message, before Hydra composes
         data.cli.main([override])
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert exit_info.value.code == 2 and "Config search path" not in error
-    assert error.startswith("python -m data: error: ") and re.search(message, error)
+    assert exit_info.value.code.startswith(message) and "\n" not in exit_info.value.code

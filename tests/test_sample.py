@@ -96,6 +96,7 @@ def test_escaped_newline_in_stop_strings(runs_root):
     assert "\n" in free
     result, _ = run_sample(runs_root, *common, r'stop=["\n"]')  # a backslash and an n on the command line
     assert result["samples"][0]["text"] == free[: free.index("\n")]
+    assert result["settings"]["stop"] == ["\n"]  # what was matched, not what was typed
 
 
 def test_prompt_from_a_file(runs_root, tmp_path):

@@ -128,7 +128,6 @@ def test_a_converted_model_decodes_with_its_cache_as_without(make_model, weights
         prefill, _ = model(idx[:, :8], kv_cache=cache)
         steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(8, 12)]
     torch.testing.assert_close(torch.cat([prefill] + steps, dim=1), full, rtol=1e-5, atol=1e-5)
-    assert cache.keys[0].dtype == torch.float32  # the cache keeps the activations' dtype
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
