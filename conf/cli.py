@@ -12,6 +12,7 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
 from hydra.errors import OverrideParseException
@@ -130,15 +131,39 @@ def describe(hint: Any) -> str:
 def prompt_from_words(args: list[str]) -> list[str]:
     """sample.py's arguments with its plain words (`python sample.py "it's, here"`), or a
     `prompt=` whose text Hydra cannot read (`prompt=x=1`), turned into one prompt override,
-    quoted for Hydra so that commas, quotes, parentheses and `${` reach the prompt as typed."""
-    unreadable = [arg for arg in args if arg.startswith("prompt=") and not readable(arg)]
-    words = [arg for arg in args if not OVERRIDE.match(arg) and not arg.startswith("-")]
-    if not words and not unreadable:
+    quoted for Hydra so that commas, quotes, parentheses and `${` reach the prompt as typed.
+    Hydra's own options (`--cfg job`, `--help`) stay options; other words starting with `-`
+    are text."""
+    options = hydra_option_positions(args)
+    is_word = [i not in options and not OVERRIDE.match(arg) for i, arg in enumerate(args)]
+    is_unreadable = [arg.startswith("prompt=") and not readable(arg) for arg in args]
+    texts = [arg for arg, word in zip(args, is_word) if word]
+    texts += [arg.split("=", 1)[1] for arg, unreadable in zip(args, is_unreadable) if unreadable]
+    if not texts:
         return args
-    text = " ".join(words + [arg.split("=", 1)[1] for arg in unreadable])
-    text = re.sub(r"(\\+)(?='|$)", lambda match: match.group(1) * 2, text)  # Hydra reads \\ as \ only there
+    text = re.sub(r"(\\+)(?='|$)", lambda match: match.group(1) * 2, " ".join(texts))  # Hydra reads \\ as \ only there
     quoted = text.replace("'", "\\'").replace("${", "\\${")
-    return [arg for arg in args if arg not in words and arg not in unreadable] + [f"prompt='{quoted}'"]
+    kept = [arg for arg, word, unreadable in zip(args, is_word, is_unreadable) if not (word or unreadable)]
+    return kept + [f"prompt='{quoted}'"]
+
+
+def hydra_option_positions(args: list[str]) -> set[int]:
+    """Where Hydra's command-line options (`--help`, `-m`, `--cfg job`, `--info=plugins`)
+    and their values are in `args`; `--` ends them."""
+    actions = {option: action for action in get_args_parser()._actions for option in action.option_strings}
+    positions: set[int] = set()
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return positions | {i}
+        action = actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if action is None:
+            continue
+        positions.add(i)
+        takes_value = action.nargs is None or (action.nargs == "?" and i + 1 < len(args)
+                                              and args[i + 1] in (action.choices or ()))
+        if takes_value and "=" not in arg:
+            positions.add(i + 1)
+    return positions
 
 
 def readable(arg: str) -> bool:

@@ -110,3 +110,23 @@ def test_a_prompt_hydra_cannot_read_is_taken_as_typed(arg, prompt):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         composed = compose(config_name="sample", overrides=prompt_from_words([arg, "max_new_tokens=3"]))
     assert composed.prompt == prompt and composed.max_new_tokens == 3
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--cfg", "job", "hello"], ["--cfg", "job", "prompt='hello'"]),
+    (["- a list item", "max_new_tokens=3"], ["max_new_tokens=3", "prompt='- a list item'"]),
+    (["--info", "plugins"], ["--info", "plugins"]),
+    (["--info", "word"], ["--info", "prompt='word'"]),  # --info's value is one of its choices
+    (["--cfg=job", "-x"], ["--cfg=job", "prompt='-x'"]),
+    (["--", "-h", "y"], ["--", "prompt='-h y'"]),  # after `--`, even an option's name is text
+    (["-m", "seed=1,2"], ["-m", "seed=1,2"]),
+])
+def test_hydras_options_stay_options_and_other_dashed_words_are_text(args, expected):
+    assert prompt_from_words(args) == expected
+
+
+def test_a_dashed_prompt_reaches_the_composed_config(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "--cfg", "job", "- a list item", "seed=3"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "prompt: '- a list item'" in result.stdout and "seed: 3" in result.stdout
