@@ -53,9 +53,11 @@ def stream(
     """
     _check_request(model, prompts, max_new_tokens, decode)
     weight = model.transformer.wpe.weight  # in the activations' dtype, whatever the weight format
-    history, pad = _left_pad(prompts, max_new_tokens, weight.device)  # (B, n + max_new_tokens), (B,)
-    n = history.size(1) - max_new_tokens  # columns filled so far, padding included
-    max_len = min(history.size(1), model.config.block_size)
+    # Room for the tokens grows as they come, not all up front: max_new_tokens may be huge.
+    history, pad = _left_pad(prompts, min(max_new_tokens, model.config.block_size), weight.device)  # (B, n + room), (B,)
+    n = history.size(1) - min(max_new_tokens, model.config.block_size)  # columns filled so far, padding included
+    end = n + max_new_tokens  # the column after a row's last possible token
+    max_len = min(end, model.config.block_size)
     cache_type = KVCache if decode == "eager" else StaticKVCache
     cache = cache_type(model.config, len(prompts), max_len, device=weight.device, dtype=weight.dtype)
     step = GraphedDecodeStep(model, cache) if decode == "graph" else partial(_decode_step, model, cache)
@@ -64,12 +66,14 @@ def stream(
     logits = _prefill(model, cache, history[:, :n], pad)
     while True:
         tokens = sample_next(logits[:, :vocab_size], sampling, generator)  # (B,)
+        if n == history.size(1):  # (B, n) -> (B, up to 2n)
+            history = torch.cat([history, torch.zeros_like(history[:, : end - n])], dim=1)
         history[:, n] = tokens
         n += 1
         new = rows.accept(tokens.tolist())
         if new:
             yield new
-        if n == history.size(1) or rows.all_done:
+        if n == end or rows.all_done:
             return
         if cache.length == cache.max_len:  # past block_size: slide the window
             logits = _prefill(model, cache, history[:, :n], pad)

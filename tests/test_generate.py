@@ -86,6 +86,14 @@ def test_seeded_sampling_past_block_size_with_left_padded_rows_equals_reference(
     assert len({tuple(tokens) for tokens in out}) == 3
 
 
+def test_room_for_new_tokens_grows_as_they_come(make_model):
+    model = make_model(block_size=16)
+    start = prompt(5)
+    steps = stream(model, [start], 10**12, GREEDY)  # 8 TB of token ids if allocated up front
+    tokens = [step[0] for step, _ in zip(steps, range(40))]
+    assert tokens == reference_greedy(model, start, 40)
+
+
 def test_top_k_one_is_greedy(make_model):
     model = make_model(n_kv_head=2)
     start = prompt(6, seed=4)
