@@ -29,7 +29,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from conf.cli import check_overrides, prompt_from_words
+from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
 from model import GPT, check_weight_format, stream, to_decode_layout, to_weight_format
@@ -229,6 +229,6 @@ class LiveText:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = prompt_from_words(sys.argv[1:])
+    sys.argv[1:] = options_first(prompt_from_words(sys.argv[1:]))
     check_overrides(sys.argv[1:], SampleConfig, "sample")
     main()

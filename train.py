@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
-from conf.cli import check_overrides
+from conf.cli import check_overrides, options_first
 from data import BatchLoader, DataError, prepare
 from model import GPT
 from training.budget import grad_accum_steps, training_budget
@@ -344,5 +344,6 @@ def prepare_data(config: Config, group: Distributed):
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = options_first(sys.argv[1:])
     check_overrides(sys.argv[1:], Config, "train")
     main()

@@ -27,27 +27,42 @@ PARSER = OverridesParser.create()
 
 
 def check_overrides(args: list[str], schema: type, config_name: str) -> None:
-    """Exit with one clear line for the first override of conf/<config_name>.yaml (whose
-    values `schema` types) that Hydra would refuse."""
+    """Exit with one clear line for the first argument that Hydra would refuse, or that
+    would quietly do what no one means, in a command line of conf/<config_name>.yaml
+    (whose values `schema` types)."""
+    options = hydra_option_positions(args)
+    multirun = any(args[i] in ("-m", "--multirun") for i in options)
     groups = config_groups(config_name)
-    for arg in args:
-        problem = override_problem(arg, schema, groups) if OVERRIDE.match(arg) else None
+    for i, arg in enumerate(args):
+        problem = None if i in options else argument_problem(arg, schema, groups, multirun)
         if problem:
             sys.exit(f"error: {problem}")
 
 
-def override_problem(arg: str, schema: type, groups: set[str]) -> str | None:
-    """Why Hydra would refuse the override `arg`, or None if it would not."""
+def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = False) -> str | None:
+    """Why the argument `arg` (not one of Hydra's options) should be refused, or None."""
+    if arg.startswith("~"):  # the dataclass's default would apply, not the YAML's: never what is meant
+        return f"{arg}: a setting cannot be deleted; set it instead (to null where null is allowed)"
+    if not OVERRIDE.match(arg):
+        return f"{arg} is not a setting: give key=value overrides (max_iters=100) or Hydra's options (--help)"
     try:
         override = PARSER.parse_overrides([arg])[0]
     except OverrideParseException as err:
-        key = arg.split("=", 1)[0]
-        return (f"{arg}: Hydra cannot read this value ({str(err).splitlines()[0]}); quote it, "
-                f"e.g. \"{key}='...'\"")
+        key = arg.split("=", 1)[0].lstrip("+")
+        quoted = "['...']" if typing.get_origin(setting_type(key, schema)[0]) is list else "'...'"
+        return f"{arg}: Hydra cannot read this value ({str(err).splitlines()[0]}); quote it, e.g. \"{key}={quoted}\""
     key = override.key_or_group
-    if key.split(".", 1)[0] == "hydra" or override.is_delete():
-        return None
-    if key in groups or (override.is_add() and (CONF_DIR / key).is_dir()):
+    if re.split(r"[./]", key, maxsplit=1)[0] == "hydra":
+        return None  # Hydra's own settings and groups: Hydra checks them
+    if override.is_sweep_override():
+        if not multirun:
+            return f"{arg} is a sweep: add -m (--multirun) to run one job per value"
+        if not isinstance(override.value(), (ChoiceSweep, RangeSweep)):
+            return f"{arg}: the sweeper runs lists (1,2,3) and ranges (range(1,4)), not intervals"
+    group = key in groups or (override.is_add() and (CONF_DIR / key).is_dir())
+    if override.is_add() and (key in groups or (not group and unknown_setting(key, schema) is None)):
+        return f"{arg}: {key} already has a value: drop the + ({arg[1:]})"
+    if group:
         return unknown_preset(key, override_values(override))
     return unknown_setting(key, schema) or wrong_type(key, override_values(override), schema)
 
@@ -60,13 +75,8 @@ def config_groups(config_name: str) -> set[str]:
 
 
 def override_values(override: Override) -> list[Any]:
-    """The value an override sets, or each value of a sweep (`-m seed=1,2,3`); none for an
-    interval sweep, whose floats only a tuning sweeper draws."""
-    if not override.is_sweep_override():
-        return [override.value()]
-    if isinstance(override.value(), (ChoiceSweep, RangeSweep)):
-        return list(override.sweep_iterator())
-    return []
+    """The value an override sets, or each value of a sweep (`-m seed=1,2,3`)."""
+    return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
 
 
 def unknown_preset(group: str, values: list[Any]) -> str | None:
@@ -164,6 +174,15 @@ def hydra_option_positions(args: list[str]) -> set[int]:
         if takes_value and "=" not in arg:
             positions.add(i + 1)
     return positions
+
+
+def options_first(args: list[str]) -> list[str]:
+    """`args` with Hydra's options (and their values) ahead of the overrides, where
+    Hydra's parser needs them (`train.py model=nano -m seed=1,2` works too); `--`, which
+    only separated them, is dropped."""
+    options = hydra_option_positions(args)
+    return ([arg for i, arg in enumerate(args) if i in options and arg != "--"]
+            + [arg for i, arg in enumerate(args) if i not in options])
 
 
 def readable(arg: str) -> bool:

@@ -10,15 +10,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conf import CONF_DIR, Config
-from conf.cli import config_groups, override_problem, prompt_from_words
+from conf.cli import argument_problem, config_groups, options_first, prompt_from_words
 from conf.sample_config import SampleConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = {"train": Config, "sample": SampleConfig}
 
 
-def problem(config_name: str, arg: str) -> str | None:
-    return override_problem(arg, SCHEMAS[config_name], config_groups(config_name))
+def problem(config_name: str, arg: str, multirun: bool = False) -> str | None:
+    return argument_problem(arg, SCHEMAS[config_name], config_groups(config_name), multirun)
 
 
 def hydra_refuses(config_name: str, arg: str) -> bool:
@@ -73,13 +73,42 @@ def test_a_refusal_names_the_setting_and_the_rule(config_name, arg, message):
 @pytest.mark.parametrize("arg, message", [
     ("seed=1,2,x", "seed must be an integer, got 'x'"),
     ("seed=range(1,4)", None),
-    ("optim.learning_rate=interval(1e-4,1e-3)", None),  # for a tuning sweeper: no values to check
+    ("optim.learning_rate=interval(1e-4,1e-3)", "optim.learning_rate=interval(1e-4,1e-3): the sweeper runs lists"),
     ("model=nano,foo", "model=foo: there is no preset"),
     ("model=nano,mini", None),
 ])
 def test_each_value_of_a_sweep_is_checked(arg, message):
-    found = problem("train", arg)
+    found = problem("train", arg, multirun=True)
     assert found == message if message is None else found.startswith(message)
+
+
+@pytest.mark.parametrize("config_name, arg, message", [
+    ("train", "seed=1,2", "seed=1,2 is a sweep: add -m (--multirun) to run one job per value"),
+    ("train", "~seed", "~seed: a setting cannot be deleted; set it instead (to null where null is allowed)"),
+    ("train", "~model", "~model: a setting cannot be deleted"),  # GPTConfig's defaults would apply, not the preset
+    ("train", "+seed=5", "+seed=5: seed already has a value: drop the + (seed=5)"),
+    ("train", "+model=nano", "+model=nano: model already has a value: drop the + (model=nano)"),
+    ("train", "foo", "foo is not a setting: give key=value overrides (max_iters=100) or Hydra's options (--help)"),
+    ("sample", "stop=[a(b]", "stop=[a(b]: Hydra cannot read this value"),
+])
+def test_what_hydra_would_take_but_no_one_means_is_refused_too(config_name, arg, message):
+    assert problem(config_name, arg).startswith(message)
+
+
+def test_the_quoting_hint_fits_the_setting():
+    assert problem("sample", "stop=[a(b]").endswith("quote it, e.g. \"stop=['...']\"")
+    assert problem("train", "data.path=a(b").endswith("quote it, e.g. \"data.path='...'\"")
+
+
+@pytest.mark.parametrize("arg", ["++seed=5", "+uptraining=mqa", "hydra/job_logging=disabled", "hydra.run.dir=/tmp/x",
+                                 "hydra.job.env_set.X=1"])
+def test_forced_additions_optional_groups_and_hydras_own_settings_pass(arg):
+    assert problem("train", arg) is None
+
+
+def test_options_go_first_wherever_they_were_typed():
+    assert options_first(["model=nano", "-m", "seed=1,2", "--cfg", "job"]) == ["-m", "--cfg", "job", "model=nano", "seed=1,2"]
+    assert options_first(["--", "prompt='-x'"]) == ["prompt='-x'"]
 
 
 @pytest.mark.parametrize("command, message", [
@@ -88,6 +117,8 @@ def test_each_value_of_a_sweep_is_checked(arg, message):
     (["sample.py", "seed=abc"], "error: seed must be an integer or null, got 'abc'"),
     (["train.py", "model.n_head=2.5"], "error: model.n_head must be an integer, got 2.5"),
     (["train.py", "-m", "model=nano,foo"], "error: model=foo: there is no preset conf/model/foo.yaml"),
+    (["train.py", "model=nano", "-m", "model=nano,foo"], "error: model=foo: there is no preset conf/model/foo.yaml"),
+    (["train.py", "seed=1,2"], "error: seed=1,2 is a sweep: add -m"),
     (["-m", "data", "data=bar"], "error: data=bar: there is no preset conf/data/bar.yaml"),
     # Past Hydra: an interpolation resolves only when the config is built.
     (["train.py", "seed=${nope}"], "error: Interpolation key 'nope' not found (at seed)"),
@@ -126,7 +157,7 @@ def test_hydras_options_stay_options_and_other_dashed_words_are_text(args, expec
 
 
 def test_a_dashed_prompt_reaches_the_composed_config(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "--cfg", "job", "- a list item", "seed=3"],
+    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "seed=3", "--cfg", "job", "- a list item"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "prompt: '- a list item'" in result.stdout and "seed: 3" in result.stdout
