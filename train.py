@@ -38,7 +38,7 @@ from training.distributed import (
 )
 from training.evaluate import Evaluator
 from training.init_from import initial_model
-from training.logger import RunLogger
+from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
 from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
@@ -72,6 +72,8 @@ def train(cfg: DictConfig) -> Path | None:
     config = load_config(cfg)  # every rule checked here, before any heavy work
     group, device = init_distributed(config.device)
     try:
+        if group.is_main:
+            check_wandb(config.logging.wandb.mode)
         if config.max_iters == 0:
             return evaluate_only(cfg, config, resume_from, group, device)
         # The context of the model about to be built (a new run's from init_from is cropped to it).

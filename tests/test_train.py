@@ -199,6 +199,15 @@ def test_wandb_offline_writes_its_run_files_without_a_login(train_overrides, mon
     assert list(offline_runs[0].glob("*.wandb"))  # the event log `wandb sync` uploads
 
 
+def test_wandb_online_without_a_key_is_refused_before_any_work(train_overrides, tmp_path, monkeypatch):
+    import wandb
+
+    monkeypatch.setattr(wandb, "login", lambda **kwargs: False)  # no API key on this machine
+    with pytest.raises(ValueError, match=r"^logging.wandb.mode=online needs a wandb API key \(run `wandb login`"):
+        run_in_process(*train_overrides, "max_iters=10", "logging.wandb.mode=online")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing prepared or created
+
+
 def run_cli(*args, cwd):
     return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 

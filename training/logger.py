@@ -153,17 +153,26 @@ def _format(record: dict[str, Any], keys: tuple[str, ...]) -> str:
     return " | ".join(parts)
 
 
+def check_wandb(mode: str) -> None:
+    """ValueError when wandb is to log online without an API key (train.py asks before any work)."""
+    if mode != "online":
+        return
+    import wandb  # imported only when used: it is slow to import
+
+    if not wandb.login(prompt=False, verify=False):
+        raise ValueError(
+            "logging.wandb.mode=online needs a wandb API key (run `wandb login` or set WANDB_API_KEY); "
+            "use logging.wandb.mode=offline to log locally and `wandb sync` later"
+        )
+
+
 def _start_wandb(settings: dict[str, Any], config: dict[str, Any], run_dir: Path):
     mode = settings["mode"]
     if mode == "disabled":
         return None
-    import wandb  # imported only when used: it is slow to import
+    check_wandb(mode)
+    import wandb
 
-    if mode == "online" and not wandb.login(prompt=False, verify=False):
-        raise RuntimeError(
-            "logging.wandb.mode=online needs a wandb API key (run `wandb login` or set WANDB_API_KEY); "
-            "use logging.wandb.mode=offline to log locally and `wandb sync` later"
-        )
     return wandb.init(
         project=settings["project"],
         name=settings.get("name") or run_dir.name,
