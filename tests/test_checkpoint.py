@@ -213,6 +213,20 @@ def test_a_checkpoint_saved_before_digests_is_still_read_and_damage_is_named(tmp
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("damage, why", [
+    (lambda listing: listing.write_bytes(listing.read_bytes()[:30]), "'[0-9a-f]{30}' is not '<sha256>  <file>'"),
+    (lambda listing: listing.write_bytes(b"\xff\xfe" + listing.read_bytes()), "'utf-8' codec can't decode"),
+    (lambda listing: listing.write_text(""), "model.safetensors is not listed"),
+    (lambda listing: (listing.unlink(), listing.mkdir()), "Is a directory"),
+])
+def test_a_damaged_digest_listing_is_named_not_skipped(tmp_path, make_model, damage, why):
+    path = save(tmp_path, 1, make_model())
+    damage(path / "SHA256SUMS")
+    with pytest.raises(CheckpointError, match=f"^{path / 'SHA256SUMS'} is damaged \\({why}.*\\): the checkpoint's files "
+                                              "cannot be checked; use another checkpoint"):
+        load_checkpoint(path)
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"", "corrupt training state .*: [A-Za-z]"),  # an empty file still says what is wrong
     (b"not a torch archive", "corrupt training state"),

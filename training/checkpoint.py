@@ -193,15 +193,35 @@ def verify_digests(path: Path, names: list[str]) -> None:
     """Check files of checkpoint `path` against its SHA256SUMS (checkpoints saved before
     digests were recorded have none, and are read unchecked)."""
     listing = path / DIGESTS
-    if not listing.is_file():
+    if not listing.exists():
         return
-    recorded = dict(reversed(line.split(maxsplit=1)) for line in listing.read_text().splitlines() if line.strip())
+    recorded = read_digests(listing)
     for name in names:
+        if name not in recorded:
+            raise _damaged_digests(listing, f"{name} is not listed")
         if name in recorded and file_sha256(path / name) != recorded[name]:
             raise CheckpointError(
                 f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
                 "use another checkpoint of the run (checkpoints/step_*) or restore it from a copy"
             )
+
+
+def read_digests(listing: Path) -> dict[str, str]:
+    """{file name: sha256} from a SHA256SUMS listing; CheckpointError naming it when it is
+    not one (truncated, edited, not text)."""
+    try:
+        lines = [line.split("  ", 1) for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise _damaged_digests(listing, getattr(err, "strerror", None) or str(err)) from err
+    malformed = [" ".join(line) for line in lines if len(line) != 2 or not re.fullmatch(r"[0-9a-f]{64}", line[0])]
+    if malformed:
+        raise _damaged_digests(listing, f"{malformed[0]!r} is not '<sha256>  <file>'")
+    return {name: digest for digest, name in lines}
+
+
+def _damaged_digests(listing: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
+                           f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked")
 
 
 def remove_interrupted_saves(run_dir: Path) -> list[Path]:
