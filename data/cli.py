@@ -41,12 +41,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_overrides(args.overrides, Config, "train")  # train.py's one-line message for a bad override
     try:
         cfg = config_from_overrides(args.overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
         prepared = prepare(cfg)
-    except DataError as err:
+    except (ValueError, DataError) as err:  # one line, as train.py prints it
         sys.exit(f"error: {err}")
     meta = prepared.meta
     print(

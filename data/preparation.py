@@ -119,6 +119,10 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
     torchrun) waits here, without any collective that could time out, then reuses the shards."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if not data_dir.is_dir():  # a file in the way, or no permission to create it
+            raise DataError(f"data.data_dir={data_dir}: cannot create that directory ({err.strerror or err})") from err
+    try:
         lock = open(data_dir / LOCK_FILE, "a")
     except OSError:  # a read-only data directory: nothing can be written, so nothing to guard
         yield

@@ -236,8 +236,19 @@ def test_prepare_reads_overrides_exactly_as_train_py(monkeypatch):
     ("data.path='unterminated", "error: data.path='unterminated: Hydra cannot read this value ("),
     ("data=owt", "error: data=owt: there is no preset conf/data/owt.yaml; presets: files, fineweb_edu"),
     ("data.val_fraction=abc", "error: data.val_fraction must be a number, got 'abc'"),
+    ("max_iters=-1", "error: max_iters must be >= 0, got -1"),  # a rule, checked when the config is built
+    ("data.path=${nope}", "error: Interpolation key 'nope' not found (at data.path)"),
 ])
 def test_bad_overrides_are_one_line_naming_them(override, message):
     with pytest.raises(SystemExit) as exit_info:  # train.py's message, before Hydra composes
         data.cli.main([override])
     assert exit_info.value.code.startswith(message) and "\n" not in exit_info.value.code
+
+
+@pytest.mark.parametrize("in_the_way", ["file", "file/below"])
+def test_a_data_directory_that_cannot_be_made_is_named(tmp_path, in_the_way):
+    (tmp_path / "file").write_text("not a directory")
+    data_dir = tmp_path / in_the_way
+    with pytest.raises(SystemExit) as exit_info:
+        data.cli.main(["data=files", f"data.path={tmp_path / 'file'}", f"data.data_dir={data_dir}"])
+    assert exit_info.value.code.startswith(f"error: data.data_dir={data_dir}: cannot create that directory (")
