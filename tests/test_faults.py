@@ -4,6 +4,7 @@ says what is intact and what to do, and loses nothing."""
 
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -203,6 +204,20 @@ def test_a_damaged_run_config_is_named_when_resuming(finished_run, tmp_path, dam
     (run_dir / "config.yaml").write_bytes(damaged if isinstance(damaged, bytes) else damaged.encode())
     with pytest.raises(CheckpointError, match=f"{run_dir / 'config.yaml'} is damaged \\(({reason})"):
         resolve_resume(composed(f"resume={run_dir}"))
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda text: re.sub(r"(?m)^seed: .*$", "seed: abc", text), "Value 'abc' of type 'str' could not be converted to Integer (at seed)"),
+    (lambda text: text + "colour: blue\n", "Key 'colour' not in 'Config' (at colour)"),
+])
+def test_a_run_config_that_does_not_fit_the_settings_is_one_line(finished_run, tmp_path, edit, why):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    (run_dir / "config.yaml").write_text(edit((run_dir / "config.yaml").read_text()))
+    with pytest.raises(ValueError) as error:
+        resolve_resume(composed(f"resume={run_dir}"))
+    assert str(error.value) == (f"{run_dir / 'config.yaml'} does not fit train.py's settings: {why}; "
+                                "mend that value in it, or start a new run")
 
 
 @pytest.mark.parametrize("setting", ["out_dir=/proc/gptlab_run", "runs_root=/dev/null/runs"])

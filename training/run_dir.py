@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from conf import Config
+from conf import Config, one_line_errors
 from model import GPT
 from training.checkpoint import (
     CHECKPOINTS, WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint,
@@ -173,9 +173,11 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
         values.append(f"{key}={value}")
     saved = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
     try:
-        return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
-    except Exception as err:  # omegaconf's validation errors: a value of the wrong type, an unknown key
-        raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}") from err
+        with one_line_errors():  # omegaconf's validation errors: a value of the wrong type, an unknown key
+            return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
+    except ValueError as err:
+        raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}; mend that value in "
+                         "it, or start a new run") from err
 
 
 def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> dict:
