@@ -37,7 +37,7 @@ from training.distributed import (
     Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
 )
 from training.evaluate import Evaluator
-from training.init_from import initial_model
+from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
 from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
@@ -74,6 +74,8 @@ def train(cfg: DictConfig) -> Path | None:
     try:
         if group.is_main:
             check_wandb(config.logging.wandb.mode)
+        if resume_from is None:
+            check_model_path(config)
         if config.max_iters == 0:
             return evaluate_only(cfg, config, resume_from, group, device)
         # The context of the model about to be built (a new run's from init_from is cropped to it).

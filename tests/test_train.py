@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
-from training.checkpoint import find_checkpoint, load_checkpoint
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,6 +206,13 @@ def test_wandb_online_without_a_key_is_refused_before_any_work(train_overrides, 
     with pytest.raises(ValueError, match=r"^logging.wandb.mode=online needs a wandb API key \(run `wandb login`"):
         run_in_process(*train_overrides, "max_iters=10", "logging.wandb.mode=online")
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing prepared or created
+
+
+@pytest.mark.parametrize("source, message", [("checkpoint", "no checkpoint at .*missing"), ("hf", "no directory .*missing")])
+def test_a_model_path_that_leads_nowhere_is_refused_before_any_work(train_overrides, tmp_path, source, message):
+    with pytest.raises(CheckpointError, match=message):
+        run_in_process(*train_overrides, f"init_from={source}", f"model_path={tmp_path / 'missing'}")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
 
 
 def run_cli(*args, cwd):

@@ -63,6 +63,11 @@ def load_hf_pretrained(
 def _resolve_hf_dir(model_path: str) -> Path:
     """A local directory as it is; anything shaped like a Hub name that is not a local
     path is fetched from the Hub (or its local cache) into the cache."""
+    return local_hf_dir(model_path) or _download(model_path)
+
+
+def local_hf_dir(model_path: str) -> Path | None:
+    """model_path as a local directory, None for a Hub name; CheckpointError for neither."""
     path = Path(model_path).expanduser()
     if path.is_dir():
         return path
@@ -70,7 +75,7 @@ def _resolve_hf_dir(model_path: str) -> Path:
         raise CheckpointError(f"{model_path} is a file: pass the directory holding {HF_CONFIG} and the weights")
     if not HUB_NAME.match(model_path):
         raise CheckpointError(f"no directory {model_path}")
-    return _download(model_path)
+    return None
 
 
 def _download(repo_id: str) -> Path:

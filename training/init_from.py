@@ -20,9 +20,18 @@ from data import Tokenizer
 from model import GPTConfig
 from model.hf import crop_block_size, pool_kv_heads
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-from training.hf_io import load_hf_pretrained
+from training.hf_io import load_hf_pretrained, local_hf_dir
 
 SOURCES = ("scratch", "checkpoint", "hf")
+
+
+def check_model_path(config: Config) -> None:
+    """A model_path that leads nowhere, refused before any data or model work (a Hub
+    name is looked up only when the weights are read)."""
+    if config.init_from == "checkpoint":
+        find_checkpoint(config.model_path, config.runs_root, setting="model_path")
+    elif config.init_from == "hf":
+        local_hf_dir(config.model_path)
 
 
 def initial_model(
