@@ -238,11 +238,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {args.sweep_dir} is not a directory")
     if args.decode_steps < 1:
         sys.exit(f"error: --decode-steps must be at least 1, got {args.decode_steps}")
+    if not args.prompt:
+        sys.exit("error: --prompt is empty: the heatmaps need at least one token of text")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        sys.exit(f"error: --out {args.out} is a file: pass a directory for report.md and the plots")
     try:
         path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
                             frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps)
     except (CheckpointError, DataError, ValueError) as err:  # ValueError: a malformed metrics.jsonl or --baseline
         sys.exit(f"error: {err}")
+    except OSError as err:  # a directory that cannot be made or written: named
+        sys.exit(f"error: {err.strerror or err} ({err.filename or args.out or args.sweep_dir})")
     print(f"wrote {path}")
 
 

@@ -186,3 +186,15 @@ def test_report_on_a_directory_without_runs_says_so(tmp_path):
 def test_an_unknown_baseline_is_named(sweep_dir, tmp_path):
     with pytest.raises(SystemExit, match="--baseline nope: no such arm"):
         report.main([str(sweep_dir), "--out", str(tmp_path), "--baseline", "nope", "--no-gpt2-decode"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "^error: --prompt is empty: the heatmaps need at least one token of text$"),
+    (["--out", "{file}"], "^error: --out .*a_file is a file: pass a directory for report.md and the plots$"),
+    (["--out", "{file}/below"], r"^error: Not a directory \(.*a_file/below"),
+])
+def test_report_options_that_cannot_work_are_one_line(sweep_dir, tmp_path, args, message):
+    (tmp_path / "a_file").write_text("")
+    args = [arg.format(file=tmp_path / "a_file") for arg in args]
+    with pytest.raises(SystemExit, match=message):
+        report.main([str(sweep_dir), *args, "--no-gpt2-decode"])
