@@ -35,7 +35,7 @@ from data import DataError, Tokenizer
 from model import GPT, check_weight_format, stream, to_decode_layout, to_weight_format
 from model.generate import StopCheck
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.runtime import resolve_device, resolve_precision
+from training.runtime import out_of_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input
@@ -53,6 +53,11 @@ def main(cfg: DictConfig) -> None:
             print(json.dumps(result, ensure_ascii=False, indent=2))
     except (ValueError, CheckpointError, DataError) as err:
         sys.exit(f"error: {err}")
+    except RuntimeError as err:
+        message = out_of_memory(err, "lower num_samples, or the model's memory with weights=bf16 or int8")
+        if message is None:
+            raise
+        sys.exit(f"error: {message}")
     except BrokenPipeError:  # the reader left early (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     except KeyboardInterrupt:  # Ctrl-C: what was printed stands

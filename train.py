@@ -41,7 +41,7 @@ from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
 from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
-from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
+from training.runtime import configure_cuda, out_of_memory, resolve_precision, rng_state, seed_everything
 from training.schedule import learning_rate, schedule_warnings
 from training.signals import GracefulStop, Interrupted, interrupts_raise
 from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
@@ -60,6 +60,12 @@ def main(cfg: DictConfig) -> None:
             sys.exit(f"error: {err}")
         except OSError as err:  # a full disk or a vanished directory while logging, named
             sys.exit(f"error: {err.strerror or err} ({err.filename or 'writing the run'})")
+        except RuntimeError as err:
+            message = out_of_memory(err, "lower batch_size (and raise grad_accum_steps to keep the tokens per step), "
+                                         "model.block_size or the model's size")
+            if message is None:
+                raise
+            sys.exit(f"error: {message}")
         except Interrupted as stop:
             print(f"error: {stop}", file=sys.stderr)
             sys.exit(stop.exit_code)

@@ -1,7 +1,11 @@
 """Schedule, precision, RNG state and the metrics log: the parts train.py is built from."""
 
 import io
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +238,40 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
     with pytest.raises(ValueError, match="already holds a run"):  # taken, and saved, while we waited for the lock
         with run_lock(tmp_path, enabled=True, new_run=True):
             pass
+
+
+def test_an_allocation_that_failed_is_one_line_and_other_errors_are_not_hidden():
+    from training.runtime import out_of_memory
+
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 40243200000 bytes. Error code 12 (Cannot allocate memory)")
+    assert out_of_memory(cpu, "lower batch_size").startswith("out of memory ([enforce fail")
+    assert out_of_memory(cpu, "lower batch_size").endswith("Cannot allocate memory)): lower batch_size")
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    assert out_of_memory(cuda, "lower it") == "out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): lower it"
+    assert out_of_memory(RuntimeError("shape mismatch"), "lower it") is None
+
+
+OUT_OF_MEMORY = """
+import runpy, sys
+import {module}
+def allocate(*args, **kwargs):
+    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes")
+{module}.{function} = allocate  # the script imports it by name, so it runs this one
+sys.argv = [{script!r}] + sys.argv[1:]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script, module, function, advice", [
+    ("train.py", "conf", "load_config", "lower batch_size (and raise grad_accum_steps"),
+    ("sample.py", "conf.sample_config", "load_sample_config", "lower num_samples, or the model's memory with weights=bf16"),
+])
+def test_out_of_memory_ends_a_script_with_one_line_of_advice(tmp_path, script, module, function, advice):
+    repo = Path(__file__).resolve().parents[1]
+    wrapper = tmp_path / "allocate.py"
+    wrapper.write_text(OUT_OF_MEMORY.format(module=module, function=function, script=str(repo / script)))
+    result = subprocess.run([sys.executable, str(wrapper)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: out of memory (DefaultCPUAllocator: can't allocate memory") and advice in result.stderr
