@@ -299,7 +299,21 @@ def test_a_run_whose_checkpoints_were_all_deleted_is_neither_restarted_nor_taken
         resolve_resume(composed(f"resume={run_dir}"))
     with pytest.raises(ValueError, match="already holds a run"):
         train.train(composed(f"out_dir={run_dir}"))
+    shutil.rmtree(run_dir / "checkpoints")  # the folder too: only the log tells that it saved any
+    refusal = f"{run_dir} held a run that saved checkpoints .* and they are gone: its log is kept"
+    for setting in (f"resume={run_dir}", f"out_dir={run_dir}"):
+        with pytest.raises(ValueError, match=refusal):
+            train.train(composed(setting))
     assert (run_dir / "metrics.jsonl").read_text() == log
+
+
+def test_a_config_yaml_that_no_run_wrote_is_not_taken_over(train_overrides, tmp_path):
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "config.yaml").write_text("my: own settings\n")
+    with pytest.raises(ValueError, match=f"^{own} holds a config.yaml that no gptlab run wrote \\(it has no groups.yaml\\)"):
+        train.train(composed(*train_overrides, f"out_dir={own}"))
+    assert (own / "config.yaml").read_text() == "my: own settings\n"
 
 
 def test_non_finite_weights_from_elsewhere_are_refused_by_resume_and_export(finished_run, tmp_path):

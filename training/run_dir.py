@@ -21,7 +21,7 @@ from training.checkpoint import (
     load_weights, remove_interrupted_saves,
 )
 from training.distributed import Distributed
-from training.logger import METRICS
+from training.logger import METRICS, read_metrics
 from training.runtime import reseed, seed_everything, set_rng_state
 
 try:
@@ -106,9 +106,18 @@ def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[str]:
 
 
 def _take_over(run_dir: Path) -> str:
-    """Clear the files of a run that stopped before its first checkpoint."""
+    """Clear the files of a run that stopped before its first checkpoint, once sure that
+    is what they are: a config.yaml gptlab did not write, or the log of a run whose
+    checkpoints were deleted since, is left alone and refused."""
     if not (run_dir / RUN_CONFIG).exists():
         return ""
+    if not (run_dir / RUN_GROUPS).exists():
+        raise ValueError(f"{run_dir} holds a {RUN_CONFIG} that no gptlab run wrote (it has no {RUN_GROUPS}): "
+                         "train into another out_dir")
+    if any(r.get("kind") == "eval" and r.get("step", 0) > 0 for r in read_metrics(run_dir)):
+        raise ValueError(f"{run_dir} held a run that saved checkpoints (its {METRICS} has evaluations past step 0, "
+                         "each followed by a save), and they are gone: its log is kept; train into another out_dir, "
+                         "or delete the directory to reuse it")
     for name in (RUN_CONFIG, RUN_GROUPS, METRICS):
         (run_dir / name).unlink(missing_ok=True)
     return f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh"
