@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -90,6 +91,15 @@ class DataConfig:
             _fail("val_fraction", "must be a number strictly between 0 and 1", fraction)
 
     def _check_source_needs(self) -> None:
+        # A setting another source reads would be ignored, yet change the fingerprint (a rebuild).
+        for source, used in (("files", {"path": None, "url": None, "document_separator": None}),
+                             ("hub", {"dataset": None, "subset": None, "revision": None, "streaming": False,
+                                      "split": "train"})):
+            for field, unset in used.items():
+                if self.source != source and getattr(self, field) != unset:
+                    _fail(field, f"is read only when source is '{source}', and this source is '{self.source}' "
+                                 f"(choose a data= preset of source {source}, or leave it {json.dumps(unset)})",
+                          getattr(self, field))
         if self.source == "files" and self.path is None and self.url is None:
             _fail("path", "must name a file, directory or glob when source is 'files'", None)
         if self.source == "hub" and self.dataset is None:

@@ -39,6 +39,14 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(verify="md5"), r"DataConfig.verify must be one of \('sha256', 'size'\), got 'md5'"),
         (dict(source="files"), r"DataConfig.path must name a file, directory or glob when source is 'files'"),
         (dict(source="hub"), r"DataConfig.dataset must name a Hub dataset or a local dataset directory"),
+        # read by another source: ignored, yet it would change the fingerprint (a rebuild)
+        (dict(path="/x.txt"), r"DataConfig.path is read only when source is 'files', and this source is 'stdlib' "
+                              r"\(choose a data= preset of source files, or leave it null\), got '/x.txt'"),
+        (dict(source="files", path="a.txt", subset="en"), r"DataConfig.subset is read only when source is 'hub'"),
+        (dict(source="files", path="a.txt", split="test"), r"DataConfig.split is read only when source is 'hub', "
+                                                           r"and this source is 'files' .*leave it \"train\""),
+        (dict(streaming=True), r"DataConfig.streaming is read only when source is 'hub'.*leave it false"),
+        (dict(source="hub", dataset="d", document_separator="\n"), r"DataConfig.document_separator is read only"),
     ],
 )
 def test_each_rule_names_its_field(overrides, message):

@@ -205,7 +205,7 @@ def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
 
 OVERRIDES = [
     "data=files", "data.path='/some dir/x.txt'", "data.text_column=2024", "data.name=\"2024\"",
-    "data.max_documents=null", "data.num_proc=3", "data.val_fraction=0.25", "data.streaming=true",
+    "data.max_documents=null", "data.num_proc=3", "data.val_fraction=0.25", "data.keep_hf_cache=true",
     "data.url='https://example.com/a b.txt'",
 ]
 

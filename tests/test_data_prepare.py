@@ -289,9 +289,9 @@ def test_command_line_errors_are_messages_not_tracebacks(tmp_path):
 
 def test_overrides_parse_like_hydra():
     overrides = ["data=shakespeare", "data.path=2024", "data.val_fraction=0.2", "data.max_documents=null",
-                 "data.streaming=true"]
+                 "data.keep_hf_cache=true"]
     cfg = config_from_overrides(overrides)
-    assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.streaming) == ("shakespeare", "2024", 0.2, None, True)
+    assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.keep_hf_cache) == ("shakespeare", "2024", 0.2, None, True)
     with pytest.raises(ValueError, match="Could not find 'data/owt'"):
         config_from_overrides(["data=owt"])
 

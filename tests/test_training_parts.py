@@ -226,6 +226,7 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
     with run_lock(tmp_path, enabled=True, new_run=False):
         pass  # released on exit
     (tmp_path / "config.yaml").write_text("seed: 1\n")
+    (tmp_path / "groups.yaml").write_text("model: nano\n")
     with run_lock(tmp_path, enabled=True, new_run=True) as takeover:  # a run that stopped before its first save
         assert takeover == f"{tmp_path} held a run that stopped before its first checkpoint: starting it afresh"
     assert not tmp_path.exists()  # and this one failed before it began: nothing of either is left
