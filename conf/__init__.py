@@ -116,6 +116,9 @@ class Config:
 
     def __post_init__(self) -> None:
         _at_least("max_iters", self.max_iters, 0)
+        for name in ("runs_root", "out_dir"):  # empty would mean the current directory
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} is empty: give a directory, or leave it unset")
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "pad_vocab_to", "keep_last"):
             _positive(name, getattr(self, name))
         for name in ("tokens_per_step", "tokens_per_param"):

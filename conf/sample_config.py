@@ -34,6 +34,8 @@ class SampleConfig:
     json: bool = False
 
     def __post_init__(self) -> None:
+        if self.runs_root == "":
+            raise ValueError("runs_root is empty: give a directory, or leave it unset")
         for name in ("num_samples", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -211,6 +211,7 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
         ("decode=static", r"decode must be one of \('eager', 'graph'\), got 'static'"),
         ("stop=['']", "stop must be a list of non-empty strings"),
         ("+promt=hi", "promt is not a setting of sample.py"),
+        ("runs_root=", "runs_root is empty: give a directory, or leave it unset"),
     ],
 )
 def test_invalid_settings_are_rejected_before_any_work(override, message):
@@ -236,6 +237,11 @@ def test_int8_off_the_cpu_is_refused_before_the_checkpoint_is_read(tmp_path, mon
 def test_a_graph_off_cuda_is_refused_before_the_checkpoint_is_read(tmp_path):
     with pytest.raises(ValueError, match=r"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on cpu \(use decode=eager there\)"):
         run_sample(tmp_path / "no-runs-here", "decode=graph", "device=cpu")
+
+
+def test_an_empty_checkpoint_setting_is_not_the_current_directory(runs_root):
+    with pytest.raises(CheckpointError, match="^checkpoint is empty: pass a checkpoint or run directory, or leave it unset$"):
+        run_sample(runs_root, "checkpoint=")
 
 
 def test_missing_prompt_file_is_explained(runs_root, tmp_path):

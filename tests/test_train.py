@@ -165,12 +165,19 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
         ("logging.wandb.mode=cloud", "logging.wandb.mode must be disabled, offline or online"),
         ("resume=nowhere", "no checkpoint at nowhere"),
         ("resume=true", r"no checkpoint found under .*pass resume=PATH"),
+        ("resume=", "^resume is empty: pass a checkpoint or run directory, or leave it unset$"),
+        ("runs_root=", "^runs_root is empty: give a directory, or leave it unset$"),
+        ("out_dir=", "^out_dir is empty"),
     ],
 )
 def test_invalid_settings_fail_before_any_work(train_overrides, tmp_path, override, message):
     with pytest.raises((ValueError, train.CheckpointError), match=message):
         run_in_process(*train_overrides, override)
     assert not (tmp_path / "data").exists()  # rejected before the data was prepared
+
+
+def test_resume_false_is_a_new_run(train_overrides):
+    assert run_in_process(*train_overrides, "max_iters=2", "eval_interval=2", "resume=false").is_dir()
 
 
 def test_missing_data_path_is_named(train_overrides, tmp_path):

@@ -254,6 +254,8 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
                 f"`python train.py`, or pass {setting}=PATH"
             )
         return _follow_latest(runs[-1])
+    if not str(target).strip():  # `resume=` would otherwise mean the current directory
+        raise CheckpointError(f"{setting} is empty: pass a checkpoint or run directory, or leave it unset")
     path = Path(target)
     if (path / WEIGHTS).is_file():
         return path.resolve()

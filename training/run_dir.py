@@ -142,8 +142,8 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     """With resume set, continue the saved run's own config. Overrides of single
     values (max_iters=5000) still apply; group choices (model=nano) must be the ones
     the run started with, so repeating the original command line works."""
-    if cfg.resume is None:
-        return cfg, None
+    if cfg.resume is None or str(cfg.resume).lower() == "false":  # resume=false: a new run, as resume=null
+        return OmegaConf.merge(cfg, {"resume": None}), None
     target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
     if target is not None and _stopped_before_first_checkpoint(Path(target)):
         merged = _saved_config(Path(target), cfg)  # start it afresh
