@@ -149,13 +149,13 @@ import torch.distributed as dist
 import data.preparation
 
 real_init, real_build, real_lock = dist.init_process_group, data.preparation._build, data.preparation._only_preparer
-# 6 s: long enough for the ranks' skew after the prepare on a loaded 2-core machine (3 s
-# was not), far shorter than the prepare.
-dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=6))
+# 15 s: longer than the ranks' skew after the prepare on a loaded 2-core machine (3 s and
+# 6 s were not, under CI's load), half the prepare.
+dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=15))
 preparing = {marker!r}
 def slow_build(*args):
     open(preparing, "w").close()  # rank 0 holds the lock from here on
-    time.sleep(15)  # rank 0 prepares for longer than any collective may wait
+    time.sleep(30)  # rank 0 prepares for longer than any collective may wait
     return real_build(*args)
 def lock_once_rank_0_prepares(data_dir):
     while not os.path.exists(preparing):  # a fixed head start loses the race on a loaded machine
