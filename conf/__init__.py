@@ -116,6 +116,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _at_least("max_iters", self.max_iters, 0)
+        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:  # what numpy's seeding takes
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed!r}")
         for name in ("runs_root", "out_dir"):  # empty would mean the current directory
             if getattr(self, name) == "":
                 raise ValueError(f"{name} is empty: give a directory, or leave it unset")

@@ -26,8 +26,8 @@ class Sampling:
             raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {self.top_k!r}")
         if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer (or None), got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1] (or None), got {self.seed!r}")
 
     def generator(self, device: torch.device | str) -> torch.Generator | None:
         """A random generator seeded with `seed` on device, or None for torch's global one."""

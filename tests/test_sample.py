@@ -212,6 +212,8 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
         ("stop=['']", "stop must be a list of non-empty strings"),
         ("+promt=hi", "promt is not a setting of sample.py"),
         ("runs_root=", "runs_root is empty: give a directory, or leave it unset"),
+        ("seed=-1", r"seed must be an integer in \[0, 2\*\*32 - 1\] \(or None\), got -1"),
+        ("seed=99999999999999999999", r"seed must be an integer in \[0, 2\*\*32 - 1\]"),
     ],
 )
 def test_invalid_settings_are_rejected_before_any_work(override, message):

@@ -168,6 +168,8 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
         ("resume=", "^resume is empty: pass a checkpoint or run directory, or leave it unset$"),
         ("runs_root=", "^runs_root is empty: give a directory, or leave it unset$"),
         ("out_dir=", "^out_dir is empty"),
+        ("seed=-1", r"^seed must be an integer in \[0, 2\*\*32 - 1\], got -1$"),
+        ("seed=4294967296", r"^seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296$"),
     ],
 )
 def test_invalid_settings_fail_before_any_work(train_overrides, tmp_path, override, message):
