@@ -130,6 +130,9 @@ class Config:
             raise ValueError(f"init_from must be scratch, checkpoint or hf, got {self.init_from!r}")
         if self.init_from != "scratch" and not self.model_path:
             raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
+        if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
+            raise ValueError(f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
+                             "init_from is scratch: set init_from too, or leave model_path unset")
         if self.keep_state not in ("all", "latest"):
             raise ValueError(f"keep_state must be all or latest, got {self.keep_state!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:

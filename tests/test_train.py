@@ -168,6 +168,7 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
         ("resume=", "^resume is empty: pass a checkpoint or run directory, or leave it unset$"),
         ("runs_root=", "^runs_root is empty: give a directory, or leave it unset$"),
         ("out_dir=", "^out_dir is empty"),
+        ("model_path=runs/x", r"^model_path=runs/x is read only with init_from=checkpoint or hf, and init_from is scratch"),
         ("seed=-1", r"^seed must be an integer in \[0, 2\*\*32 - 1\], got -1$"),
         ("seed=4294967296", r"^seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296$"),
     ],
