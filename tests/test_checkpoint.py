@@ -306,8 +306,13 @@ def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint_and_says
     shutil.rmtree(root / "step_000003")
     for target in (tmp_path, None):  # the run directory, or the newest run under runs_root
         assert find_checkpoint(target, runs_root=tmp_path) == (root / "step_000002").resolve()
-        assert f"warning: {root / 'latest'} leads to step_000003, which is gone; using the newest complete " \
-               f"checkpoint left, {root / 'step_000002'}" in capsys.readouterr().err
+        assert f"warning: {root / 'latest'} leads to step_000003, which is gone or incomplete; using the newest " \
+               f"complete checkpoint left, {root / 'step_000002'}" in capsys.readouterr().err
+    (root / "latest").unlink()  # the link itself lost: the run directory still leads to its newest step
+    assert find_checkpoint(tmp_path, runs_root=tmp_path) == (root / "step_000002").resolve()
+    assert f"warning: {root} has no `latest` link; using its newest complete checkpoint, {root / 'step_000002'}" \
+        in capsys.readouterr().err
+    (root / "latest").symlink_to("step_000003")
     for step in (1, 2):
         shutil.rmtree(root / f"step_{step:06d}")
     with pytest.raises(CheckpointError, match="leads to step_000003, which is gone, and no other checkpoint is left"):

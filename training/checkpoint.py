@@ -262,6 +262,12 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
     for link in (path / "latest", path / CHECKPOINTS / "latest"):
         if link.is_symlink():
             return _follow_latest(link)
+    for root in (path, path / CHECKPOINTS):  # a run whose `latest` link was lost
+        newest = _newest_complete(root) if root.is_dir() else None
+        if newest is not None:
+            print(f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}",
+                  file=sys.stderr)
+            return newest.resolve()
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
     raise CheckpointError(f"no checkpoint at {path}: expected {WEIGHTS} and {CONFIG} in it, or a run directory")
@@ -272,13 +278,19 @@ def _follow_latest(link: Path) -> Path:
     left, said on stderr."""
     if (link / WEIGHTS).is_file():
         return link.resolve()
-    complete = [p for p in _step_dirs(link.parent) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
-    if not complete:
+    newest = _newest_complete(link.parent)
+    if newest is None:
         raise CheckpointError(f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left "
                               f"in {link.parent}")
-    print(f"warning: {link} leads to {os.readlink(link)}, which is gone; using the newest complete checkpoint "
-          f"left, {complete[-1]}", file=sys.stderr)
-    return complete[-1].resolve()
+    print(f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
+          f"checkpoint left, {newest}", file=sys.stderr)
+    return newest.resolve()
+
+
+def _newest_complete(root: Path) -> Path | None:
+    """The newest step checkpoint under root that has its weights and config."""
+    complete = [p for p in _step_dirs(root) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
+    return complete[-1] if complete else None
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -286,8 +298,7 @@ def has_checkpoint(run_dir: Path) -> bool:
     to was deleted since) or a complete step directory does; the temporaries of
     interrupted saves do not count."""
     root = Path(run_dir) / CHECKPOINTS
-    return root.is_dir() and ((root / "latest").is_symlink() or any(
-        (p / WEIGHTS).is_file() and (p / CONFIG).is_file() for p in _step_dirs(root)))
+    return root.is_dir() and ((root / "latest").is_symlink() or _newest_complete(root) is not None)
 
 
 def _step_dirs(root: Path) -> list[Path]:
