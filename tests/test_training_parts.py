@@ -276,3 +276,16 @@ def test_out_of_memory_ends_a_script_with_one_line_of_advice(tmp_path, script, m
                             env={**os.environ, "PYTHONPATH": str(repo)})
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("error: out of memory (DefaultCPUAllocator: can't allocate memory") and advice in result.stderr
+
+
+def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
+    """A kill between the two leaves no config.yaml without groups.yaml, which would look foreign."""
+    from omegaconf import OmegaConf
+
+    from training.run_dir import save_run_config
+
+    written, save = [], OmegaConf.save
+    monkeypatch.setattr(OmegaConf, "save", lambda config, path, **kwargs: (written.append(Path(path).name),
+                                                                          save(config, path, **kwargs)))
+    save_run_config(tmp_path, OmegaConf.create({"seed": 1}))
+    assert written == ["groups.yaml", "config.yaml"]

@@ -134,8 +134,9 @@ def interrupted(signal_name: str, run_dir: Path) -> str:
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / RUN_CONFIG, resolve=True)  # as it ran: no interpolation left to re-resolve
+    # groups.yaml first: a config.yaml without one is not a run's (see _take_over), even if a kill lands between.
     OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
+    OmegaConf.save(cfg, run_dir / RUN_CONFIG, resolve=True)  # as it ran: no interpolation left to re-resolve
 
 
 def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
