@@ -32,10 +32,10 @@ from omegaconf import DictConfig
 from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
-from model import GPT, check_weight_format, stream, to_decode_layout, to_weight_format
+from model import GPT, KVCache, check_weight_format, stream, to_decode_layout, to_weight_format
 from model.generate import StopCheck
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.runtime import out_of_memory, resolve_device, resolve_precision
+from training.runtime import available_memory, out_of_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input
@@ -84,6 +84,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
                               f"only {model.config.vocab_size}: the checkpoint is mismatched")
     prompt = read_prompt(config.prompt)
     prompt_ids = encode_prompt(tokenizer, prompt)
+    check_memory(model, config, len(prompt_ids), dtype, device)
     stops = [unescape(stop) for stop in config.stop]
 
     completions = [Completion(tokenizer, stops) for _ in range(config.num_samples)]
@@ -126,6 +127,20 @@ def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     load_weights(model, checkpoint.model_state)
     model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
     return to_decode_layout(model)
+
+
+def check_memory(model: GPT, config: SampleConfig, prompt_tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+    """Refuse, before generating, a batch whose KV cache and per-step logits would not fit
+    (the kernel would kill the process without a word)."""
+    max_len = min(prompt_tokens + config.max_new_tokens, model.config.block_size)
+    cache = KVCache.bytes_for(model.config, config.num_samples, max_len, dtype)
+    logits = 3 * config.num_samples * model.config.vocab_size * 4  # fp32 logits, probabilities and a sort
+    available = available_memory(device)
+    if available is not None and cache + logits > available:
+        raise ValueError(f"num_samples={config.num_samples} needs about {(cache + logits) / 2**30:.1f} GiB "
+                         f"(KV cache for {max_len} positions, and each step's logits), and {device} has "
+                         f"{available / 2**30:.1f} GiB available: lower num_samples")
 
 
 def read_prompt(prompt: str) -> str:

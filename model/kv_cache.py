@@ -40,6 +40,11 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.keys + self.values)
 
+    @staticmethod
+    def bytes_for(config: GPTConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """What a cache of this size holds, before allocating it."""
+        return 2 * config.n_layer * batch_size * config.n_kv_head * max_len * config.head_dim * dtype.itemsize
+
     @property
     def megabytes(self) -> float:
         return self.nbytes / 2**20

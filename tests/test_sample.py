@@ -383,3 +383,22 @@ def test_ctrl_c_while_sampling_keeps_what_was_printed_and_exits_quietly(runs_roo
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGINT
     assert stderr.strip().endswith("interrupted") and "Traceback" not in stderr
+
+
+def test_a_batch_that_would_not_fit_in_memory_is_refused_before_generating(runs_root, monkeypatch):
+    monkeypatch.setattr(sample, "available_memory", lambda device: 100)  # 100 bytes free
+    monkeypatch.setattr(sample, "stream", lambda *args, **kwargs: pytest.fail("generation started"))
+    with pytest.raises(ValueError, match=r"^num_samples=4 needs about 0\.0 GiB \(KV cache for \d+ positions, and each "
+                                         r"step's logits\), and cpu has 0\.0 GiB available: lower num_samples$"):
+        run_sample(runs_root, "num_samples=4")
+
+
+def test_the_memory_check_counts_the_cache_the_engine_allocates(make_model):
+    from model import KVCache
+    from training.runtime import available_memory
+
+    for n_kv_head in (4, 1):
+        config = make_model(n_kv_head=n_kv_head).config
+        for dtype in (torch.float32, torch.bfloat16):
+            assert KVCache.bytes_for(config, 3, 10, dtype) == KVCache(config, 3, 10, dtype=dtype).nbytes
+    assert available_memory(torch.device("cpu")) > 2**20  # read from /proc/meminfo here

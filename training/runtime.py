@@ -89,6 +89,19 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     return Precision(name, device.type)
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on device (the kernel's MemAvailable for the
+    CPU), or None where that cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kilobytes = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kilobytes * 1024
+
+
 def out_of_memory(err: RuntimeError, advice: str) -> str | None:
     """One line for an allocation that failed (CUDA's OutOfMemoryError, or the CPU
     allocator's RuntimeError), with `advice` on what to make smaller; None for any other error."""
