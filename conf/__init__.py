@@ -3,8 +3,9 @@
 Hydra merges every YAML file and command-line override into these dataclasses;
 conf/cli.py has already refused, in one line, any command-line override Hydra would
 refuse (a misspelt key, a value of the wrong type, a missing preset). `load_config`
-then builds the dataclasses, which check their own rules (GPTConfig, DataConfig and the ones below) and raise a
-ValueError naming the field, before any data or model work starts.
+then builds the dataclasses, which check their own rules (GPTConfig, DataConfig and
+the ones below) and raise a ValueError naming the field, before any data or model
+work starts.
 """
 
 from __future__ import annotations

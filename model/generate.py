@@ -54,8 +54,9 @@ def stream(
     _check_request(model, prompts, max_new_tokens, decode)
     weight = model.transformer.wpe.weight  # in the activations' dtype, whatever the weight format
     # Room for the tokens grows as they come, not all up front: max_new_tokens may be huge.
-    history, pad = _left_pad(prompts, min(max_new_tokens, model.config.block_size), weight.device)  # (B, n + room), (B,)
-    n = history.size(1) - min(max_new_tokens, model.config.block_size)  # columns filled so far, padding included
+    room = min(max_new_tokens, model.config.block_size)
+    history, pad = _left_pad(prompts, room, weight.device)  # (B, n + room), (B,)
+    n = history.size(1) - room  # columns filled so far, padding included
     end = n + max_new_tokens  # the column after a row's last possible token
     max_len = min(end, model.config.block_size)
     cache_type = KVCache if decode == "eager" else StaticKVCache

@@ -199,7 +199,7 @@ def verify_digests(path: Path, names: list[str]) -> None:
     for name in names:
         if name not in recorded:
             raise _damaged_digests(listing, f"{name} is not listed")
-        if name in recorded and file_sha256(path / name) != recorded[name]:
+        if file_sha256(path / name) != recorded[name]:
             raise CheckpointError(
                 f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
                 "use another checkpoint of the run (checkpoints/step_*) or restore it from a copy"
