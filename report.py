@@ -77,11 +77,14 @@ def header(sweep_dir: Path, arms: list[Arm], device: torch.device) -> str:
 def shape_section(shape, rows: list[Result], image: str) -> str:
     lines = [
         f"## {shape_name(shape)}", "",
-        f"Each arm's evaluation at the baseline's final {rows[0].tokens:,} training tokens (an arm that stopped "
-        "elsewhere: at its own end, as the tokens column says), mean and 95% confidence interval over seeds "
-        "(Student t). The baseline is the first row.", "",
-        "| arm | seeds | params | FLOPs/token | tokens | val loss (nats) | val bits/byte | vs baseline (nats) | p | train tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Each arm is compared with the baseline (the first row, at its final {rows[0].tokens:,} training tokens) "
+        "on the axis its budget was matched on: 'equal tokens' at the baseline's final tokens; 'equal FLOPs' "
+        "(match_mha_flops) at its own final evaluation, where it has spent the baseline's training FLOPs; "
+        "'own end' for an arm not evaluated at the baseline's tokens. Mean and 95% confidence interval over "
+        "seeds (Student t); training FLOPs are one run's at those tokens.", "",
+        "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) | val bits/byte "
+        "| vs baseline (nats) | p | train tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a = r.arm
@@ -90,7 +93,8 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
         p = p_value(r.comparison.p_value) if r.comparison else ""
         train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
         lines.append(
-            f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | {r.tokens:,} | "
+            f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
+            f"{'baseline' if r.comparison is None else r.axis} | {r.tokens:,} | {r.flops:.4g} | "
             f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {p} | {train_speed:,.0f} |"
         )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]

@@ -9,14 +9,23 @@ from ablation.runs import Arm
 from ablation.stats import Comparison, Estimate, mean_ci, paired_difference, verdict, welch_difference
 
 
+EQUAL_TOKENS, EQUAL_FLOPS, OWN_END = "equal tokens", "equal FLOPs", "own end"
+
+
 @dataclass
 class Result:
     arm: Arm
     tokens: int  # the training tokens the figures are taken at
+    axis: str  # what the arm is compared with the baseline at: EQUAL_TOKENS, EQUAL_FLOPS or OWN_END
     val_loss: Estimate
     val_bpb: Estimate | None  # None for runs that logged no bits per byte
     comparison: Comparison | None  # against the baseline; None for the baseline itself
     verdict: str | None
+
+    @property
+    def flops(self) -> float:
+        """The training FLOPs one run of the arm had spent at `tokens`."""
+        return self.arm.flops_per_token * self.tokens
 
 
 def difference(baseline: list[float], baseline_seeds: list[int], values: list[float], seeds: list[int]) -> Comparison:
@@ -42,20 +51,30 @@ def baseline_of(arms: list[Arm], name: str | None) -> Arm:
 
 def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     """The baseline first, then every arm trained from scratch (uptrained arms have their
-    own comparison), each taken at the baseline's final tokens when it was evaluated
-    there (an arm that trains longer is compared where the baseline stopped)."""
+    own comparison), each on the axis its budget was matched on: a match_mha_flops arm at
+    its own final evaluation, which spends the baseline's training FLOPs; any other at the
+    baseline's final tokens, or at its own end where it was not evaluated there."""
     tokens = baseline.runs[0].final["tokens"]
     rows = []
     for arm in [baseline] + [a for a in arms if a is not baseline and not a.uptrained]:
-        at = tokens if arm.at_tokens(tokens) is not None else arm.runs[0].final["tokens"]
+        at, axis = _compared_at(arm, tokens)
         losses = arm.at_tokens(at)
         bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
         comparison = sentence = None
         if arm is not baseline:
             comparison = difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
             sentence = verdict(arm.label, baseline.label, comparison)
-        rows.append(Result(arm, at, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, sentence))
+        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, sentence))
     return rows
+
+
+def _compared_at(arm: Arm, baseline_tokens: int) -> tuple[int, str]:
+    own_end = arm.runs[0].final["tokens"]
+    if arm.matched_flops:
+        return own_end, EQUAL_FLOPS
+    if arm.at_tokens(baseline_tokens) is not None:
+        return baseline_tokens, EQUAL_TOKENS
+    return own_end, OWN_END
 
 
 def one_per_layout(rows: list[Result]) -> list[Result]:

@@ -85,6 +85,11 @@ class Arm:
         return self.runs[0].uptrained_from is not None
 
     @property
+    def matched_flops(self) -> bool:
+        """Trained with match_mha_flops: more steps, so as to spend the MHA model's training FLOPs."""
+        return all(r.settings.get("match_mha_flops") for r in self.runs)
+
+    @property
     def label(self) -> str:
         layout = layout_name(self.config)
         return layout if self.name == f"kv{self.config.n_kv_head}" else f"{self.name}: {layout}"

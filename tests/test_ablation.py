@@ -80,8 +80,8 @@ def run(directory, name, seed, *overrides, subdir="."):
 def sweep_dir(tmp_path_factory):
     """Real tiny runs: MHA and MQA under 3 seeds; a null arm (MHA again, other seeds); a
     planted arm (a hundredth of the learning rate); MQA uptrained from each MHA run and
-    MQA from scratch for as many tokens in all; and a narrower shape, so the report has
-    every section."""
+    MQA from scratch for as many tokens in all; MQA given MHA's training FLOPs; and a
+    narrower shape, so the report has every section."""
     directory = tmp_path_factory.mktemp("ablation")
     for seed in SEEDS:
         run(directory, "kv4", seed)
@@ -91,6 +91,7 @@ def sweep_dir(tmp_path_factory):
         run(directory, "kv1_up", seed, "init_from=checkpoint", f"model_path={directory / 'sweep' / f'kv4_seed{seed}'}",
             "model.n_kv_head=1", "max_iters=6", "optim.warmup_iters=2")
         run(directory, "kv1_long", seed, "model.n_kv_head=1", "max_iters=18", "eval_interval=6")  # scratch, as long
+        run(directory, "kv1_flops", seed, "model.n_kv_head=1", "match_mha_flops=true")  # evaluated at 12 and at its end
     for seed in SEEDS[:2]:
         for kv in (4, 1):
             run(directory, f"kv{kv}", seed, "model.n_embd=32", f"model.n_kv_head={kv}", subdir="narrow")
@@ -162,8 +163,25 @@ def test_an_arm_that_trains_longer_is_compared_where_the_baseline_stopped(sweep_
     arms, baseline = arms_of_main_shape(sweep_dir)
     row = next(r for r in results(arms, baseline) if r.arm.name == "kv1_long")
     tokens = baseline.runs[0].final["tokens"]
-    assert row.tokens == tokens
+    assert row.tokens == tokens and row.axis == "equal tokens"
     assert row.val_loss == mean_ci([next(e["val_loss"] for e in run.evals if e["tokens"] == tokens) for run in row.arm.runs])
+
+
+def test_a_matched_compute_arm_is_compared_at_its_own_end_where_its_flops_equal_the_baselines(sweep_dir, written):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    row = next(r for r in results(arms, baseline) if r.arm.name == "kv1_flops")
+    base_tokens = baseline.runs[0].final["tokens"]
+    step_tokens = base_tokens // 12
+    assert row.axis == "equal FLOPs" and row.tokens == row.arm.runs[0].final["tokens"] > base_tokens
+    assert row.arm.at_tokens(base_tokens) is not None  # evaluated where the baseline stopped, yet not compared there
+    base_flops = baseline.flops_per_token * base_tokens
+    assert base_flops <= row.flops < base_flops + row.arm.flops_per_token * step_tokens  # one step's rounding at most
+    finals = [run.final["val_loss"] for run in row.arm.runs]
+    assert row.comparison == paired_difference(baseline.finals(), finals)
+    line = next(line for line in written[1].splitlines() if line.startswith("| kv1_flops:"))
+    assert f"| equal FLOPs | {row.tokens:,} | {row.flops:.4g} |" in line
+    base_line = next(line for line in written[1].splitlines() if line.startswith("| MHA (4 kv heads) | 3 |"))
+    assert f"| baseline | {base_tokens:,} | {base_flops:.4g} |" in base_line
 
 
 def test_report_writes_every_section_and_plot(written):
