@@ -186,19 +186,19 @@ def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | Non
     model, origin = build_model(cfg, config, resume_from, data.tokenizer(), device)
     if resume_from:
         load_weights(model, resume_from.model_state)
-    metrics = evaluator(config, data, model.config.block_size, precision, group, device)(model)
+    metrics = evaluator(config, data, model.config.block_size, precision, group, device)(model, final=True)
     if group.is_main:
         source = resume_from.path if resume_from else (origin or "a freshly initialised model (init_from=scratch)")
-        print(f"evaluated {source} on {data.data_dir}: {config.eval_iters} batches of {config.batch_size} x "
-              f"{model.config.block_size} tokens per split, {precision.name}")
+        print(f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
+              f"val windows of {model.config.block_size} tokens, {precision.name}")
         for split in ("train", "val"):
             print(f"{split:<5} loss {metrics[f'{split}_loss']:.4f} | ppl {metrics[f'{split}_ppl']:.2f} | "
                   f"{metrics[f'{split}_bpb']:.4f} bits/byte")
 
 
 def evaluator(config: Config, data, block_size: int, precision, group: Distributed, device: torch.device) -> Evaluator:
-    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, seed=config.seed,
-                     eval_iters=config.eval_iters, token_bytes=data.tokenizer().token_bytes(), precision=precision,
+    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, eval_iters=config.eval_iters,
+                     whole_val=config.eval_whole_val, token_bytes=data.tokenizer().token_bytes(), precision=precision,
                      group=group, device=device)
 
 
@@ -275,7 +275,7 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     """Evaluate on every rank (when due), then rank 0 writes the checkpoint."""
     is_best = False
     if evaluate:
-        metrics = s.evaluate(s.compiled)
+        metrics = s.evaluate(s.compiled, final=step == s.config.max_iters)
         log_eval(s, step, metrics)
         is_best = metrics["val_loss"] < best_val_loss
         best_val_loss = min(best_val_loss, metrics["val_loss"])

@@ -25,6 +25,7 @@ from model import GPTConfig
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
+WHOLE_VAL = ("never", "final", "always")
 
 
 @dataclass
@@ -100,7 +101,8 @@ class Config:
     # must be a multiple of batch_size * block_size * world_size.
     tokens_per_step: Optional[int] = None
     eval_interval: int = 250  # optimizer steps between evaluations (and checkpoints)
-    eval_iters: int = 20  # batches per split per evaluation
+    eval_iters: int = 20  # batches per split per evaluation, the same windows for every seed
+    eval_whole_val: str = "never"  # never | final | always: which evaluations cover the whole val split instead
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32
@@ -136,6 +138,8 @@ class Config:
                              "init_from is scratch: set init_from too, or leave model_path unset")
         if self.keep_state not in ("all", "latest"):
             raise ValueError(f"keep_state must be all or latest, got {self.keep_state!r}")
+        if self.eval_whole_val not in WHOLE_VAL:
+            raise ValueError(f"eval_whole_val must be one of {WHOLE_VAL}, got {self.eval_whole_val!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 

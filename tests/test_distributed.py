@@ -112,7 +112,7 @@ def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):
     try:
         torch.manual_seed(0)
         model = GPT(tiny_config(vocab_size=64, block_size=32))
-        evaluate = Evaluator(data_dir, block_size=32, batch_size=2, seed=1, eval_iters=5, token_bytes=[1] * 64,
+        evaluate = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
                              precision=resolve_precision("fp32", CPU), group=Distributed(rank, 0, world_size), device=CPU)
         asked = []
         for loader in evaluate.loaders.values():
@@ -141,7 +141,7 @@ def test_each_rank_evaluates_its_own_share_of_the_batches(runs, tmp_path):
     assert ranks[0]["asked"] == [0, 2, 4] * 2 and ranks[1]["asked"] == [1, 3] * 2  # train and val splits
 
     torch.manual_seed(0)
-    alone = Evaluator(data_dir, block_size=32, batch_size=2, seed=1, eval_iters=5, token_bytes=[1] * 64,
+    alone = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
                       precision=resolve_precision("fp32", CPU), group=Distributed(), device=CPU)
     expected = alone(GPT(tiny_config(vocab_size=64, block_size=32)))
     for rank in ranks:

@@ -1,28 +1,39 @@
-"""Evaluation on every rank: the same eval_iters batches of each split every time,
-shared out among the ranks and summed by one all-reduce.
+"""Evaluation on every rank: the same windows of each split every time, in every run on
+the same data, shared out among the ranks and summed by one all-reduce.
 
-Batch i of a split goes to rank i mod world_size, so the batches evaluated, and so
-the result, do not depend on the number of processes (up to summation order).
+The windows do not depend on the run's seed: every arm and seed of a sweep is measured
+on the same text (eval_iters batches drawn once per data directory, context and batch
+size), so differences between runs are differences between models, not between samples.
+With eval_whole_val the val split is instead covered whole, by every non-overlapping
+window, at the final evaluation ("final") or at every one ("always").
 
-Besides the loss in nats per token, bits per byte: the same targets' total loss over
-the UTF-8 bytes they stand for (the tokenizer's token_bytes), which compares across
-tokenizers, char-level and BPE alike.
+Batch i of a split goes to rank i mod world_size, so the windows evaluated, and so the
+result, do not depend on the number of processes (up to summation order).
+
+Besides the loss in nats per token (the mean over windows, each window's mean over its
+tokens) and its standard error over the windows: bits per byte, the same targets' total
+loss over the UTF-8 bytes they stand for (the tokenizer's token_bytes), which compares
+across tokenizers, char-level and BPE alike.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from data import BatchLoader
+from data import BatchLoader, DataError
 from training.distributed import Distributed, all_reduce_sum
 from training.runtime import Precision
 
-EVAL_SEED_OFFSET = 1_000_003  # evaluation batches come from their own draw
+EVAL_SEED = 1_000_003  # the evaluation windows' own draw, the same for every run
 SPLITS = ("train", "val")
+from conf import WHOLE_VAL  # eval_whole_val: which evaluations cover the whole val split
 
 
 class Evaluator:
@@ -32,39 +43,67 @@ class Evaluator:
         *,
         block_size: int,
         batch_size: int,
-        seed: int,
         eval_iters: int,
+        whole_val: str,
         token_bytes: list[int],
         precision: Precision,
         group: Distributed,
         device: torch.device,
     ) -> None:
+        assert whole_val in WHOLE_VAL, whole_val
         self.loaders = {
-            split: BatchLoader(data_dir, split, block_size, batch_size, seed + EVAL_SEED_OFFSET, device=device)
-            for split in SPLITS
+            split: BatchLoader(data_dir, split, block_size, batch_size, EVAL_SEED, device=device) for split in SPLITS
         }
-        self.eval_iters, self.precision, self.group, self.device = eval_iters, precision, group, device
+        self.eval_iters, self.whole_val, self.precision, self.group, self.device = (
+            eval_iters, whole_val, precision, group, device)
         self.token_bytes = torch.tensor(token_bytes, dtype=torch.float64, device=device)  # (tokenizer vocab,)
 
     @torch.no_grad()
-    def __call__(self, model: nn.Module) -> dict[str, float]:
-        """{train,val}_loss (mean over the batches), {train,val}_ppl and {train,val}_bpb."""
+    def __call__(self, model: nn.Module, *, final: bool = False) -> dict[str, float]:
+        """{train,val}_loss (the mean over windows), {train,val}_loss_se (its standard error
+        over the windows), {train,val}_windows, {train,val}_ppl and {train,val}_bpb.
+        final: the run's last evaluation, which eval_whole_val=final covers whole."""
         model.eval()
-        sums = []  # per split: [sum of batch losses, batches, nats, bytes], on this rank
-        for loader in self.loaders.values():
+        whole = self.whole_val == "always" or (final and self.whole_val == "final")
+        sums = []  # per split: [sum of window losses, sum of their squares, windows, bytes], on this rank
+        for split, loader in self.loaders.items():
             split_sums = torch.zeros(4, dtype=torch.float64, device=self.device)
-            for i in range(self.group.rank, self.eval_iters, self.group.world_size):
-                x, y = loader.get_batch(i)
+            batches = self._whole(loader) if whole and split == "val" else self._sampled(loader)
+            for x, y in batches:
                 with self.precision.autocast():
-                    loss = model(x, y)[1].double()
-                split_sums += torch.stack([loss, torch.ones_like(loss), loss * y.numel(), self.token_bytes[y].sum()])
+                    logits = model(x)[0]
+                losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+                window = losses.view(y.shape).double().mean(1)  # (B,)
+                split_sums += torch.stack([window.sum(), window.square().sum(), window.new_tensor(len(window)),
+                                           self.token_bytes[y].sum()])
             sums.append(split_sums)
         model.train()
         values = all_reduce_sum(self.group, torch.stack(sums)).tolist()  # the one host read
+        block_size = self.loaders["val"].block_size
         metrics = {}
-        for split, (loss_sum, batches, nats, n_bytes) in zip(self.loaders, values):
-            mean = loss_sum / batches
+        for split, (total, squares, windows, n_bytes) in zip(self.loaders, values):
+            mean = total / windows
+            variance = max(squares - windows * mean * mean, 0.0) / (windows - 1) if windows > 1 else math.nan
             metrics[f"{split}_loss"] = mean
+            metrics[f"{split}_loss_se"] = math.sqrt(variance / windows)
+            metrics[f"{split}_windows"] = int(windows)
             metrics[f"{split}_ppl"] = math.exp(min(mean, 50.0))
-            metrics[f"{split}_bpb"] = nats / (math.log(2) * n_bytes) if n_bytes else None
+            metrics[f"{split}_bpb"] = total * block_size / (math.log(2) * n_bytes) if n_bytes else None
         return metrics
+
+    def _sampled(self, loader: BatchLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.group.rank, self.eval_iters, self.group.world_size):
+            yield loader.get_batch(i)
+
+    def _whole(self, loader: BatchLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every non-overlapping window of the split, in batches: the targets cover each
+        token after the first once (the last partial window is left out)."""
+        t, b = loader.block_size, loader.batch_size
+        starts = np.arange(0, len(loader.tokens) - t, t)
+        for i in range(self.group.rank, math.ceil(len(starts) / b), self.group.world_size):
+            windows = np.stack([loader.tokens[s : s + t + 1] for s in starts[i * b : (i + 1) * b]]).astype(np.int64)
+            if windows.max() >= loader.vocab_size:
+                raise DataError(f"{loader.shard} holds token id {windows.max()} but the vocabulary has "
+                                f"{loader.vocab_size} ids: the shard is corrupt; prepare the data again")
+            windows = torch.from_numpy(windows).to(self.device)
+            yield windows[:, :-1], windows[:, 1:]
