@@ -29,7 +29,7 @@ GPT2_SMALL = dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_em
 def kv_cache_bytes_per_token(config: GPTConfig, bytes_per_value: int = 4) -> int:
     """Bytes the KV cache holds per position of one sequence: a key and a value
     (2) for every layer and key/value head, head_dim values each."""
-    return 2 * config.n_layer * config.n_kv_head * config.head_dim * bytes_per_value
+    return 2 * config.n_layer * config.kv_heads * config.head_dim * bytes_per_value
 
 
 def kv_cache_bytes(config: GPTConfig, tokens: int, bytes_per_value: int = 4) -> int:
@@ -145,7 +145,7 @@ def gpt2_sized(config: GPTConfig) -> GPTConfig:
     elif config.attention_kind == "MQA":
         n_kv_head = 1
     else:
-        share = n_head * config.n_kv_head / config.n_head
+        share = n_head * config.kv_heads / config.n_head
         gqa = [d for d in range(2, n_head) if n_head % d == 0]  # 2, 3, 4, 6
         n_kv_head = min(gqa, key=lambda d: abs(math.log(d / share)))
     return GPTConfig(

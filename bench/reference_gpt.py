@@ -61,7 +61,7 @@ class ReferenceGPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        if cfg.n_kv_head != cfg.n_head or cfg.dropout:
+        if cfg.kv_heads != cfg.n_head or cfg.dropout:
             raise ValueError("the reference is plain multi-head attention without dropout")
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),

@@ -11,7 +11,7 @@ work starts.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
+from model.rules import NOT_EMPTY, SEED, above, at_least, between, check_rules, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
@@ -32,116 +33,126 @@ WHOLE_VAL = ("never", "final", "always")
 class OptimConfig:
     """AdamW with linear warmup and cosine decay to min_lr."""
 
-    learning_rate: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_iters: int = 100
-    decay_iters: Optional[int] = None  # the step where min_lr is reached; None means max_iters
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+    learning_rate: float = setting(2e-3, above(0))
+    """Peak learning rate, reached after warmup_iters."""
+    min_lr: float = setting(2e-4, at_least(0))
+    """Learning rate at the end of the cosine decay (at most learning_rate)."""
+    warmup_iters: int = setting(100, at_least(0))
+    """Optimizer steps of linear warmup from 0."""
+    decay_iters: Optional[int] = setting(None, at_least(1))
+    """The step where min_lr is reached; null: max_iters."""
+    weight_decay: float = setting(0.1, at_least(0))
+    """AdamW's decoupled weight decay, on matrices and embeddings (not biases or norms)."""
+    beta1: float = setting(0.9, between(0, 1, "[)"))
+    """AdamW's first-moment decay."""
+    beta2: float = setting(0.95, between(0, 1, "[)"))
+    """AdamW's second-moment decay."""
+    grad_clip: float = setting(1.0, at_least(0))
+    """Largest global gradient norm; 0 turns clipping off."""
 
     def __post_init__(self) -> None:
-        _positive("optim.learning_rate", self.learning_rate)
-        _at_least("optim.min_lr", self.min_lr, 0)
+        check_rules(self, "optim.")
         if self.min_lr > self.learning_rate:
             raise ValueError(f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})")
-        _at_least("optim.warmup_iters", self.warmup_iters, 0)
-        if self.decay_iters is not None:
-            _positive("optim.decay_iters", self.decay_iters)
-        _at_least("optim.weight_decay", self.weight_decay, 0)
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        _at_least("optim.grad_clip", self.grad_clip, 0)
 
 
 @dataclass
 class WandbConfig:
-    mode: str = "disabled"  # disabled | offline | online; never prompts for a login
+    """Weights & Biases logging: off unless asked for, and never prompting for a login."""
+
+    mode: str = setting("disabled", one_of("disabled", "offline", "online"))
+    """disabled, offline (a local wandb directory to sync later) or online."""
     project: str = "gptlab"
-    name: Optional[str] = None  # None: the run directory's name
+    """The wandb project."""
+    name: Optional[str] = None
+    """The wandb run's name; null: the run directory's name."""
     group: Optional[str] = None
+    """A wandb group, to see related runs side by side."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("disabled", "offline", "online"):
-            raise ValueError(f"logging.wandb.mode must be disabled, offline or online, got {self.mode!r}")
+        check_rules(self, "logging.wandb.")
 
 
 @dataclass
 class LoggingConfig:
-    log_interval: int = 10  # optimizer steps between train records
-    progress: bool = True  # live progress bar on a terminal (plain lines otherwise)
-    peak_flops: Optional[float] = None  # for MFU; None: known GPU table, or measured on CPU
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """What a run reports while it trains, besides metrics.jsonl."""
+
+    log_interval: int = setting(10, at_least(1))
+    """Optimizer steps between train records."""
+    progress: bool = True
+    """A live progress bar on a terminal (plain lines otherwise)."""
+    peak_flops: Optional[float] = setting(None, above(0))
+    """FLOP/s the MFU is measured against; null: a known GPU's table value, or measured on a CPU."""
+    wandb: WandbConfig = setting(factory=WandbConfig)
 
     def __post_init__(self) -> None:
-        _positive("logging.log_interval", self.log_interval)
-        if self.peak_flops is not None:
-            _positive("logging.peak_flops", self.peak_flops)
+        check_rules(self, "logging.")
 
 
 @dataclass
 class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    seed: int = 1337
-    max_iters: int = 2000  # optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing
-    # Derived budgets (training/budget.py): steps giving each non-embedding parameter of the
-    # MHA model of this shape this many tokens, replacing max_iters; and/or max_iters scaled
-    # so that a GQA/MQA model spends the MHA model's training FLOPs.
-    tokens_per_param: Optional[float] = None
+    """train.py's settings. `model` and `data` start from the presets train.yaml chooses."""
+
+    model: GPTConfig = setting(factory=GPTConfig)
+    data: DataConfig = setting(factory=DataConfig)
+    optim: OptimConfig = setting(factory=OptimConfig)
+    logging: LoggingConfig = setting(factory=LoggingConfig)
+    seed: int = setting(1337, SEED)
+    """Seeds the weights, the batches' order and dropout: the same seed and settings give the same run."""
+    max_iters: int = setting(600, at_least(0))
+    """Optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing."""
+    tokens_per_param: Optional[float] = setting(None, above(0))
+    """Replaces max_iters: steps giving each non-embedding parameter of the MHA model of this shape this many tokens."""
     match_mha_flops: bool = False
-    arm: Optional[str] = None  # this run's name in an ablation: report.py groups runs by it
-    batch_size: int = 12  # sequences per micro-batch (per process)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step
-    # Alternative to grad_accum_steps: tokens per optimizer step over all processes;
-    # must be a multiple of batch_size * block_size * world_size.
-    tokens_per_step: Optional[int] = None
-    eval_interval: int = 250  # optimizer steps between evaluations (and checkpoints)
-    eval_iters: int = 20  # batches per split per evaluation, the same windows for every seed
-    eval_whole_val: str = "never"  # never | final | always: which evaluations cover the whole val split instead
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
-    tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32
-    compile: bool = False  # torch.compile the model
-    pad_vocab_to: int = 64  # round the tokenizer's vocabulary up to a multiple of this
-    on_nonfinite: str = "stop"  # stop | skip: what a step with a NaN/inf loss or gradient does
-    out_dir: Optional[str] = None  # the run directory; None: <runs_root>/<date>_<time>
-    runs_root: str = "runs"
-    resume: Optional[str] = None  # true/latest (newest run), a run directory or a checkpoint
-    init_from: str = "scratch"  # scratch | checkpoint | hf: where a new run's weights come from
-    model_path: Optional[str] = None  # init_from=checkpoint: a run or checkpoint; hf: a directory or Hub name
-    keep_last: int = 3  # step checkpoints kept besides the best one
-    keep_state: str = "all"  # all | latest: which checkpoints keep state.pt (optimizer, scaler, RNG) besides weights
+    """Scale max_iters so that a GQA/MQA model spends the training FLOPs of the MHA model of its shape."""
+    arm: Optional[str] = None
+    """This run's name in an ablation: report.py groups runs by it."""
+    batch_size: int = setting(8, at_least(1))
+    """Sequences per micro-batch (per process)."""
+    grad_accum_steps: int = setting(1, at_least(1))
+    """Micro-batches per optimizer step."""
+    tokens_per_step: Optional[int] = setting(None, at_least(1))
+    """Instead of grad_accum_steps: tokens per optimizer step over all processes, a multiple of batch_size * block_size * processes."""
+    eval_interval: int = setting(200, at_least(1))
+    """Optimizer steps between evaluations (and checkpoints)."""
+    eval_iters: int = setting(10, at_least(1))
+    """Batches per split per evaluation: the same windows for every seed of a sweep."""
+    eval_whole_val: str = setting("never", one_of(*WHOLE_VAL))
+    """never, final or always: which evaluations cover the whole val split, every non-overlapping window."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    precision: str = "auto"
+    """auto (bf16 on CUDA that has it, else fp16; fp32 on a CPU), fp32, bf16 or fp16."""
+    tf32: bool = True
+    """CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32."""
+    compile: bool = False
+    """torch.compile the model."""
+    pad_vocab_to: int = setting(64, at_least(1))
+    """Round the tokenizer's vocabulary up to a multiple of this (model.vocab_size)."""
+    on_nonfinite: str = setting("stop", one_of(*NONFINITE_POLICIES))
+    """What a step with a NaN or inf loss or gradient does: stop the run, or skip the update."""
+    out_dir: Optional[str] = setting(None, NOT_EMPTY)
+    """The run directory; null: <runs_root>/<date>_<time>."""
+    runs_root: str = setting("runs", NOT_EMPTY)
+    """Where new runs' directories go, and where resume=true looks."""
+    resume: Optional[str] = None
+    """true or latest (the newest run), a run directory or a checkpoint."""
+    init_from: str = setting("scratch", one_of("scratch", "checkpoint", "hf"))
+    """Where a new run's weights come from: scratch (random), checkpoint or hf (Hugging Face)."""
+    model_path: Optional[str] = None
+    """init_from=checkpoint: a run or checkpoint; init_from=hf: a directory or a Hub name."""
+    keep_last: int = setting(3, at_least(1))
+    """Step checkpoints kept besides the best one."""
+    keep_state: str = setting("all", one_of("all", "latest"))
+    """Which checkpoints keep state.pt (optimizer, scaler, RNG) besides weights: all, or the latest only."""
 
     def __post_init__(self) -> None:
-        _at_least("max_iters", self.max_iters, 0)
-        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:  # what numpy's seeding takes
-            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed!r}")
-        for name in ("runs_root", "out_dir"):  # empty would mean the current directory
-            if getattr(self, name) == "":
-                raise ValueError(f"{name} is empty: give a directory, or leave it unset")
-        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "pad_vocab_to", "keep_last"):
-            _positive(name, getattr(self, name))
-        for name in ("tokens_per_step", "tokens_per_param"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.init_from not in ("scratch", "checkpoint", "hf"):
-            raise ValueError(f"init_from must be scratch, checkpoint or hf, got {self.init_from!r}")
+        check_rules(self)
         if self.init_from != "scratch" and not self.model_path:
             raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
             raise ValueError(f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
                              "init_from is scratch: set init_from too, or leave model_path unset")
-        if self.keep_state not in ("all", "latest"):
-            raise ValueError(f"keep_state must be all or latest, got {self.keep_state!r}")
-        if self.eval_whole_val not in WHOLE_VAL:
-            raise ValueError(f"eval_whole_val must be one of {WHOLE_VAL}, got {self.eval_whole_val!r}")
-        if self.on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 
 
 def register_configs() -> None:
@@ -204,16 +215,6 @@ def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
 def _dataclass_of(f) -> type | None:
     default = f.default_factory() if callable(f.default_factory) else None
     return type(default) if is_dataclass(default) else None
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-
-
-def _at_least(name: str, value: Any, low: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value!r}")
 
 
 register_configs()

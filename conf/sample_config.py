@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -10,6 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import one_line_errors
 from model import WEIGHT_FORMATS, Sampling
+from model.rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
+from model.sampling import TEMPERATURE, TOP_K, TOP_P
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for checking
@@ -17,35 +19,42 @@ DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for ch
 
 @dataclass
 class SampleConfig:
-    checkpoint: Optional[str] = None  # a checkpoint or run directory; None: the newest run's latest
-    runs_root: str = "runs"
-    prompt: str = ""  # text, FILE:path, or - for standard input; empty: start from <|endoftext|>
-    num_samples: int = 1
-    max_new_tokens: int = 256
-    temperature: float = 0.8
-    top_k: Optional[int] = 200
-    top_p: float = 1.0
-    seed: Optional[int] = 1337
-    stop: list[str] = field(default_factory=list)
+    """sample.py's settings: `python sample.py prompt="To be" num_samples=3 temperature=0.7`."""
+
+    checkpoint: Optional[str] = None
+    """A checkpoint or run directory; null: the newest run's latest checkpoint."""
+    runs_root: str = setting("runs", NOT_EMPTY)
+    """Where the newest run is looked for."""
+    prompt: str = ""
+    """The text to continue (\\n and \\t mean newline and tab), FILE:path to read it from a file, or - for standard input; empty: start from <|endoftext|> (a newline for a char tokenizer)."""
+    num_samples: int = setting(1, at_least(1))
+    """Samples generated together, as one batch."""
+    max_new_tokens: int = setting(256, at_least(1))
+    """Tokens generated per sample at most."""
+    temperature: float = setting(0.8, TEMPERATURE)
+    """Divides the logits; 0 is greedy."""
+    top_k: Optional[int] = setting(200, TOP_K)
+    """Sample among the k most likely tokens only; null: no limit."""
+    top_p: float = setting(1.0, TOP_P)
+    """Nucleus sampling: the most likely tokens holding this much probability; 1.0 keeps every token."""
+    seed: Optional[int] = setting(1337, SEED)
+    """The same seed, checkpoint and settings give the same text; null: random."""
+    stop: list[str] = setting(factory=list, rule=NOT_EMPTY)
+    """Stop strings, e.g. 'stop=["\\n\\n"]': a sample ends at the first (left out)."""
     device: str = "auto"
-    dtype: str = "auto"
-    weights: str = "fp32"
-    decode: str = "eager"
+    """auto, cpu, cuda or cuda:N."""
+    dtype: str = setting("auto", one_of(*DTYPES))
+    """Activations: auto (bf16 on CUDA, fp32 on a CPU), fp32, bf16 or fp16."""
+    weights: str = setting("fp32", one_of(*WEIGHT_FORMATS))
+    """fp32 (as trained, in dtype), bf16, or int8 (CPU only): fewer bytes read per token."""
+    decode: str = setting("eager", one_of(*DECODE))
+    """eager, or graph: each decode step replayed as a CUDA graph (CUDA only)."""
     json: bool = False
+    """Print one JSON object (texts, token counts, why each ended) instead of streaming text."""
 
     def __post_init__(self) -> None:
-        if self.runs_root == "":
-            raise ValueError("runs_root is empty: give a directory, or leave it unset")
-        for name in ("num_samples", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.seed)  # checks all four
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        for name, allowed in (("dtype", DTYPES), ("weights", WEIGHT_FORMATS), ("decode", DECODE)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        check_rules(self)  # Sampling's four rules among them
+        self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:

@@ -8,7 +8,7 @@ from .gpt import GPT, IGNORE_INDEX
 from .kv_cache import KVCache
 from .memory import huge_page_zeros
 from .sampling import Sampling, sample_next
-from .weight_formats import WEIGHT_FORMATS, check_weight_format, to_weight_format
+from .weight_formats import WEIGHT_FORMATS, to_weight_format
 
 __all__ = [
     "GPT",
@@ -22,7 +22,6 @@ __all__ = [
     "stream",
     "to_decode_layout",
     "to_weight_format",
-    "check_weight_format",
     "WEIGHT_FORMATS",
     "DECODE_MODES",
     "huge_page_zeros",

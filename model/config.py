@@ -5,52 +5,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .rules import at_least, between, check_rules, one_of, setting
+
 ATTENTION_IMPLS = ("sdpa", "manual")
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
-    block_size: int = 1024  # longest sequence the position table covers
-    n_layer: int = 12
-    n_head: int = 12  # query heads
-    # Key/value heads: None or n_head is MHA, 1 is MQA, any other divisor of n_head is GQA.
-    n_kv_head: Optional[int] = None
-    n_embd: int = 768
-    dropout: float = 0.0  # on attention weights, residual branches and embeddings
-    bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
-    # "sdpa" uses torch's fused kernels; "manual" is explicit mask + softmax and
-    # can return the attention weights. Both compute the same function.
-    attn_impl: str = "sdpa"
-    # Fair MHA/GQA/MQA comparisons at equal size: widen the MLP by as many units as the
-    # smaller key/value projections save, so the total matches the MHA model's.
+    """The shape of a model; train.py starts from the preset model= chooses."""
+
+    vocab_size: int = setting(50304, at_least(1))
+    """Token ids the embedding covers; train.py sets it from the tokenizer, padded to pad_vocab_to."""
+    block_size: int = setting(1024, at_least(1))
+    """Longest sequence the position table covers (the context)."""
+    n_layer: int = setting(12, at_least(1))
+    """Transformer blocks."""
+    n_head: int = setting(12, at_least(1))
+    """Query heads per attention layer."""
+    n_kv_head: Optional[int] = setting(None, at_least(1))
+    """Key/value heads: null (as many as n_head) is MHA, 1 is MQA, any other divisor of n_head is GQA."""
+    n_embd: int = setting(768, at_least(1))
+    """Width of the residual stream."""
+    dropout: float = setting(0.0, between(0, 1, "[)"))
+    """Dropout on attention weights, residual branches and embeddings."""
+    bias: bool = True
+    """Biases in Linear and LayerNorm layers, as in GPT-2."""
+    attn_impl: str = setting("sdpa", one_of(*ATTENTION_IMPLS))
+    """sdpa: torch's fused kernels; manual: explicit mask and softmax, which can return the weights."""
     match_mha_params: bool = False
+    """Widen the MLP by what smaller key/value projections save, so GQA/MQA match MHA's size."""
 
     def __post_init__(self) -> None:
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        check_rules(self, "GPTConfig.")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.n_head % self.n_kv_head:
+            raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.kv_heads:
             raise ValueError(
                 f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
                 "each key/value head serves an equal group of query heads"
             )
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "match_mha_params"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.attn_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"GPTConfig.attn_impl must be one of {ATTENTION_IMPLS}, got {self.attn_impl!r}"
-            )
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads the model has: n_kv_head, or n_head when that is None."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
     def head_dim(self) -> int:
@@ -64,13 +62,13 @@ class GPTConfig:
             return width
         bias = int(self.bias)
         # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V.
-        saved = 2 * (self.n_head - self.n_kv_head) * self.head_dim * (self.n_embd + bias)
+        saved = 2 * (self.n_head - self.kv_heads) * self.head_dim * (self.n_embd + bias)
         # Each hidden unit costs a row of c_fc, its bias, and a column of c_proj.
         return width + round(saved / (2 * self.n_embd + bias))
 
     @property
     def attention_kind(self) -> str:
         """'MHA', 'MQA' or 'GQA', as the head counts make it."""
-        if self.n_kv_head == self.n_head:
+        if self.kv_heads == self.n_head:
             return "MHA"
-        return "MQA" if self.n_kv_head == 1 else "GQA"
+        return "MQA" if self.kv_heads == 1 else "GQA"

@@ -134,8 +134,7 @@ class _Rows:
 def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, decode: str) -> None:
     if decode not in DECODE_MODES:
         raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    assert max_new_tokens >= 1, max_new_tokens
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
         raise ValueError("every prompt needs at least one token (start from <|endoftext|>)")
     vocab_size = model.config.vocab_size

@@ -104,7 +104,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
     eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
     if config.attention_kind == "GQA":
         raise ValueError(
-            f"grouped-query attention (n_kv_head={config.n_kv_head} of n_head={config.n_head}) has no "
+            f"grouped-query attention (n_kv_head={config.kv_heads} of n_head={config.n_head}) has no "
             "GPT-2-family equivalent in transformers: GPT-2 is MHA (n_kv_head = n_head) and GPTBigCode "
             "is MQA (n_kv_head = 1); only those two export"
         )
@@ -181,10 +181,10 @@ def pool_kv_heads(
     """
     # Pooling leaves the MLP as it is: 4 * n_embd wide, not widened for the new head count.
     target = replace(config, n_kv_head=n_kv_head, match_mha_params=False)  # validates n_kv_head
-    if config.n_kv_head % n_kv_head:
+    if config.kv_heads % n_kv_head:
         raise ValueError(
-            f"cannot pool {config.n_kv_head} key/value heads into {n_kv_head}: "
-            f"n_kv_head must divide the current {config.n_kv_head}"
+            f"cannot pool {config.kv_heads} key/value heads into {n_kv_head}: "
+            f"n_kv_head must divide the current {config.kv_heads}"
         )
     if target.mlp_hidden != config.mlp_hidden:
         raise ValueError(f"cannot pool a model whose MLP match_mha_params widened ({config.mlp_hidden} wide)")
@@ -230,9 +230,9 @@ def _with_zero_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
 def _pool_fused_kv(fused: Tensor, config: GPTConfig, n_kv_head: int) -> Tensor:
     """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,), rows laid out
     [q | k | v], with k and v pooled from config.n_kv_head heads to n_kv_head."""
-    kv_dim = config.n_kv_head * config.head_dim
+    kv_dim = config.kv_heads * config.head_dim
     q, k, v = fused.split((config.n_embd, kv_dim, kv_dim))
-    group = config.n_kv_head // n_kv_head
+    group = config.kv_heads // n_kv_head
 
     def pool(heads: Tensor) -> Tensor:
         # (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group

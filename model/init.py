@@ -57,8 +57,8 @@ def _blocks(module_name: str, weight: Tensor, config) -> list[tuple[str, tuple]]
         # Rows [q | k | v]: q is n_head heads, k and v n_kv_head heads each; one block per head.
         C, d = config.n_embd, config.head_dim
         blocks = [("q", (slice(0, C),))]
-        for part, start in (("k", C), ("v", C + config.n_kv_head * d)):
-            blocks += [(f"{part}{h}", (slice(start + h * d, start + (h + 1) * d),)) for h in range(config.n_kv_head)]
+        for part, start in (("k", C), ("v", C + config.kv_heads * d)):
+            blocks += [(f"{part}{h}", (slice(start + h * d, start + (h + 1) * d),)) for h in range(config.kv_heads)]
         return blocks
     if module_name.endswith("mlp.c_fc") or module_name.endswith("mlp.c_proj"):
         # The hidden dimension (rows of c_fc, columns of c_proj): GPT-2's 4 * n_embd units, then any extra.

@@ -29,7 +29,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         self.max_len = max_len or config.block_size
-        shape = (batch_size, config.n_kv_head, self.max_len, config.head_dim)
+        shape = (batch_size, config.kv_heads, self.max_len, config.head_dim)
         device = torch.device(device) if device is not None else torch.get_default_device()
         self.keys = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
         self.values = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
@@ -43,7 +43,7 @@ class KVCache:
     @staticmethod
     def bytes_for(config: GPTConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
         """What a cache of this size holds, before allocating it."""
-        return 2 * config.n_layer * batch_size * config.n_kv_head * max_len * config.head_dim * dtype.itemsize
+        return 2 * config.n_layer * batch_size * config.kv_heads * max_len * config.head_dim * dtype.itemsize
 
     @property
     def megabytes(self) -> float:

@@ -9,39 +9,30 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .rules import SEED, at_least, between, check_rules, setting
+
+TEMPERATURE = between(0, math.inf, "[)")
+TOP_K = at_least(1)
+TOP_P = between(0, 1, "(]")
+
 
 @dataclass(frozen=True)
 class Sampling:
     """How to pick each next token, validated the moment it is built."""
 
-    temperature: float = 1.0  # 0 is greedy: always the most likely token
-    top_k: Optional[int] = None  # sample among the k most likely tokens only; None: all
-    top_p: float = 1.0  # sample among the most likely tokens holding this much probability
-    seed: Optional[int] = None  # the same seed, model and prompts give the same tokens
+    temperature: float = setting(1.0, TEMPERATURE)  # 0 is greedy: always the most likely token
+    top_k: Optional[int] = setting(None, TOP_K)  # sample among the k most likely tokens only; None: all
+    top_p: float = setting(1.0, TOP_P)  # sample among the most likely tokens holding this much probability
+    seed: Optional[int] = setting(None, SEED)  # the same seed, model and prompts give the same tokens
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.temperature) and 0 <= self.temperature < math.inf):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {self.top_k!r}")
-        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**32):
-            raise ValueError(f"seed must be an integer in [0, 2**32 - 1] (or None), got {self.seed!r}")
+        check_rules(self)
 
     def generator(self, device: torch.device | str) -> torch.Generator | None:
         """A random generator seeded with `seed` on device, or None for torch's global one."""
         if self.seed is None:
             return None
         return torch.Generator(device=device).manual_seed(self.seed)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:

@@ -29,7 +29,7 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
     `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
     a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
     inference; call it after moving the model to its device."""
-    check_weight_format(weights, model.lm_head.weight.device)
+    assert weights in WEIGHT_FORMATS and (weights != "int8" or model.lm_head.weight.device.type == "cpu"), weights
     if weights == "fp32":
         return model
     if weight_format(model) != "fp32":
@@ -43,15 +43,6 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
                 setattr(parent, name, packed(child))
     model.transformer.wte = TiedEmbedding(model.lm_head)
     return model
-
-
-def check_weight_format(weights: str, device: torch.device) -> None:
-    """ValueError unless `weights` names a format that runs on device."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
-    if weights == "int8" and device.type != "cpu":
-        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul); "
-                         f"the model is on {device}: use weights=bf16 there")
 
 
 def weight_format(model: GPT) -> str:

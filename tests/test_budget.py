@@ -47,7 +47,7 @@ def test_match_mha_flops_spends_the_mha_models_training_compute(kv_heads):
 
 
 def test_tokens_per_param_must_be_positive():
-    with pytest.raises(ValueError, match="tokens_per_param must be positive"):
+    with pytest.raises(ValueError, match="tokens_per_param must be > 0, got 0"):
         Config(tokens_per_param=0)
 
 

@@ -60,3 +60,9 @@ def test_rule_violations_are_rejected_when_the_model_config_is_built():
     cfg = compose_train("model=nano", "model.n_kv_head=3")
     with pytest.raises(ValueError, match=r"n_kv_head \(3\) must divide n_head \(4\)"):
         build_model_config(cfg)
+
+
+def test_the_committed_reference_is_the_generated_one():
+    from conf.__main__ import REFERENCE, reference
+
+    assert REFERENCE.read_text() == reference(), "docs/configuration.md is out of date: run python -m conf"

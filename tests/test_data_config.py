@@ -26,16 +26,15 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(source="web"), r"DataConfig.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
         (dict(tokenizer="bpe"), r"DataConfig.tokenizer must be one of \('gpt2', 'char'\)"),
         (dict(name="../escape"), r"DataConfig.name must be letters, digits"),
-        (dict(name=""), r"DataConfig.name must be a non-empty string"),
-        (dict(text_column=3), r"DataConfig.text_column must be a non-empty string, got 3"),
-        (dict(path=""), r"DataConfig.path must be a non-empty string or null"),
-        (dict(val_fraction=0), r"DataConfig.val_fraction must be a number strictly between 0 and 1, got 0"),
-        (dict(val_fraction=1.0), r"DataConfig.val_fraction must be a number strictly between 0 and 1"),
-        (dict(val_fraction=True), r"DataConfig.val_fraction must be a number"),
-        (dict(max_documents=0), r"DataConfig.max_documents must be a positive integer or null, got 0"),
-        (dict(num_proc=1.5), r"DataConfig.num_proc must be a positive integer or null"),
-        (dict(split_seed=-1), r"DataConfig.split_seed must be a non-negative integer"),
-        (dict(streaming="yes"), r"DataConfig.streaming must be true or false"),
+        (dict(name=""), r"DataConfig.name must be letters, digits, '_', '.' or '-' \(it names a directory\), got ''"),
+        (dict(text_column=""), r"DataConfig.text_column must be a non-empty text, got ''"),
+        (dict(path=""), r"DataConfig.path must be a non-empty text, got ''"),
+        (dict(val_fraction=0), r"DataConfig.val_fraction must be in \(0, 1\), got 0"),
+        (dict(val_fraction=1.0), r"DataConfig.val_fraction must be in \(0, 1\), got 1.0"),
+        (dict(max_documents=0), r"DataConfig.max_documents must be >= 1, got 0"),
+        (dict(num_proc=0), r"DataConfig.num_proc must be >= 1, got 0"),
+        (dict(split_seed=-1), r"DataConfig.split_seed must be >= 0, got -1"),
+        (dict(batch_mb=0), r"DataConfig.batch_mb must be > 0, got 0"),
         (dict(verify="md5"), r"DataConfig.verify must be one of \('sha256', 'size'\), got 'md5'"),
         (dict(source="files"), r"DataConfig.path must name a file, directory or glob when source is 'files'"),
         (dict(source="hub"), r"DataConfig.dataset must name a Hub dataset or a local dataset directory"),
@@ -74,3 +73,11 @@ def test_default_composition_is_stdlib_and_overrides_apply():
 def test_files_preset_demands_a_path():
     with pytest.raises(ValueError, match="DataConfig.path must name a file"):
         OmegaConf.to_object(compose_data("data=files"))
+
+
+@pytest.mark.parametrize("override, field", [
+    ("data.val_fraction=true", "val_fraction"), ("data.num_proc=1.5", "num_proc"), ("data.streaming=maybe", "streaming"),
+])
+def test_a_value_of_the_wrong_type_is_refused_by_the_typed_merge(override, field):
+    with pytest.raises(Exception, match=f"data.{field}"):  # the dataclass itself trusts its types
+        compose_data(override)

@@ -51,7 +51,7 @@ def load_hf_pretrained(
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
     try:
         config, state = from_hf(hf_config, hf_state)
-        if n_kv_head is not None and n_kv_head != config.n_kv_head:
+        if n_kv_head is not None and n_kv_head != config.kv_heads:
             config, state = pool_kv_heads(state, config, n_kv_head)
         if block_size is not None and block_size != config.block_size:
             config, state = crop_block_size(state, config, block_size)

@@ -11,8 +11,6 @@ and attention path.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
-
 from torch import Tensor
 
 from conf import Config
@@ -21,8 +19,6 @@ from model import GPTConfig
 from model.hf import crop_block_size, pool_kv_heads
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.hf_io import load_hf_pretrained, local_hf_dir
-
-SOURCES = ("scratch", "checkpoint", "hf")
 
 
 def check_model_path(config: Config) -> None:
@@ -34,15 +30,13 @@ def check_model_path(config: Config) -> None:
         local_hf_dir(config.model_path)
 
 
-def initial_model(
-    config: Config, requested_kv_heads: Optional[int], tokenizer: Tokenizer
-) -> tuple[GPTConfig, dict[str, Tensor] | None]:
+def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict[str, Tensor] | None]:
     """The model config of a new run and the weights to start from (None: random init).
-
-    requested_kv_heads is model.n_kv_head as the user gave it (None when not set).
-    """
+    The config names its key/value heads (a checkpoint holds a shape, not a default)."""
+    requested_kv_heads = config.model.n_kv_head  # None: the same as the weights started from
     if config.init_from == "scratch":
-        return replace(config.model, vocab_size=padded(tokenizer.vocab_size, config.pad_vocab_to)), None
+        vocab_size = padded(tokenizer.vocab_size, config.pad_vocab_to)
+        return replace(config.model, vocab_size=vocab_size, n_kv_head=config.model.kv_heads), None
     if config.init_from == "hf":
         if tokenizer.name != "gpt2":
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
@@ -55,7 +49,7 @@ def initial_model(
                 f"({checkpoint.config.get('tokenizer', {}).get('name')}); use the same data settings"
             )
         source, state = checkpoint.model_config, checkpoint.model_state
-        if requested_kv_heads is not None and requested_kv_heads != source.n_kv_head:
+        if requested_kv_heads is not None and requested_kv_heads != source.kv_heads:
             try:
                 source, state = pool_kv_heads(state, source, requested_kv_heads)
             except ValueError as err:
