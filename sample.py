@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import DataError, Tokenizer
-from model import GPT, KVCache, check_weight_format, stream, to_decode_layout, to_weight_format
+from model import GPT, KVCache, stream, to_decode_layout, to_weight_format
 from model.generate import StopCheck
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from training.runtime import available_memory, out_of_memory, resolve_device, resolve_precision
@@ -70,7 +70,9 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     (when given) and return them with what produced them, as a JSON-able dict."""
     device = resolve_device(config.device)
     dtype = resolve_precision(config.dtype, device).dtype
-    check_weight_format(config.weights, device)
+    if config.weights == "int8" and device.type != "cpu":
+        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul), and this run is on "
+                         f"{device}: use weights=bf16 there")
     if config.decode == "graph" and device.type != "cuda":
         raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
                          "(use decode=eager there)")

@@ -130,7 +130,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         device: torch.device, *, run_dir: Path, block_size: int, accum: int, takeover: str = "") -> Path:
     precision, data = start(config, group, device)
     tokenizer = data.tokenizer()
-    model, origin = build_model(cfg, config, resume_from, tokenizer, device)
+    model, origin = build_model(config, resume_from, tokenizer, device)
     tokens_per_step = config.batch_size * block_size * accum * group.world_size
     budget = training_budget(max_iters=config.max_iters, tokens_per_param=config.tokens_per_param,
                              match_mha_flops=config.match_mha_flops, model_config=model.config,
@@ -183,7 +183,7 @@ def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | Non
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
     precision, data = start(config, group, device)
-    model, origin = build_model(cfg, config, resume_from, data.tokenizer(), device)
+    model, origin = build_model(config, resume_from, data.tokenizer(), device)
     if resume_from:
         load_weights(model, resume_from.model_state)
     metrics = evaluator(config, data, model.config.block_size, precision, group, device)(model, final=True)
@@ -302,20 +302,20 @@ def header(s: Session, precision: str, accum: int, notes: tuple[str, ...]) -> st
     peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
     lines = [
         f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
-        f"{c.n_kv_head} kv heads, context {c.block_size}) | {s.device} {precision} x {s.group.world_size} "
+        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.group.world_size} "
         f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
         *notes,
     ]
     return "\n".join(line for line in lines if line)
 
 
-def build_model(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, tokenizer,
+def build_model(config: Config, resume_from: Checkpoint | None, tokenizer,
                 device: torch.device) -> tuple[GPT, str]:
     """The model of this run and a line saying where its weights come from ('' for a fresh one)."""
     if resume_from and config.init_from != "scratch":
         model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
     else:
-        model_config, initial_state = initial_model(config, cfg.model.n_kv_head, tokenizer)
+        model_config, initial_state = initial_model(config, tokenizer)
     model = GPT(model_config).to(device)
     if initial_state is None or resume_from:
         return model, ""

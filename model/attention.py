@@ -46,7 +46,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx  # which of a KVCache's layers is this one's
         self.n_head = config.n_head
-        self.n_kv_head = config.n_kv_head
+        self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
         self.impl = config.attn_impl
         self.dropout = config.dropout

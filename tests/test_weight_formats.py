@@ -157,11 +157,7 @@ def test_fp32_leaves_the_model_as_it_is(make_model):
     assert linears == [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
-def test_unknown_format_and_int8_off_the_cpu_are_refused(make_model):
-    with pytest.raises(ValueError, match=r"weights must be one of \('fp32', 'bf16', 'int8'\), got 'int4'"):
-        to_weight_format(make_model(), "int4")
-    with pytest.raises(ValueError, match="weights=int8 runs on the CPU only .* on meta: use weights=bf16"):
-        to_weight_format(make_model().to("meta"), "int8")
+def test_a_converted_model_is_not_converted_again(make_model):  # unknown formats: sample.py's settings refuse them
     with pytest.raises(ValueError, match="the model's weights are already bf16: convert the fp32 model"):
         to_weight_format(to_weight_format(make_model(), "bf16"), "int8")
 
