@@ -12,6 +12,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+# Hydra's own option parser is private: hydra-core is pinned to 1.3.x (pyproject.toml), and
+# tests/test_cli.py fails first if the options it defines change. One list of options: Hydra's.
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
