@@ -58,13 +58,7 @@ def decode_tokens_per_second(
     (ValueError otherwise). The model runs in eval mode and is handed back in the mode
     it came in, its weights untouched; torch's global random state is not used.
     """
-    for name, value in (("batch", batch), ("steps", steps), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
-    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise ValueError(f"context must be an integer >= 0, got {context!r}")
+    assert min(batch, steps, repeats) >= 1 and min(warmup, context) >= 0, (batch, steps, repeats, warmup, context)
     block_size = model.config.block_size
     span = max(steps, warmup)
     if context + span > block_size:

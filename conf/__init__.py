@@ -159,11 +159,18 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
-def load_config(cfg: DictConfig) -> Config:
-    """The composed config as validated dataclasses (ValueError naming the field)."""
-    _reject_unknown_keys(cfg, Config, prefix="")
+def load_config(cfg: DictConfig, schema: type = Config) -> Any:
+    """The composed config as validated dataclasses of `schema` (ValueError naming the field)."""
+    _reject_unknown_keys(cfg, schema, prefix="")
     with one_line_errors():
         return OmegaConf.to_object(cfg)
+
+
+def read_settings(schema: type, values: Any) -> Any:
+    """Settings read from a file (a checkpoint's config.yaml) as the dataclass `schema`: typed
+    by OmegaConf's merge, then checked by the dataclass (ValueError naming the field)."""
+    with one_line_errors():
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
 
 
 @contextlib.contextmanager

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from conf import one_line_errors
+from conf import load_config
 from model import WEIGHT_FORMATS, Sampling
 from model.rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 from model.sampling import TEMPERATURE, TOP_K, TOP_P
@@ -59,13 +59,7 @@ class SampleConfig:
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:
     """The composed config as a validated SampleConfig (ValueError naming the setting)."""
-    with one_line_errors():
-        values = OmegaConf.to_container(cfg, resolve=True)
-    known = [f.name for f in fields(SampleConfig)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:  # Hydra lets `+key=...` past the schema
-        raise ValueError(f"{unknown[0]} is not a setting of sample.py; known: {', '.join(known)}")
-    return SampleConfig(**values)
+    return load_config(cfg, SampleConfig)
 
 
 ConfigStore.instance().store(name="sample_schema", node=SampleConfig)

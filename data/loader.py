@@ -37,8 +37,8 @@ class BatchLoader:
         device: Union[str, torch.device] = "cpu",
         accum_steps: int = 1,
     ):
-        _check_sizes(block_size=block_size, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-                     accum_steps=accum_steps)
+        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, \
+            (block_size, batch_size, accum_steps, seed, rank, world_size)  # train.py's config checked them
         self.split, self.block_size, self.batch_size = split, block_size, batch_size
         self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
         self.device = torch.device(device)
@@ -67,10 +67,7 @@ class BatchLoader:
 
     def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
         """(batch_size,) token offsets of this rank's windows at `step`, `micro_step`."""
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        if not 0 <= micro_step < self.accum_steps:
-            raise ValueError(f"micro_step must be in [0, accum_steps={self.accum_steps}), got {micro_step!r}")
+        assert step >= 0 and 0 <= micro_step < self.accum_steps, (step, micro_step, self.accum_steps)
         rng = np.random.default_rng([self.seed, self._split_key, int(step)])
         starts = rng.choice(self.n_windows, size=self.batch_size * self.world_size * self.accum_steps, replace=False)
         first = (micro_step * self.world_size + self.rank) * self.batch_size
@@ -94,15 +91,6 @@ class BatchLoader:
                 f"{self.shard} holds token id {top} but the vocabulary has {self.vocab_size} ids "
                 f"(meta.json's vocab_size): the shard is corrupt; {PREPARE_HINT}"
             )
-
-
-def _check_sizes(**values: int) -> None:
-    for name, value in values.items():
-        lowest = 0 if name in ("seed", "rank") else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(f"BatchLoader {name} must be an integer >= {lowest}, got {value!r}")
-    if values["rank"] >= values["world_size"]:
-        raise ValueError(f"BatchLoader rank must be below world_size ({values['world_size']}), got {values['rank']}")
 
 
 def _open_shard(path: Path, dtype: str) -> np.memmap:

@@ -210,7 +210,7 @@ def test_empty_prompt_starts_from_endoftext_or_a_newline():
         ("weights=int4", r"weights must be one of \('fp32', 'bf16', 'int8'\), got 'int4'"),
         ("decode=static", r"decode must be one of \('eager', 'graph'\), got 'static'"),
         ("stop=['']", "stop's every item must be a non-empty text"),
-        ("+promt=hi", "promt is not a setting of sample.py"),
+        ("+promt=hi", "promt is not a setting of SampleConfig; known: checkpoint, runs_root"),
         ("runs_root=", "runs_root must be a non-empty text, got ''"),
         ("seed=-1", r"seed must be in \[0, 4294967295\], got -1"),
         ("seed=99999999999999999999", r"seed must be in \[0, 4294967295\]"),
