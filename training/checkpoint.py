@@ -35,6 +35,7 @@ from torch import nn
 
 from data import Tokenizer, load_tokenizer
 from data.meta import file_sha256
+from conf import read_settings
 from model import GPTConfig
 
 WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
@@ -62,9 +63,9 @@ class Checkpoint:
     @property
     def model_config(self) -> GPTConfig:
         try:
-            return GPTConfig(**self.config["model"])
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"{self.path / CONFIG} has an invalid model section: {err}") from err
+            return read_settings(GPTConfig, self.config["model"])
+        except ValueError as err:
+            raise CheckpointError(f"{self.path / CONFIG} has an invalid model section: {str(err).splitlines()[0]}") from err
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the model was trained with, as its config.yaml describes it."""
