@@ -10,7 +10,6 @@ import itertools
 import sys
 import typing
 from dataclasses import MISSING, fields, is_dataclass
-from pathlib import Path
 
 from omegaconf import OmegaConf
 

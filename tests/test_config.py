@@ -1,13 +1,21 @@
 """Hydra composition of the model presets and the attention switch."""
 
+import math
+from dataclasses import asdict
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from hypothesis import given
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, build_model_config, model_preset
-from model import GPT
+from conf import CONF_DIR, Config, build_model_config, load_config, model_preset
+from data import DataConfig
+from model import GPT, GPTConfig
+from model.rules import NOT_EMPTY, above, at_least, between, one_of
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
 
@@ -66,3 +74,44 @@ def test_the_committed_reference_is_the_generated_one():
     from conf.__main__ import REFERENCE, reference
 
     assert REFERENCE.read_text() == reference(), "docs/configuration.md is out of date: run python -m conf"
+
+
+def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
+    config = load_config(compose_train())
+    assert config == Config(model=model_preset("mini"), data=DataConfig())
+    # what train.yaml ran with before the dataclasses held its values
+    assert (config.max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
+    assert (config.optim.learning_rate, config.optim.min_lr) == (2e-3, 2e-4)
+
+
+@pytest.mark.parametrize("root", ["train", "sample"])
+def test_a_root_config_holds_only_its_defaults_list_and_hydras_settings(root):
+    assert set(OmegaConf.load(CONF_DIR / f"{root}.yaml")) == {"defaults", "hydra"}
+
+
+@pytest.mark.parametrize("group, schema", [("model", GPTConfig), ("data", DataConfig)])
+def test_a_preset_sets_only_what_it_changes(group, schema):
+    defaults = asdict(schema())
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        restated = {key for key, value in (OmegaConf.to_container(OmegaConf.load(path)) or {}).items()
+                    if defaults[key] == value}
+        assert not restated, f"{path.name} restates the defaults of {sorted(restated)}"
+
+
+ENDS = st.sampled_from(["[]", "[)", "(]", "()"])
+NUMBERS = st.floats(-10, 10) | st.integers(-10, 10)
+
+
+@given(low=NUMBERS, width=st.floats(0, 10), ends=ENDS, value=NUMBERS)
+def test_an_interval_allows_exactly_its_members(low, width, ends, value):
+    high = low + width
+    outside = value < low or value > high or (value == low and ends[0] == "(") or (value == high and ends[1] == ")")
+    assert between(low, high, ends).allows(value) is not outside
+    assert at_least(low).allows(value) is (value >= low) and above(low).allows(value) is (value > low)
+
+
+def test_rules_read_as_they_are_checked():
+    assert [str(r) for r in (at_least(1), above(0), between(0, 1, "[)"), between(0, math.inf, "[)"), one_of("a", "b"))] \
+        == [">= 1", "> 0", "in [0, 1)", "in [0, inf)", "one of ('a', 'b')"]
+    assert NOT_EMPTY.allows("x") and not NOT_EMPTY.allows("") and NOT_EMPTY.allows(None)  # None: the type says
+    assert NOT_EMPTY.allows(["a", "b"]) and not NOT_EMPTY.allows(["a", ""])  # a list: each item
