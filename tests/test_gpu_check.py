@@ -1,57 +1,152 @@
 """The GPU acceptance run cannot rot between GPU runs: its --smoke mode runs every stage
-on the CPU at tiny sizes, through the same code."""
+on the CPU at tiny sizes, through the same code; a failure in one variant or decode mode
+leaves the other rows' figures on disk, and a budget too short skips stages cleanly."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from bench.gpu_report import render
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("environment", "cuda_tests", "train", "throughput", "decode")
+STAGES = ["environment", "throughput", "decode", "train", "cuda_tests"]  # the order they run in
+
+
+def smoke(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--out", str(out), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
 def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
-    result = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--out", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = smoke(tmp_path)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [name for name in report if name in STAGES] == STAGES
     assert {name: report[name]["ok"] for name in STAGES} == dict.fromkeys(STAGES, True)
     markdown = (tmp_path / "gpu_check.md").read_text()
-    assert result.stdout.endswith(markdown)
+    assert result.stdout.endswith(markdown) and "## Missing" not in markdown
 
-    sdpa = report["environment"]["result"]["sdpa"]
-    assert {"train causal (MHA)", "padded prefill (boolean mask)"} <= sdpa.keys()
-    assert all(row["math"] == "ok" for row in sdpa.values())  # the math backend runs everything
+    environment = report["environment"]["result"]
+    assert {"numpy", "pyarrow", "fsspec", "huggingface-hub", "triton"} <= environment["versions"].keys()
+    assert all(row["math"] == "ok" for row in environment["sdpa"].values())  # the math backend runs everything
     assert "skipped" in report["cuda_tests"]["result"]["summary"]  # collected, and skipped without a GPU
     assert all(report["train"]["result"]["checks"].values())
     rows = report["throughput"]["result"]
-    assert {(r["attention"], r["variant"]) for r in rows} >= {
-        ("MHA", "gptlab-compiled"), ("MHA", "reference-compiled"), ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")}
-    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert {(r["attention"], r["variant"]) for r in rows} == {
+        ("MHA", "gptlab-compiled"), ("MHA", "gptlab-eager"), ("MHA", "reference-eager"),
+        ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["of_matmul"] for r in rows)
     decode = report["decode"]["result"]
     assert {r["attention"] for r in decode} == {"MHA", "GQA-4", "MQA"}
     assert all(r["graph_mode"] == "static" and r["graph_tokens_per_s"] > 0 for r in decode)  # no CUDA: no graph
-    assert "| static ms/token |" in markdown
-    for heading in ("## Training throughput", "## KV-cached decode", "## Targets"):
+    for heading in ("| static ms/token |", "## Training throughput", "## KV-cached decode", "## Targets"):
         assert heading in markdown
+
+
+def test_a_failed_variant_or_decode_mode_keeps_the_other_rows_on_disk(tmp_path, monkeypatch):
+    """Failures injected as an Inductor error would come (the compiled variant's first
+    step), in the timed steps of one variant, and in every CUDA-graph (here static) decode."""
+    from bench import gpu_check, gpu_figures
+
+    real_steps, real_generation = gpu_figures.timed_steps, gpu_figures.timed_generation
+    seen_on_disk = []
+
+    def failing_steps(trainers, batches, warmup, steps):
+        if "gptlab-compiled" in trainers or ("reference-eager" in trainers and steps > 0):
+            raise RuntimeError("injected: the variant broke")
+        return real_steps(trainers, batches, warmup, steps)
+
+    def failing_generation(model, prompts, steps, warmup, decode):
+        if decode == "static":
+            seen_on_disk.append(((tmp_path / "gpu_check.md").read_text(), (tmp_path / "gpu_check.json").read_text()))
+            raise RuntimeError("injected: graph capture failed")
+        return real_generation(model, prompts, steps, warmup, decode)
+
+    monkeypatch.setattr(gpu_figures, "timed_steps", failing_steps)
+    monkeypatch.setattr(gpu_figures, "timed_generation", failing_generation)
+    with pytest.raises(SystemExit) as exit:
+        gpu_check.main(["--smoke", "--out", str(tmp_path), "--stages", "throughput", "decode"])
+    assert exit.value.code == 1
+
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = {(r["attention"], r["variant"]): r for r in report["throughput"]["result"]}
+    assert "injected" in rows["MHA", "gptlab-compiled"]["error"] and "injected" in rows["MHA", "reference-eager"]["error"]
+    for kept in [("MHA", "gptlab-eager"), ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")]:
+        assert rows[kept]["tokens_per_s"] > 0 and "error" not in rows[kept]
+    decode = report["decode"]["result"]
+    assert len(decode) == 12 and all(r["tokens_per_s"] > 0 and "injected" in r["graph_error"] for r in decode)
+
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "| throughput | 2 of 5 rows FAILED |" in markdown and "| decode | 12 of 12 rows FAILED |" in markdown
+    assert "| MHA | gptlab-compiled | FAILED: RuntimeError: injected: the variant broke |" in markdown
+    assert "| FAILED: RuntimeError: injected: graph capture failed | - |" in markdown
+    assert "--stages throughput decode" in markdown  # the call that reruns them
+    # Both files are rewritten after every row: the first failing decode found the throughput
+    # rows and the decode stage running on disk, the second one the first decode row too.
+    (first_md, first_json), (second_md, second_json) = seen_on_disk[:2]
+    assert "| MHA | gptlab-eager | 4 x 64 |" in first_md and "| decode | running" in first_md
+    assert len(json.loads(first_json)["throughput"]["result"]) == 5
+    assert "| MHA | 1 | 8 |" in second_md and len(json.loads(second_json)["decode"]["result"]) == 1
+
+
+def test_variants_the_budget_cannot_hold_are_recorded_as_skipped():
+    from bench.gpu_check import Sizes
+    from bench.gpu_figures import decode, throughput
+
+    class NoTimeLeft:
+        def __init__(self):
+            self.rows = []
+
+        def add(self, row):
+            self.rows.append(row)
+
+        def left(self):
+            return 1.0
+
+    for stage in (throughput, decode):
+        sink = NoTimeLeft()
+        stage(torch.device("cpu"), Sizes(smoke=True), sink)
+        assert [(r["attention"], r["skipped"][:6]) for r in sink.rows] == [
+            ("MHA", "needs "), ("GQA-4", "needs "), ("MQA", "needs ")]
+
+
+def test_a_budget_too_short_for_the_last_stages_skips_them_cleanly(tmp_path):
+    # The smoke estimates: environment 2 s, train 120 s, cuda_tests 30 s: 25 s holds the first only.
+    result = smoke(tmp_path, "--budget-s", "25", "--stages", "environment", "train", "cuda_tests")
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["environment"]["ok"] is True
+    for name in ("train", "cuda_tests"):
+        assert report[name]["ok"] is None and report[name]["skipped"].startswith("needs ~")
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "| train | skipped: needs ~120 s," in markdown
+    assert "python3 bench/gpu_check.py --smoke --out $OUT --budget-s 25 --stages train cuda_tests" in markdown
 
 
 def test_a_failed_stage_is_reported_and_the_others_still_show():
     report = {
-        "date": "2026-12-01 10:00:00", "smoke": False,
-        "environment": {"ok": True, "seconds": 1.0, "result": {"gpu": "NVIDIA H200", "torch": "2.11.0"}},
+        "date": "2026-12-01 10:00:00", "smoke": False, "budget_s": 540, "asked": STAGES,
+        "environment": {"ok": True, "seconds": 1.0, "result": {
+            "gpu": "NVIDIA H200", "torch": "2.11.0", "compute_mode": "Default", "versions": {"numpy": "2.5.2"}}},
         "train": {"ok": False, "seconds": 2.0, "error": "RuntimeError: train.py failed\nmore"},
         "decode": {"ok": True, "seconds": 3.0, "result": [
             {"attention": a, "batch": batch, "context": 1000, "ms_per_token": ms, "tokens_per_s": batch * 1e3 / ms,
              "graph_mode": "graph", "graph_ms_per_token": ms / speedup, "graph_tokens_per_s": batch * 1e3 * speedup / ms,
              "graph_over_eager": speedup, "kv_cache_bytes_full_context": mib * 2**20}
             for a, ms, mib, speedup in (("MHA", 20.0, 2304, 3.5), ("MQA", 10.0, 192, 2.0)) for batch in (1, 64)]},
+        "cuda_tests": {"ok": None, "skipped": "needs ~120 s, 30 s left"},
     }
     markdown = render(report)
-    assert "# GPU acceptance run: NVIDIA H200" in markdown
+    assert "# GPU acceptance run: NVIDIA H200" in markdown and "compute mode Default" in markdown
+    assert "numpy 2.5.2" in markdown
     assert "| train | FAILED: RuntimeError: train.py failed |" in markdown
+    assert "| throughput | not run yet | - |" in markdown
+    assert "| cuda_tests | skipped: needs ~120 s, 30 s left | - |" in markdown
     assert "batch-64 MQA decode at context 1000 faster than MHA (cache 12x smaller): 2.00x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MHA): 3.50x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MQA): 2.00x (NOT met)" in markdown
+    assert markdown.endswith("--out $OUT --budget-s 540 --stages throughput train cuda_tests\n")
