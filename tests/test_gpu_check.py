@@ -5,6 +5,7 @@ leaves the other rows' figures on disk, and a budget too short skips stages clea
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,30 @@ def test_a_failed_stage_is_reported_and_the_others_still_show():
     assert "batch-1 graph decode at context 1000 >= 3x eager (MHA): 3.50x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MQA): 2.00x (NOT met)" in markdown
     assert markdown.endswith("--out $OUT --budget-s 540 --stages throughput train cuda_tests\n")
+
+
+def fake_wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+    return wheel
+
+
+def test_gpu_wheels_checks_each_requirement_against_the_wheels_and_the_image(tmp_path):
+    from bench.gpu_wheels import check_requirements
+
+    wheels = [
+        fake_wheel(tmp_path, "datasets", "9.0", [
+            "numpy>=1.17", "huggingface-hub<1.0,>=0.23", "dill<0.4", "pyarrow>=24", "filelock", "xxhash-ng",
+            "colorama; sys_platform == 'win32'", "pytest; extra == 'tests'", "typing; python_version < '3.5'"]),
+        fake_wheel(tmp_path, "dill", "0.4.1", []),
+    ]
+    image = {"numpy": "2.5.2", "huggingface_hub": "1.33.0", "pyarrow": None, "filelock": None}
+    problems, notes = check_requirements(wheels, image)
+    assert problems == [
+        "datasets needs huggingface-hub<1.0,>=0.23, but the GPU image has huggingface-hub 1.33.0",
+        "datasets needs dill<0.4, but .whl/ has dill 0.4.1",
+        "datasets needs xxhash-ng, which neither .whl/ nor the GPU image has",
+    ]
+    assert notes == ["datasets needs pyarrow>=24: the GPU image has pyarrow, its version undocumented"]
