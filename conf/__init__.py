@@ -159,9 +159,10 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
-def load_config(cfg: DictConfig, schema: type = Config) -> Any:
-    """The composed config as validated dataclasses of `schema` (ValueError naming the field)."""
-    _reject_unknown_keys(cfg, schema, prefix="")
+def load_config(cfg: DictConfig, schema: type = Config, prefix: str = "") -> Any:
+    """The composed config (or its section `prefix`) as validated dataclasses of `schema`
+    (ValueError naming the field)."""
+    _reject_unknown_keys(cfg, schema, prefix)
     with one_line_errors():
         return OmegaConf.to_object(cfg)
 
@@ -191,8 +192,7 @@ def one_line_errors() -> Iterator[None]:
 
 def build_model_config(cfg: DictConfig) -> GPTConfig:
     """Just the validated GPTConfig of a composed config."""
-    _reject_unknown_keys(cfg.model, GPTConfig, prefix="model.")
-    return GPTConfig(**OmegaConf.to_container(cfg.model, resolve=True))
+    return load_config(cfg.model, GPTConfig, prefix="model.")
 
 
 def model_preset(name: str, *overrides: str) -> GPTConfig:
