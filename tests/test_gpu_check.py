@@ -178,3 +178,20 @@ def test_gpu_wheels_checks_each_requirement_against_the_wheels_and_the_image(tmp
         "datasets needs xxhash-ng, which neither .whl/ nor the GPU image has",
     ]
     assert notes == ["datasets needs pyarrow>=24: the GPU image has pyarrow, its version undocumented"]
+
+
+def test_gptlab_admits_the_gpu_images_documented_versions_and_the_torch_here():
+    """pyproject.toml's ranges hold the GPU image's torch 2.11, numpy, ... and this environment's torch."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from bench.gpu_wheels import IMAGE
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"]["dev"]]]
+    documented = {r.name: IMAGE[r.name] for r in requirements if IMAGE.get(r.name)}
+    assert {"torch", "numpy", "safetensors", "tiktoken", "transformers"} <= documented.keys()
+    assert [r for r in requirements if r.name in documented and not r.specifier.contains(documented[r.name])] == []
+    torch_range = next(r.specifier for r in requirements if r.name == "torch")
+    assert Version(torch.__version__).base_version in torch_range
