@@ -148,6 +148,9 @@ class Config:
 
     def __post_init__(self) -> None:
         check_rules(self)
+        if self.model.vocab_size != GPTConfig.vocab_size:  # it would be overwritten without a word
+            raise ValueError(f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
+                             "(padded to a multiple of pad_vocab_to); leave it unset")
         if self.init_from != "scratch" and not self.model_path:
             raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word

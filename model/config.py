@@ -15,7 +15,7 @@ class GPTConfig:
     """The shape of a model; train.py starts from the preset model= chooses."""
 
     vocab_size: int = setting(50304, at_least(1))
-    """Token ids the embedding covers; train.py sets it from the tokenizer, padded to pad_vocab_to."""
+    """Token ids the embedding covers; train.py sets it from the tokenizer (padded to pad_vocab_to) and refuses another."""
     block_size: int = setting(1024, at_least(1))
     """Longest sequence the position table covers (the context)."""
     n_layer: int = setting(12, at_least(1))

@@ -64,6 +64,11 @@ def test_wrong_type_is_rejected_by_the_schema():
     assert "n_layer" in str(err.value.__cause__)
 
 
+def test_a_vocab_size_train_py_would_overwrite_is_refused():
+    with pytest.raises(ValueError, match=r"^model.vocab_size=1000: train.py sets it from the tokenizer"):
+        load_config(compose_train("model.vocab_size=1000"))
+
+
 def test_rule_violations_are_rejected_when_the_model_config_is_built():
     cfg = compose_train("model=nano", "model.n_kv_head=3")
     with pytest.raises(ValueError, match=r"n_kv_head \(3\) must divide n_head \(4\)"):
