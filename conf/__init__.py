@@ -1,4 +1,9 @@
-"""Typed schemas for the YAML files in this directory.
+"""Typed schemas for the YAML files in this directory, and the one place each setting lives.
+
+A field holds a setting's type, its default, its rule (`setting(default, rule)`, see
+model/rules.py) and, in the docstring under it, its one-line documentation; `python -m conf`
+writes docs/configuration.md from them. train.yaml only chooses presets, and a preset
+only sets what it changes.
 
 Hydra merges every YAML file and command-line override into these dataclasses;
 conf/cli.py has already refused, in one line, any command-line override Hydra would
