@@ -19,15 +19,14 @@ from pathlib import Path
 
 import torch
 
-from ablation.attention_plot import AttentionLayout, plot_attention, token_labels
+from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels
 from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.runs import Arm, find_runs, group_arms, layout_name, shape_name
 from ablation.stats import Estimate
-from data import DataError
 from model import GPT, to_decode_layout
-from training.checkpoint import CheckpointError
+from system import exits
 from training.runtime import describe_machine
 
 DECODE_BATCHES = (1, 8)
@@ -173,8 +172,8 @@ def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
         note = (f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
                 f"{prompt!r}.")
     ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
-    layouts = [AttentionLayout(a.label, a.config.n_kv_head, a.runs[0].model().attention_maps(torch.tensor([ids]))[-1][0])
-               for a in arms]
+    last_layer = [attention_maps(a.runs[0].model(), torch.tensor([ids]))[-1][0] for a in arms]
+    layouts = [AttentionLayout(a.label, a.config.n_kv_head, weights) for a, weights in zip(arms, last_layer)]
     plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png",
                    f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}")
     return "## Attention patterns\n\n![attention](attention.png)" + note
@@ -246,13 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --prompt is empty: the heatmaps need at least one token of text")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         sys.exit(f"error: --out {args.out} is a file: pass a directory for report.md and the plots")
-    try:
+    with exits(writing=str(args.out or args.sweep_dir)):  # ValueError: a malformed metrics.jsonl or --baseline
         path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
                             frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps)
-    except (CheckpointError, DataError, ValueError) as err:  # ValueError: a malformed metrics.jsonl or --baseline
-        sys.exit(f"error: {err}")
-    except OSError as err:  # a directory that cannot be made or written: named
-        sys.exit(f"error: {err.strerror or err} ({err.filename or args.out or args.sweep_dir})")
     print(f"wrote {path}")
 
 

@@ -2,7 +2,7 @@
 panel per query head, with token labels, one shared colour bar and a coloured frame per
 key/value group, so a reader sees which query heads share a key/value head.
 
-    layouts = [AttentionLayout(label, n_kv_head, model.attention_maps(ids)[-1][0]) ...]
+    layouts = [AttentionLayout(label, n_kv_head, attention_maps(model, ids)[-1][0]) ...]
     plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), path, title)
 """
 
@@ -20,6 +20,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from torch import nn  # noqa: E402
+
+from model import GPT  # noqa: E402
+from model.attention import CausalSelfAttention, manual_attention  # noqa: E402
 
 DPI = 110
 CMAP = "viridis"  # zero weight is dark, so the light grey of masked cells stands apart
@@ -36,6 +40,28 @@ class AttentionLayout:
     label: str  # e.g. "GQA (2 kv heads)"
     n_kv_head: int
     weights: torch.Tensor  # (n_head, T, T) one layer's attention probabilities; rows queries, columns keys
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+    """Attention weights of every layer of `model` for idx (B, T): a list of (B, n_head, T, T),
+    each row a query's distribution over the keys. A hook on each attention layer recomputes
+    its weights from the layer's input, on the explicit path (torch's fused kernel never
+    forms them)."""
+    maps: list[torch.Tensor] = []
+
+    def record(layer: CausalSelfAttention, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        q, k, v = layer.heads(inputs[0])
+        maps.append(manual_attention(q, k, v, nn.Identity())[1])
+
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    hooks = [layer.register_forward_hook(record) for layer in layers]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return maps
 
 
 def token_labels(pieces: Sequence[str]) -> list[str]:

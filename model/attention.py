@@ -60,37 +60,34 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(
-        self,
-        x: Tensor,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, C). Returns the output (B, T, C) and, when asked for (which
-        uses the manual path), the attention weights (B, n_head, T, S).
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None) -> Tensor:
+        """x: (B, T, C). Returns the output (B, T, C).
 
         With a kv_cache, x holds the T positions after the cached ones; its keys and
         values are stored and the queries attend over all S = cached + T positions.
         mask is then the cache's attention_mask(T): None means plain causal attention.
         """
         B, T, C = x.shape
+        q, k, v = self.heads(x)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
+        if self.impl == "manual":
+            y, _ = manual_attention(q, k, v, self.attn_dropout, mask)
+        else:
+            y = self._sdpa(q, k, v, mask)
+        # Heads back side by side: (B, nh, T, hd) -> (B, T, C).
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C)."""
+        B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
-
-        weights = None
-        if self.impl == "manual" or return_weights:
-            y, weights = manual_attention(q, k, v, self.attn_dropout, mask)
-        else:
-            y = self._sdpa(q, k, v, mask)
-        # Heads back side by side: (B, nh, T, hd) -> (B, T, C).
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y)), weights
+        return q, k, v
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """torch's fused attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd)."""

@@ -12,15 +12,11 @@ Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
+from .gpt import GPT
 from .memory import huge_page_zeros
-
-if TYPE_CHECKING:
-    from .gpt import GPT
 
 _ALIGN = 64  # bytes: every packed weight starts on a cache line
 
@@ -32,18 +28,32 @@ def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
     pages (huge_pages=False: ordinary memory, for comparison). Weights on other devices
     are left as they are.
 
-    The model remembers its layout: a later .to(dtype), .half() or move back to the CPU
-    repacks the converted weights, so the order of the calls does not matter. Meant for
-    inference: every weight is now a view of the shared buffer, so torch.save of a
-    single weight would carry all of them (clone it first).
+    The model becomes a DecodeLayoutGPT, which remembers its layout: a later .to(dtype),
+    .half() or move back to the CPU repacks the converted weights, so the order of the
+    calls does not matter. Meant for inference: every weight is now a view of the shared
+    buffer, so torch.save of a single weight would carry all of them (clone it first).
     """
-    model.decode_layout = huge_pages
-    pack_linear_weights(model, huge_pages)
+    assert isinstance(model, GPT), type(model)
+    model.__class__ = DecodeLayoutGPT  # the same module, the repacking below added to its conversions
+    model.huge_pages = huge_pages
+    _pack_linear_weights(model, huge_pages)
     return model
 
 
-def pack_linear_weights(model: nn.Module, huge_pages: bool) -> None:
-    """The repacking of to_decode_layout, for a model that already chose its layout."""
+class DecodeLayoutGPT(GPT):
+    """A GPT whose Linear weights stay in the decode layout through later conversions."""
+
+    huge_pages: bool
+
+    def _apply(self, fn, recurse: bool = True) -> DecodeLayoutGPT:
+        # .to(), .half(), .cpu() and the like end here: they put converted weights in
+        # fresh row-major memory, so they are packed again.
+        super()._apply(fn, recurse)
+        _pack_linear_weights(self, self.huge_pages)
+        return self
+
+
+def _pack_linear_weights(model: nn.Module, huge_pages: bool) -> None:
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     weights = [w for w in weights.values() if w.device.type == "cpu"]
     starts = [0]

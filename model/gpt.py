@@ -8,7 +8,6 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
-from .decode_layout import pack_linear_weights
 from .init import draw_seed, init_weights
 from .kv_cache import KVCache
 
@@ -35,17 +34,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        x: Tensor,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        attended, weights = self.attn(self.ln_1(x), return_weights, kv_cache, mask)
-        x = x + attended
-        x = x + self.mlp(self.ln_2(x))
-        return x, weights
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, mask)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -66,15 +57,6 @@ class GPT(nn.Module):
         # Weight tying: the output projection reuses the token embedding matrix.
         self.transformer.wte.weight = self.lm_head.weight
         init_weights(self, init_seed)
-        self.decode_layout: bool | None = None  # to_decode_layout's huge_pages, once it has run
-
-    def _apply(self, fn, recurse: bool = True) -> "GPT":
-        # .to(), .half(), .cpu() and the like end here: they put converted weights in
-        # fresh row-major memory, so a model in the decode layout is packed again.
-        super()._apply(fn, recurse)
-        if self.decode_layout is not None:
-            pack_linear_weights(self, self.decode_layout)
-        return self
 
     @classmethod
     def shapes_only(cls, config: GPTConfig) -> "GPT":
@@ -102,7 +84,7 @@ class GPT(nn.Module):
         x = self._embed(idx, kv_cache)
         mask = kv_cache.attention_mask(T) if kv_cache is not None else None
         for block in self.transformer.h:
-            x, _ = block(x, kv_cache=kv_cache, mask=mask)
+            x = block(x, kv_cache=kv_cache, mask=mask)
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
@@ -118,16 +100,6 @@ class GPT(nn.Module):
                 logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX
             )
         return logits, loss
-
-    @torch.no_grad()
-    def attention_maps(self, idx: Tensor) -> list[Tensor]:
-        """Attention weights of every layer for idx (B, T): a list of (B, n_head, T, T)."""
-        x = self._embed(idx)
-        maps = []
-        for block in self.transformer.h:
-            x, weights = block(x, return_weights=True)
-            maps.append(weights)
-        return maps
 
     def _embed(self, idx: Tensor, kv_cache: KVCache | None = None) -> Tensor:
         T = idx.size(1)

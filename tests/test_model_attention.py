@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from ablation.attention_plot import attention_maps
 from model import GPT
 
 from conftest import tiny_config
@@ -81,14 +82,31 @@ def test_sdpa_and_manual_paths_agree(make_model, n_kv_head):
 @pytest.mark.parametrize("n_kv_head", KV_HEADS)
 def test_attention_maps_are_causal_distributions(make_model, n_kv_head):
     model = make_model(n_kv_head=n_kv_head)
-    maps = model.attention_maps(torch.randint(0, 97, (2, 10)))
+    maps = attention_maps(model, torch.randint(0, 97, (2, 10)))
     assert len(maps) == 2
+    assert not any(layer.attn._forward_hooks for layer in model.transformer.h)  # the report's hooks are gone
     for weights in maps:
         assert weights.shape == (2, 4, 10, 10)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 10))
         past = torch.ones(10, 10, dtype=torch.bool).tril()
         assert torch.all(weights[..., ~past] == 0)
         assert torch.all(weights[..., past] > 0)
+
+
+@pytest.mark.parametrize("n_kv_head", KV_HEADS)
+def test_attention_maps_are_the_weights_torchs_fused_kernel_applied(make_model, n_kv_head):
+    """Each map, applied to the layer's values, gives what the layer's SDPA path computed."""
+    model = make_model(n_kv_head=n_kv_head, attn_impl="sdpa").eval()
+    seen = []
+    handles = [block.attn.register_forward_hook(lambda layer, inputs, out: seen.append((layer, inputs[0], out)))
+               for block in model.transformer.h]
+    maps = attention_maps(model, torch.randint(0, 97, (2, 10)))
+    for handle in handles:
+        handle.remove()
+    for weights, (layer, x, out) in zip(maps, seen):
+        _, _, v = layer.heads(x)
+        y = weights @ v.repeat_interleave(layer.n_head // layer.n_kv_head, dim=1)  # (B, nh, T, hd)
+        torch.testing.assert_close(layer.c_proj(y.transpose(1, 2).flatten(2)), out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("attn_impl", IMPLS)
@@ -98,10 +116,10 @@ def test_dropout_on_attention_weights_only_in_training(make_model, attn_impl):
     attn.resid_dropout = torch.nn.Identity()  # leave only the dropout on attention weights
     x = torch.randn(2, 16, 32)
     attn.train()
-    first, second = attn(x)[0], attn(x)[0]
+    first, second = attn(x), attn(x)
     assert not torch.allclose(first, second)
     attn.eval()
-    torch.testing.assert_close(attn(x)[0], attn(x)[0])
+    torch.testing.assert_close(attn(x), attn(x))
 
 
 def test_dropout_changes_outputs_in_train_mode_not_eval(make_model):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import KVCache, Sampling, generate, to_decode_layout
+from model.decode_layout import DecodeLayoutGPT
 from model.weight_formats import (
     BF16Linear,
     Int8Linear,
@@ -180,5 +181,5 @@ def test_decode_layout_survives_a_later_dtype_change(make_model, change):
 
 def test_a_model_never_put_in_decode_layout_keeps_plain_row_major_weights(make_model):
     model = make_model().double()
-    assert model.decode_layout is None
+    assert not isinstance(model, DecodeLayoutGPT)
     assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, nn.Linear))
