@@ -11,10 +11,9 @@ model also gets its tokenizer files, so in the output directory
 from __future__ import annotations
 
 import argparse
-import sys
 
-from data import DataError
-from training.checkpoint import CheckpointError, find_checkpoint
+from system import exits
+from training.checkpoint import find_checkpoint
 from training.hf_io import export_checkpoint
 
 
@@ -23,12 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
     parser.add_argument("out_dir", help="where to write the transformers model: a new or empty directory")
     args = parser.parse_args(argv)
-    try:
+    with exits(writing=args.out_dir):
         checkpoint = find_checkpoint(args.checkpoint, runs_root="runs")
         for line in export_checkpoint(checkpoint, args.out_dir):
             print(line)
-    except (CheckpointError, DataError) as err:
-        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,11 +29,12 @@ from omegaconf import DictConfig
 
 from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
-from data import DataError, Tokenizer
+from data import Tokenizer
 from model import GPT, KVCache, stream, to_decode_layout, to_weight_format
 from model.generate import StopCheck
+from system import exits
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.runtime import available_memory, out_of_memory, resolve_device, resolve_precision
+from training.runtime import available_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input
@@ -46,23 +45,11 @@ ESCAPE = re.compile(r"\\[nt\\]")
 
 @hydra.main(config_path="conf", config_name="sample", version_base=None)
 def main(cfg: DictConfig) -> None:
-    try:
+    with exits(out_of_memory="lower num_samples, or the model's memory with weights=bf16 or int8"):
         config = load_sample_config(cfg)
-        result = sample(config, out=None if config.json else sys.stdout)
+        result = sample(config, out=None if config.json else sys.stdout)  # Ctrl-C: what was printed stands
         if config.json:
             print(json.dumps(result, ensure_ascii=False, indent=2))
-    except (ValueError, CheckpointError, DataError) as err:
-        sys.exit(f"error: {err}")
-    except RuntimeError as err:
-        message = out_of_memory(err, "lower num_samples, or the model's memory with weights=bf16 or int8")
-        if message is None:
-            raise
-        sys.exit(f"error: {message}")
-    except BrokenPipeError:  # the reader left early (`| head`): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-    except KeyboardInterrupt:  # Ctrl-C: what was printed stands
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
 
 
 def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:

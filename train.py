@@ -17,6 +17,7 @@ a checkpoint; a signal stops the run cleanly at a boundary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -29,8 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
 from conf.cli import check_overrides, options_first
-from data import BatchLoader, DataError, prepare
+from data import BatchLoader, prepare
 from model import GPT
+from system import GracefulStop, Interrupted, UserError, exits
 from training.budget import grad_accum_steps, training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
@@ -41,34 +43,22 @@ from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
 from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
-from training.runtime import configure_cuda, out_of_memory, resolve_precision, rng_state, seed_everything
-from training.schedule import learning_rate, schedule_warnings
-from training.signals import GracefulStop, Interrupted, interrupts_raise
-from training.step import Prefetcher, TrainStep, TrainWindow, WindowSummary
+from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
+from training.step import (
+    Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, gradient_sync, learning_rate,
+    schedule_warnings, update_unless_skipped,
+)
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(UserError):
     pass
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    with interrupts_raise():
-        try:
-            train(cfg)
-        except (ValueError, DataError, CheckpointError, NonFiniteLoss) as err:
-            sys.exit(f"error: {err}")
-        except OSError as err:  # a full disk or a vanished directory while logging, named
-            sys.exit(f"error: {err.strerror or err} ({err.filename or 'writing the run'})")
-        except RuntimeError as err:
-            message = out_of_memory(err, "lower batch_size (and raise grad_accum_steps to keep the tokens per step), "
-                                         "model.block_size or the model's size")
-            if message is None:
-                raise
-            sys.exit(f"error: {message}")
-        except Interrupted as stop:
-            print(f"error: {stop}", file=sys.stderr)
-            sys.exit(stop.exit_code)
+    with exits(out_of_memory="lower batch_size (and raise grad_accum_steps to keep the tokens per step), "
+                             "model.block_size or the model's size", writing="writing the run"):
+        train(cfg)
 
 
 def train(cfg: DictConfig) -> Path | None:
@@ -114,9 +104,7 @@ class Session:
     run_dir: Path
     model: GPT  # the plain model: what checkpoints hold
     compiled: torch.nn.Module  # what evaluation runs (torch.compile'd when asked)
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    train_step: TrainStep
+    trainer: Trainer
     batches: Prefetcher
     evaluate: Evaluator
     logger: RunLogger
@@ -153,9 +141,8 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
                          rank=group.rank, world_size=group.world_size, device=device, accum_steps=accum)
     session = Session(
         config=config, group=group, device=device, run_dir=run_dir, model=model, compiled=compiled,
-        optimizer=optimizer, scaler=scaler,
-        train_step=TrainStep(train_model, optimizer, scaler, precision=precision, accum_steps=accum,
-                             grad_clip=config.optim.grad_clip, group=group),
+        trainer=Trainer(train_model, optimizer, scaler, precision.autocast(), accum_steps=accum,
+                        grad_clip=config.optim.grad_clip, group=group),
         batches=Prefetcher(loader),
         evaluate=evaluator(config, data, block_size, precision, group, device),
         logger=RunLogger(
@@ -210,8 +197,8 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
     window, window_start = TrainWindow(s.device), time.perf_counter()
     with GracefulStop() as stop:
         while step < config.max_iters:
-            lr = set_learning_rate(s.optimizer, step, config)
-            result = s.train_step(s.batches, step, stop_requested=stop.requested is not None)
+            lr = set_learning_rate(s.trainer.optimizer, step, config)
+            result = train_step(s.trainer, s.batches, step, stop_requested=stop.requested is not None)
             step += 1
             window.add(step, result)
             at_eval = step % config.eval_interval == 0 or step == config.max_iters
@@ -230,6 +217,52 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
                 break
             window_start = time.perf_counter()  # evaluation and saving are not training time
     return checkpoint
+
+
+@dataclass
+class Trainer:
+    """What an optimizer step works with."""
+
+    model: torch.nn.Module  # the model that trains: compiled and wrapped in DDP when asked
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # scales fp16 losses (disabled otherwise)
+    autocast: contextlib.AbstractContextManager  # the forward's precision
+    accum_steps: int
+    grad_clip: float  # 0: no clipping
+    group: Distributed
+
+    def __post_init__(self) -> None:
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+
+
+def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool = False) -> StepResult:
+    """One optimizer step: forward and backward over accum_steps micro-batches, then
+    unscale, measure and clip the gradients, and update. A step whose loss or gradients
+    are not finite updates nothing. The host waits for nothing here."""
+    loss_sum = 0.0
+    for micro in range(t.accum_steps):
+        x, y = batches.get(step, micro)
+        with gradient_sync(t.model, sync=micro == t.accum_steps - 1):  # DDP averages on the last backward
+            with t.autocast:
+                _, loss = t.model(x, y)
+            batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
+            t.scaler.scale(loss / t.accum_steps).backward()  # the gradients add up
+        loss_sum = loss_sum + loss.detach().float()
+    loss, loss_bad, stop = agree_across_ranks(t.group, loss_sum / t.accum_steps, stop_requested)
+
+    t.scaler.unscale_(t.optimizer)  # true gradients for the norm and the clip (no-op unless fp16)
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in t.parameters if p.grad is not None])
+    if t.grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(t.parameters, t.grad_clip, grad_norm)
+    grads_bad = ~torch.isfinite(grad_norm)  # the same on every rank: DDP averaged the gradients
+    skipped = loss_bad | grads_bad
+    update_unless_skipped(t.optimizer, skipped)
+    t.scaler.update()  # fp16: lower the scale after an overflow, raise it after a quiet stretch
+    t.optimizer.zero_grad(set_to_none=True)
+    # Under fp16, overflowing gradients are the loss scale's business (skipped, scale
+    # lowered), not a fault of the run; a non-finite loss always is.
+    nonfinite = loss_bad | (grads_bad & (not t.scaler.is_enabled()))
+    return StepResult(loss=loss, grad_norm=grad_norm, skipped=skipped, nonfinite=nonfinite, stop=stop)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:
@@ -283,8 +316,8 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     checkpoint, failure = None, None
     if s.group.is_main:
         state = {
-            "step": step, "best_val_loss": best_val_loss, "optimizer": s.optimizer.state_dict(),
-            "scaler": s.scaler.state_dict(), "rng": rng_states,
+            "step": step, "best_val_loss": best_val_loss, "optimizer": s.trainer.optimizer.state_dict(),
+            "scaler": s.trainer.scaler.state_dict(), "rng": rng_states,
         }
         try:
             checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last,

@@ -4,7 +4,7 @@
     python bench/train_throughput.py --presets gpt2 --variants gptlab-compiled --no-json
     python bench/train_throughput.py --json /tmp/now.json   # compare with bench/results/train_throughput_cpu.json
 
-How it is measured. A training step is train.py's own `training.step.TrainStep`
+How it is measured. A training step is train.py's own `train_step`
 (forward with the loss under autocast, backward, gradient norm and clipping at 1.0,
 the fused AdamW step that skips a non-finite update on the device, zero_grad with
 set_to_none), fed the same random batch every step: data loading is not timed.
@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from train import Trainer, train_step  # noqa: E402
 from training.distributed import Distributed  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.runtime import (  # noqa: E402
     DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
 )
-from training.step import TrainStep  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
 DEFAULT_BATCH = {"nano": 8, "mini": 8, "small": 8, "gpt2": 1}
@@ -72,7 +72,7 @@ class Row:
 
 
 class FixedBatch:
-    """The batch source TrainStep expects (a Prefetcher's get and fetch_after), always
+    """The batch source train_step expects (a Prefetcher's get and fetch_after), always
     answering with the same batch."""
 
     def __init__(self, config: GPTConfig, batch: int, device: torch.device) -> None:
@@ -89,18 +89,11 @@ class FixedBatch:
         pass
 
 
-class Trainer:
+def variant_trainer(model: torch.nn.Module, compiled: bool, precision: Precision, device: torch.device) -> Trainer:
     """One variant: a model with its own optimizer, stepped exactly as train.py steps one."""
-
-    def __init__(self, model: torch.nn.Module, compiled: bool, precision: Precision, device: torch.device) -> None:
-        optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
-        self.train_step = TrainStep(
-            torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision=precision,
-            accum_steps=1, grad_clip=GRAD_CLIP, group=Distributed(),
-        )
-
-    def step(self, batches: FixedBatch, step: int) -> None:
-        self.train_step(batches, step)
+    optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
+    return Trainer(torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision.autocast(),
+                   accum_steps=1, grad_clip=GRAD_CLIP, group=Distributed())
 
 
 def build_trainers(
@@ -114,7 +107,7 @@ def build_trainers(
             name, mode = variant.split("-")
             model = MODELS[name](config)
             model.load_state_dict(weights)
-            trainers[variant] = Trainer(model, mode == "compiled", precision, device)
+            trainers[variant] = variant_trainer(model, mode == "compiled", precision, device)
     return trainers
 
 
@@ -125,7 +118,7 @@ def timed_steps(trainers: dict[str, Trainer], loader: FixedBatch, warmup: int, s
         for variant, trainer in trainers.items():
             synchronize(loader.device)
             start = time.perf_counter()
-            trainer.step(loader, step)
+            train_step(trainer, loader, step)
             synchronize(loader.device)
             if step >= warmup:
                 seconds[variant].append(time.perf_counter() - start)
@@ -226,7 +219,7 @@ def main() -> None:
                                for name, peak in peaks.items())
           + (f" (measured: {CPU_PEAK_MATMUL_SIZE}x{CPU_PEAK_MATMUL_SIZE} matmuls, best of 5)"
              if device.type == "cpu" else " (datasheet)"))
-    print(f"step: train.py's TrainStep (fused AdamW, clip {GRAD_CLIP}), the same batch every step; {args.warmup} "
+    print(f"step: train.py's train_step (fused AdamW, clip {GRAD_CLIP}), the same batch every step; {args.warmup} "
           f"warm-up + {args.steps} timed steps per variant, variants taking turns; the fastest step is reported")
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)
@@ -250,7 +243,7 @@ def write_json(path: Path, args: argparse.Namespace, device: torch.device, peaks
         "device": f"{device.type} ({describe_machine(device)})",
         "torch": torch.__version__,
         "method": {
-            "step": "training.step.TrainStep: forward + loss under autocast, backward, grad norm + clip, "
+            "step": "train.train_step: forward + loss under autocast, backward, grad norm + clip, "
                     "fused AdamW (found_inf skip), zero_grad(set_to_none)",
             "warmup_steps": args.warmup, "timed_steps": args.steps, "tokens_per_s": "fastest timed step",
         },

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Optional
 
 from hydra import compose, initialize_config_dir
@@ -21,8 +20,8 @@ from hydra import compose, initialize_config_dir
 from conf import CONF_DIR, Config, load_config, one_line_errors
 from conf.cli import check_overrides
 from data.config import DataConfig
-from data.errors import DataError
 from data.preparation import prepare
+from system import exits
 
 
 def config_from_overrides(overrides: list[str]) -> DataConfig:
@@ -39,12 +38,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
     args = parser.parse_args(argv)
     check_overrides(args.overrides, Config, "train")  # train.py's one-line message for a bad override
-    try:
+    with exits(writing="the data directory"):  # one line, as train.py prints it
         cfg = config_from_overrides(args.overrides)
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         prepared = prepare(cfg)
-    except (ValueError, DataError) as err:  # one line, as train.py prints it
-        sys.exit(f"error: {err}")
     meta = prepared.meta
     print(
         f"{'reused' if prepared.reused else 'wrote'} {prepared.data_dir}: train {meta['tokens']['train']:,} "

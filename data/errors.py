@@ -1,7 +1,9 @@
 """The one exception data/ raises for problems with the user's data or files."""
 
+from system import UserError
 
-class DataError(RuntimeError):
+
+class DataError(UserError, RuntimeError):
     """Something is wrong with a corpus, a shard or meta.json; the message says what and how to fix it."""
 
 

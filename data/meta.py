@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from data.errors import DataError
+from system import TEMP_MARK, write_atomic
 
 FORMAT_VERSION = 3  # bump when the shard layout or meta.json changes: prepare then rebuilds old data
 DIGESTS_SINCE = 2  # the first format whose meta.json records sha256 digests
@@ -29,17 +29,12 @@ META_FILE = "meta.json"
 META_DIGEST = "meta_sha256"  # meta.json's entry holding the digest of its other entries
 SPLITS = ("train", "val")
 SHARD_DTYPES = ("uint16", "uint32")
-TEMP_MARK = ".tmp-"  # written files are <name>.tmp-<pid> until renamed into place
 PREPARE_HINT = "run the prepare step again (python -m data, or train.py does it)"
 IO_CHUNK = 1 << 20  # bytes per read when hashing a shard
 
 
 def shard_path(data_dir: Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.bin"
-
-
-def temp_path(final: Path) -> Path:
-    return final.with_name(f"{final.name}{TEMP_MARK}{os.getpid()}")
 
 
 def read_meta(data_dir: Path) -> dict:
@@ -126,9 +121,7 @@ def check_shard(data_dir: Path, meta: dict, split: str) -> Path:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    temp = temp_path(path)
-    temp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(temp, path)
+    write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def remove_temp_files(data_dir: Path) -> None:

@@ -31,13 +31,13 @@ import os
 import shutil
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import filelock
 import numpy as np
 from tqdm import tqdm
 
@@ -51,6 +51,7 @@ from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
 from data.sources import Corpus, open_corpus, source_signature
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
+from system import on_signals
 
 log = logging.getLogger(__name__)
 
@@ -122,26 +123,23 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
     except OSError as err:
         if not data_dir.is_dir():  # a file in the way, or no permission to create it
             raise DataError(f"data.data_dir={data_dir}: cannot create that directory ({err.strerror or err})") from err
-    try:
-        lock = open(data_dir / LOCK_FILE, "a")
-    except OSError:  # a read-only data directory: nothing can be written, so nothing to guard
+    if not os.access(data_dir, os.W_OK):  # a read-only data directory: nothing can be written, nothing to guard
         yield
         return
-    with lock:
+    lock = filelock.FileLock(data_dir / LOCK_FILE)
+    try:
         try:
-            import fcntl
-        except ImportError:  # not on a POSIX system: no lock
-            yield
-            return
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
             log.warning("another process is preparing %s: waiting for it to finish", data_dir)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError as err:  # a filesystem without locks (some network mounts)
-            log.warning("cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
-                        data_dir / LOCK_FILE, err.strerror)
+            lock.acquire()
+    except OSError as err:  # a filesystem without locks (some network mounts)
+        log.warning("cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
+                    data_dir / LOCK_FILE, err.strerror or err)
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
@@ -345,21 +343,11 @@ def _forks_die_with_this_process() -> Iterator[None]:
         _preparing_parent = None
 
 
-@contextlib.contextmanager
-def _signals_stop_at_once(data_dir: Path) -> Iterator[None]:
+def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
     """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker
     pool can wait on busy workers for minutes. The workers die with this process (see
     below), and meta.json is written last, so nothing left behind looks complete."""
-    if threading.current_thread() is not threading.main_thread():  # only it may handle signals
-        yield
-        return
-    handler = functools.partial(_stop_at_once, data_dir=data_dir)
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return on_signals(functools.partial(_stop_at_once, data_dir=data_dir))
 
 
 def _stop_at_once(signum: int, frame, data_dir: Path) -> None:

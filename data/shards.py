@@ -30,7 +30,6 @@ from data.meta import SPLITS, shard_path, write_json_atomic
 
 PROGRESS_FILE = "progress.json"
 PARTIAL_SUFFIX = ".partial"
-BLOCK_TOKENS = 1 << 24  # the default block: 32 MB of uint16 tokens held at once
 
 
 class WriteError(DataError):
@@ -43,7 +42,9 @@ def partial_path(data_dir: Path, split: str) -> Path:
 
 
 @dataclass
-class _Run:
+class _DocumentSpan:
+    """Consecutive tokens of one document within a block: the unit the block shuffles."""
+
     document: int  # index of the document these tokens belong to
     starts: bool  # whether they open it (else they continue it from the last block)
     parts: list = field(default_factory=list)  # arrays of its tokens, in order
@@ -59,7 +60,7 @@ class ShardWriter:
         self.data_dir, self.dtype, self.eot_id = data_dir, dtype, eot_id
         self.block_tokens, self.val_fraction, self.seed = settings
         self.progress = progress
-        self.runs: list[_Run] = []
+        self.spans: list[_DocumentSpan] = []
         self.filled = 0
         self.files = {split: self._open(split, progress["bytes"][split] if resumed else None) for split in SPLITS}
 
@@ -79,13 +80,13 @@ class ShardWriter:
         which still takes its place in the shuffle); `position` and `counters` are where
         reading the piece began."""
         if new_document:
-            self.runs.append(_Run(document, starts=True))
+            self.spans.append(_DocumentSpan(document, starts=True))
         consumed = 0
         while consumed < len(tokens):
-            if not self.runs:  # the document runs on from the last block
-                self.runs.append(_Run(document, starts=False))
+            if not self.spans:  # the document runs on from the last block
+                self.spans.append(_DocumentSpan(document, starts=False))
             part = tokens[consumed:consumed + self.block_tokens - self.filled]
-            self.runs[-1].parts.append(part.astype(self.dtype))
+            self.spans[-1].parts.append(part.astype(self.dtype))
             self.filled += len(part)
             consumed += len(part)
             if self.filled == self.block_tokens:
@@ -105,36 +106,36 @@ class ShardWriter:
             f.close()
 
     def _write_block(self, final: bool) -> None:
-        tokens = np.concatenate(self._with_separators(self._shuffled_runs(final)))
+        tokens = np.concatenate(self._with_separators(self._shuffled_spans(final)))
         n_train = int(len(tokens) * (1 - self.val_fraction))
         for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
             f = self.files[split]
             self._guarded(split, lambda: (f.write(chunk.data), f.flush(), os.fsync(f.fileno())))
             self.progress["bytes"][split] += chunk.nbytes
         self.progress["blocks"] += 1
-        self.runs, self.filled = [], 0
+        self.spans, self.filled = [], 0
 
-    def _shuffled_runs(self, final: bool) -> list[_Run]:
-        """The block's runs in shuffled order. One continuing the last block stays first; the
+    def _shuffled_spans(self, final: bool) -> list[_DocumentSpan]:
+        """The block's spans in shuffled order. One continuing the last block stays first; the
         last stays last unless the block is the corpus's last (it may run on into the next).
         default_rng([seed, 0]) is default_rng(seed) (a trailing zero adds nothing to a seed
         sequence), so a corpus of one block is shuffled as a whole by default_rng(seed), as
         format 2 shuffled every corpus."""
-        runs, blocks = self.runs, self.progress["blocks"]
-        first = 0 if runs[0].starts else 1
-        last = len(runs) if final else max(first, len(runs) - 1)
-        middle = runs[first:last]
+        spans, blocks = self.spans, self.progress["blocks"]
+        first = 0 if spans[0].starts else 1
+        last = len(spans) if final else max(first, len(spans) - 1)
+        middle = spans[first:last]
         generator = np.random.default_rng([self.seed, blocks])
-        return runs[:first] + [middle[i] for i in generator.permutation(len(middle))] + runs[last:]
+        return spans[:first] + [middle[i] for i in generator.permutation(len(middle))] + spans[last:]
 
-    def _with_separators(self, runs: list[_Run]) -> list[np.ndarray]:
-        """The runs' tokens, the separator before each document but the first one written."""
+    def _with_separators(self, spans: list[_DocumentSpan]) -> list[np.ndarray]:
+        """The spans' tokens, the separator before each document but the first one written."""
         parts = []
-        for index, run in enumerate(runs):
+        for index, span in enumerate(spans):
             opens_corpus = self.progress["blocks"] == 0 and index == 0
-            if run.starts and run.parts and self.eot_id is not None and not opens_corpus:
+            if span.starts and span.parts and self.eot_id is not None and not opens_corpus:
                 parts.append(np.array([self.eot_id], dtype=self.dtype))
-            parts += run.parts
+            parts += span.parts
         return parts
 
     def _record(self, position: dict, consumed: int, counters: dict) -> None:

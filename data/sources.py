@@ -28,8 +28,8 @@ from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
 from data.errors import DataError, describe_error
-from data.meta import temp_path
 from data.readers import Chain, JsonLines, Rows, Stream, TextFiles
+from system import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +265,7 @@ def _download(url: str, directory: Path) -> Path:
             "yourself and pass data.path=/path/to/it"
         ) from err
     directory.mkdir(parents=True, exist_ok=True)
-    temp = temp_path(target)
-    temp.write_bytes(content)
-    os.replace(temp, target)
+    write_atomic(target, content)
     return target
 
 

@@ -18,12 +18,13 @@ from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
+from data import DataError
 from report import write_report
+from system import GracefulStop, Interrupted, interrupts_raise
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.logger import read_metrics
 from training.run_dir import resolve_resume
-from training.signals import GracefulStop, Interrupted, interrupts_raise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +101,9 @@ def test_a_signal_before_the_first_checkpoint_leaves_a_run_that_resume_starts_af
 def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_checkpoint(train_overrides, tmp_path,
                                                                                        monkeypatch):
     run_dir = tmp_path / "run"
-    with pytest.raises(train.DataError, match="batch_size"):  # fails before its first step
+    with pytest.raises(DataError, match="batch_size"):  # fails before its first step
         train.train(composed(*train_overrides, "batch_size=200000", f"out_dir={run_dir}"))
-    monkeypatch.setattr(train.TrainStep, "__call__", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.setattr(train, "train_step", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):  # fails after logging its step-0 evaluation
         train.train(composed(*train_overrides, "batch_size=3", f"out_dir={run_dir}"))
     assert steps_logged(run_dir) == [("eval", 0)] and not ckpt.has_checkpoint(run_dir)

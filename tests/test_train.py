@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
+from data import DataError
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.logger import read_metrics
 
@@ -174,7 +175,7 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
     ],
 )
 def test_invalid_settings_fail_before_any_work(train_overrides, tmp_path, override, message):
-    with pytest.raises((ValueError, train.CheckpointError), match=message):
+    with pytest.raises((ValueError, CheckpointError), match=message):
         run_in_process(*train_overrides, override)
     assert not (tmp_path / "data").exists()  # rejected before the data was prepared
 
@@ -185,7 +186,7 @@ def test_resume_false_is_a_new_run(train_overrides):
 
 def test_missing_data_path_is_named(train_overrides, tmp_path):
     overrides = [o for o in train_overrides if not o.startswith("data.path")] + [f"data.path={tmp_path}/absent.txt"]
-    with pytest.raises(train.DataError, match="absent.txt"):
+    with pytest.raises(DataError, match="absent.txt"):
         run_in_process(*overrides)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no empty run left behind
 

@@ -1,18 +1,20 @@
-"""TrainStep: the real optimizer step of train.py, decided on the device.
+"""train.train_step: the real optimizer step of train.py, decided on the device.
 
 Non-finite steps leave no trace, fp16 unscales before measuring and clipping,
 overflows are the loss scale's business, the host reads nothing during a step.
 """
 
 import collections
+import functools
 
 import pytest
 import torch
 
 from model import GPT
+from train import Trainer, train_step
 from training.distributed import Distributed
 from training.runtime import resolve_precision
-from training.step import Prefetcher, StepResult, TrainStep, TrainWindow
+from training.step import Prefetcher, StepResult, TrainWindow
 
 from conftest import tiny_config
 
@@ -40,9 +42,15 @@ def make_step(precision="fp32", accum=1, grad_clip=1.0, seed=0, scaler=None, dev
     model = GPT(tiny_config(dropout=dropout)).to(device)
     prec = resolve_precision(precision, device)
     optimizer = model.configure_optimizer(0.1, 1e-2, device_type=device.type)
-    step = TrainStep(model, optimizer, scaler or prec.grad_scaler(), precision=prec, accum_steps=accum,
-                     grad_clip=grad_clip, group=Distributed())
-    return model, optimizer, step
+    return model, optimizer, stepper(Trainer(model, optimizer, scaler or prec.grad_scaler(), prec.autocast(),
+                                             accum_steps=accum, grad_clip=grad_clip, group=Distributed()))
+
+
+def stepper(trainer):
+    """train_step bound to one Trainer, the scaler in sight."""
+    step = functools.partial(train_step, trainer)
+    step.scaler = trainer.scaler
+    return step
 
 
 def weights(model):
@@ -190,8 +198,8 @@ def test_an_unfused_optimizer_skips_too():
     torch.manual_seed(0)
     model = GPT(tiny_config())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    step = TrainStep(model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
-                     precision=resolve_precision("fp32", CPU), accum_steps=1, grad_clip=1.0, group=Distributed())
+    step = stepper(Trainer(model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
+                           resolve_precision("fp32", CPU).autocast(), accum_steps=1, grad_clip=1.0, group=Distributed()))
     before = weights(model)
     poison_gradient_once(model)
     assert bool(step(Batches(), 0).skipped)

@@ -14,7 +14,7 @@ import torch
 from training.logger import RunLogger, read_metrics
 from training.mfu import estimate_mfu, gpu_datasheet_peak, measure_matmul_flops
 from training.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
-from training.schedule import learning_rate
+from training.step import learning_rate
 
 
 SCHEDULE = dict(max_lr=1e-3, min_lr=1e-4, warmup_iters=100, decay_iters=2000)
@@ -167,7 +167,7 @@ def test_a_precision_slower_than_fp32_on_this_cpu_is_named_with_both_rates(monke
 
 
 def test_schedules_that_end_early_are_pointed_out():
-    from training.schedule import schedule_warnings
+    from training.step import schedule_warnings
 
     [inside] = schedule_warnings(max_iters=50, warmup_iters=100, decay_iters=50)
     assert "never reaches its peak and never decays" in inside
@@ -242,7 +242,7 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
 
 
 def test_an_allocation_that_failed_is_one_line_and_other_errors_are_not_hidden():
-    from training.runtime import out_of_memory
+    from system import describe_out_of_memory as out_of_memory
 
     cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: "
                        "you tried to allocate 40243200000 bytes. Error code 12 (Cannot allocate memory)")

@@ -37,6 +37,7 @@ from data import Tokenizer, load_tokenizer
 from data.meta import file_sha256
 from conf import read_settings
 from model import GPTConfig
+from system import UserError, replace_atomically
 
 WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
 CHECKPOINTS = "checkpoints"
@@ -50,7 +51,7 @@ TIED_WEIGHT = "lm_head.weight"
 WRAPPER_PREFIXES = re.compile(r"^(?:(?:_orig_mod|module)\.)+")
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint is missing, incomplete, corrupt or does not fit the model."""
 
 
@@ -382,10 +383,7 @@ def _link_or_copy(source: str, destination: str) -> None:
 
 def _point(link: Path, target: Path) -> None:
     """Atomically make `link` a relative symlink to `target`."""
-    tmp = link.with_name(f".{link.name}_{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target.name)
-    os.replace(tmp, link)
+    replace_atomically(link, lambda temp: temp.symlink_to(target.name))
 
 
 def _linked(root: Path) -> set[Path]:

@@ -7,7 +7,6 @@ everything here is a no-op, so the same train.py runs alone or in a group.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -57,14 +56,6 @@ def wrap_model(model: nn.Module, group: Distributed, device: torch.device) -> nn
     if not group.enabled:
         return model
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Skip DDP's all-reduce on all but the last micro-step of an accumulated step:
-    gradients accumulate locally and are averaged once."""
-    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
 
 
 def broadcast_from_main(group: Distributed, value: Any) -> Any:

@@ -11,8 +11,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from system import write_atomic
+
 METRICS = "metrics.jsonl"
-WANDB_MODES = ("disabled", "offline", "online")
 
 
 class RunLogger:
@@ -124,9 +125,7 @@ def _rewrite_up_to(path: Path, step: int | None) -> str | None:
     ends_whole = not path.exists() or path.read_bytes()[-1:] in (b"", b"\n")
     if len(kept) == len(records) and torn is None and ends_whole:
         return None
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return torn
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import filelock
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -24,13 +25,9 @@ from training.distributed import Distributed
 from training.logger import METRICS, read_metrics
 from training.runtime import reseed, seed_everything, set_rng_state
 
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: runs go unlocked
-    fcntl = None
-
 RUN_CONFIG = "config.yaml"  # the resolved config the run started with
-LOCK = ".lock"  # held by the one process writing the run; it holds that process's id
+LOCK = ".lock"  # held by the one process writing the run
+HOLDER = ".lock.pid"  # that process's id
 RUN_GROUPS = "groups.yaml"  # its config-group choices (model=nano, ...)
 NOT_RECORDED = "<not recorded>"
 
@@ -69,40 +66,37 @@ def _check_creatable(path: Path, setting: str) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[str]:
-    """One writer per run directory: an OS lock (flock) on run_dir/.lock while the run
-    writes. The kernel releases it when the process ends, however it ends, so a kill -9
-    leaves no stale lock. A second writer gets an error naming the process that holds it.
+    """One writer per run directory: an OS lock on run_dir/.lock while the run writes.
+    The kernel releases it when the process ends, however it ends, so a kill -9 leaves
+    no stale lock. A second writer gets an error naming the process that holds it.
 
     As the one writer it removes what killed saves left behind, and a new run takes over
     a directory whose run stopped before its first checkpoint; it yields a line saying so
     ('' otherwise)."""
-    if not enabled or fcntl is None:
+    if not enabled:
         yield ""
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ValueError(f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or "
-                             "train into another out_dir") from None
+    lock = filelock.FileLock(run_dir / LOCK)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        holder = (run_dir / HOLDER).read_text().strip() if (run_dir / HOLDER).exists() else "unknown"
+        raise ValueError(f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or "
+                         "train into another out_dir") from None
+    try:
         if new_run:  # another run may have taken it between our check and the lock
             _refuse_a_run_with_checkpoints(run_dir)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        (run_dir / HOLDER).write_text(f"{os.getpid()}\n")
         remove_interrupted_saves(run_dir)
-        try:
-            yield _take_over(run_dir) if new_run else ""
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            if new_run and not (run_dir / RUN_CONFIG).exists():  # failed before it began: leave nothing behind
-                (run_dir / LOCK).unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
-                    run_dir.rmdir()  # only if empty
+        yield _take_over(run_dir) if new_run else ""
+    finally:
+        lock.release()
+        if new_run and not (run_dir / RUN_CONFIG).exists():  # failed before it began: leave nothing behind
+            for name in (LOCK, HOLDER):
+                (run_dir / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if empty
 
 
 def _take_over(run_dir: Path) -> str:

@@ -102,15 +102,6 @@ def available_memory(device: torch.device) -> int | None:
     return kilobytes * 1024
 
 
-def out_of_memory(err: RuntimeError, advice: str) -> str | None:
-    """One line for an allocation that failed (CUDA's OutOfMemoryError, or the CPU
-    allocator's RuntimeError), with `advice` on what to make smaller; None for any other error."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text:
-        return f"out of memory ({text}): {advice}"
-    return None
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for queued CUDA work, so wall-clock timings cover it (a no-op on the CPU)."""
     if device.type == "cuda":

@@ -1,4 +1,5 @@
-"""One optimizer step, decided on the device.
+"""What train.py's optimizer step uses besides the model: the learning rate, the next
+batch, and the device-side bookkeeping that keeps the host from waiting.
 
 A step never waits for the GPU: the loss, the gradient norm and the "skip this
 update" decision stay device tensors, and the host reads them only when the loop
@@ -14,14 +15,42 @@ that all ranks skip, stop and log alike.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from data import BatchLoader
-from training.distributed import Distributed, all_reduce_sum, gradient_sync
-from training.runtime import Precision
+from training.distributed import Distributed
+
+
+def learning_rate(step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int) -> float:
+    """The learning rate for optimizer step `step` (0-based).
+
+    Rises linearly over warmup_iters steps to reach max_lr at step warmup_iters - 1,
+    follows half a cosine from max_lr down to min_lr at step decay_iters, and stays
+    at min_lr after that.
+    """
+    if step < warmup_iters:
+        return max_lr * (step + 1) / warmup_iters
+    if step >= decay_iters:
+        return min_lr
+    progress = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def schedule_warnings(*, max_iters: int, warmup_iters: int, decay_iters: int) -> list[str]:
+    """What about a learning-rate schedule is legal but probably not meant."""
+    if max_iters < warmup_iters:
+        return [f"max_iters ({max_iters}) ends inside the warmup (optim.warmup_iters={warmup_iters}): the "
+                "learning rate never reaches its peak and never decays; lower optim.warmup_iters"]
+    if max_iters < decay_iters:
+        return [f"max_iters ({max_iters}) ends before the decay does (optim.decay_iters={decay_iters}): the "
+                "run stops above optim.min_lr"]
+    return []
 
 
 class Prefetcher:
@@ -59,76 +88,42 @@ class StepResult:
     stop: Tensor  # bool: some rank asked to stop
 
 
-class TrainStep:
-    """Forward and backward over accum_steps micro-batches, then unscale, clip and
-    update, or skip the update where the step is not finite."""
+def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Skip DDP's all-reduce on all but the last micro-step of an accumulated step:
+    gradients accumulate locally and are averaged once."""
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scaler: torch.amp.GradScaler,
-        *,
-        precision: Precision,
-        accum_steps: int,
-        grad_clip: float,
-        group: Distributed,
-    ) -> None:
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
-        self.precision, self.accum_steps, self.grad_clip, self.group = precision, accum_steps, grad_clip, group
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
 
-    def __call__(self, batches: Prefetcher, step: int, stop_requested: bool = False) -> StepResult:
-        loss_sum = None
-        for micro in range(self.accum_steps):
-            x, y = batches.get(step, micro)
-            with gradient_sync(self.model, sync=micro == self.accum_steps - 1):
-                with self.precision.autocast():
-                    _, loss = self.model(x, y)
-                batches.fetch_after(step, micro)
-                self.scaler.scale(loss / self.accum_steps).backward()
-            loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
-        loss, loss_bad, stop = self._agree(loss_sum / self.accum_steps, stop_requested)
+def agree_across_ranks(group: Distributed, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce,
+    queued on the device."""
+    flags = torch.stack([
+        local_loss,
+        (~torch.isfinite(local_loss)).float(),
+        torch.full((), float(stop_requested), device=local_loss.device),  # a fill kernel, not a host copy
+    ])
+    if group.enabled:
+        dist.all_reduce(flags)
+    return flags[0] / group.world_size, flags[1] > 0, flags[2] > 0
 
-        self.scaler.unscale_(self.optimizer)  # true gradients for the norm and the clip (no-op unless fp16)
-        grads = [p.grad for p in self.parameters if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.parameters, self.grad_clip, grad_norm)
-        grads_bad = ~torch.isfinite(grad_norm)  # the same on every rank: DDP averaged the gradients
-        skipped = loss_bad | grads_bad
-        self._update_unless(skipped)
-        self.scaler.update()  # fp16: lower the scale after an overflow, raise it after a quiet stretch
-        self.optimizer.zero_grad(set_to_none=True)
-        # Under fp16, overflowing gradients are the loss scale's business (skipped, scale
-        # lowered), not a fault of the run; a non-finite loss always is.
-        nonfinite = loss_bad | (grads_bad & (not self.scaler.is_enabled()))
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=skipped, nonfinite=nonfinite, stop=stop)
 
-    def _agree(self, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce."""
-        device = local_loss.device
-        flags = torch.stack([
-            local_loss,
-            (~torch.isfinite(local_loss)).float(),
-            torch.full((), float(stop_requested), device=device),  # a fill kernel, not a host copy
-        ])
-        flags = all_reduce_sum(self.group, flags)
-        return flags[0] / self.group.world_size, flags[1] > 0, flags[2] > 0
-
-    def _update_unless(self, skip: Tensor) -> None:
-        if not self.optimizer.defaults.get("fused"):
-            # Other optimizers (the benchmark's reference on a CPU) have no device-side
-            # skip: the host reads the flag, one sync per step.
-            if not skip.item():
-                self.optimizer.step()
-            return
-        # found_inf is the fused kernels' own "leave everything as it was" flag.
-        self.optimizer.grad_scale, self.optimizer.found_inf = None, skip.float()
-        try:
-            self.optimizer.step()
-        finally:
-            del self.optimizer.grad_scale, self.optimizer.found_inf
+def update_unless_skipped(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+    """optimizer.step(), unless `skip` (a device bool): then weights, moments and step
+    counts stay as they were."""
+    if not optimizer.defaults.get("fused"):
+        # Other optimizers (the benchmark's reference on a CPU) have no device-side
+        # skip: the host reads the flag, one sync per step.
+        if not skip.item():
+            optimizer.step()
+        return
+    # found_inf is the fused kernels' own "leave everything as it was" flag.
+    optimizer.grad_scale, optimizer.found_inf = None, skip.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
 
 
 @dataclass(frozen=True)
