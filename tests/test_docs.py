@@ -134,7 +134,7 @@ def test_the_pages_show_commands_of_every_kind():
 
 
 @pytest.mark.parametrize("page, command", COMMANDS, ids=[f"{p}: {' '.join(c)[:60]}" for p, c in COMMANDS])
-def test_every_command_composes_through_the_real_parser(page, command, monkeypatch, tmp_path):
+def test_every_command_composes_through_the_real_parser_or_runs(page, command, monkeypatch, tmp_path):
     script, args = command[0], command[1:]
     if script == "train.py":
         compose_overrides("train", args)
@@ -147,7 +147,11 @@ def test_every_command_composes_through_the_real_parser(page, command, monkeypat
     elif script == "-m":
         module = command[1]
         assert module == "pytest" or (REPO / module / "__main__.py").is_file(), f"{page}: no module {module}"
-    elif script != "-c":
+    elif script == "-c":
+        done = subprocess.run([sys.executable, "-c", args[0]], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, f"{page}: python -c {args[0]!r}\n{done.stderr[-3000:]}"
+    else:
         assert (REPO / script).is_file(), f"{page}: python {script}: no such file"
 
 
