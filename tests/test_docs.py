@@ -1,6 +1,6 @@
 """The README and the guide (docs/*.md) stay true as the code moves: every command they
-show composes through the real parser, every Python snippet runs (on a tiny model) or
-says what it needs, every relative link and image resolves, every table of figures
+show composes through the real parser (and a `python -c` one-liner runs), every Python
+snippet runs (on a tiny model) or says what it needs, every relative link and image resolves, every table of figures
 names the command that produced it, and the front page stays short."""
 
 from __future__ import annotations
