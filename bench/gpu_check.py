@@ -268,9 +268,22 @@ class Recorder:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def save(self) -> None:
-        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=2, default=str))
-        (self.out / "gpu_check.md").write_text(render(self.report))
+    def save(self) -> str:
+        """Write both files (each whole or not at all: a kill mid-write leaves the last one), JSON
+        first; return the markdown."""
+        _replace(self.out / "gpu_check.json", json.dumps(self.report, indent=2, default=str))
+        try:
+            markdown = render(self.report)
+        except Exception as err:  # the figures are safe in the JSON; say so instead of stopping the run
+            markdown = f"# GPU acceptance run\n\nnot rendered ({type(err).__name__}: {err}): read gpu_check.json\n"
+        _replace(self.out / "gpu_check.md", markdown)
+        return markdown
+
+
+def _replace(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 class StageRows:
@@ -356,8 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in asked:
         need = sizes.estimate_s[name] / (len(gpu_figures.ATTENTION) if name in ROW_STAGES else 1)
         run_stage(recorder, name, calls[name], need)
-    table = render(report)
-    print(table, end="")
+    print(recorder.save(), end="")
     failed = any(report[name]["ok"] is False for name in asked)
     sys.exit(1 if failed else 3 if missing(report) else 0)
 

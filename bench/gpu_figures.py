@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 import traceback
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -51,7 +51,7 @@ def throughput(device: torch.device, sizes, rows: Rows) -> None:
     """Training tokens/s and MFU per attention variant, each trainer variant on its own."""
     precision = resolve_precision(sizes.precision, device)
     peak = peak_flops(device, precision.name)
-    measured = matmul_rate(device, precision.dtype or torch.float32, *sizes.matmul)
+    measured, _ = _guarded(lambda: matmul_rate(device, precision.dtype, *sizes.matmul))  # None: no 'of matmul'
     per_variant = sizes.estimate_s["throughput"] / len(ATTENTION)
     for variant, n_kv_head in ATTENTION.items():
         if rows.left() < per_variant:
@@ -70,7 +70,7 @@ def throughput(device: torch.device, sizes, rows: Rows) -> None:
             row.update(attention=variant, context=config.block_size, matmul_flops=measured)
             if "tokens_per_s" in row:
                 row["mfu"] = round(estimate_mfu(flops, row["tokens_per_s"], peak.flops), 4) if peak else None
-                row["of_matmul"] = round(estimate_mfu(flops, row["tokens_per_s"], measured), 4)
+                row["of_matmul"] = round(estimate_mfu(flops, row["tokens_per_s"], measured), 4) if measured else None
             rows.add(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -87,33 +87,36 @@ def _measure_variants(config, names: list[str], batch: int, precision, device: t
     batches = FixedBatch(config, batch, device)
     rows = {name: {"variant": name, "batch": batch} for name in names}
     for name in names:  # gptlab-compiled first: the graph breaks counted are its own
-        rows[name].update(_guarded(lambda: timed_steps({name: trainers[name]}, batches, sizes.warmup, 0)))
-        if name == "gptlab-compiled" and "error" not in rows[name]:
+        _, failure = _guarded(lambda: timed_steps({name: trainers[name]}, batches, sizes.warmup, 0))
+        if failure:
+            rows[name]["error"] = failure
+        elif name == "gptlab-compiled":
             rows[name]["graph_breaks"] = sum(counters["graph_break"].values())
     alive = {name: trainers[name] for name in names if "error" not in rows[name]}
     graphs = counters["stats"]["unique_graphs"]
-    seconds = _guarded(lambda: timed_steps(alive, batches, 0, sizes.timed))
-    if "error" in seconds:  # one of them broke while timed: time each alone, to know which
+    together, failure = _guarded(lambda: timed_steps(alive, batches, 0, sizes.timed))
+    seconds = {name: (times, None) for name, times in (together or {}).items()}
+    if failure:  # one of them broke while timed: time each alone, to know which
         seconds = {name: _guarded(lambda: timed_steps({name: trainer}, batches, 0, sizes.timed)[name])
                    for name, trainer in alive.items()}
     recompiles = counters["stats"]["unique_graphs"] - graphs
-    for name, times in seconds.items():
-        if isinstance(times, dict):
-            rows[name].update(times)
+    for name, (times, failure) in seconds.items():
+        if failure:
+            rows[name]["error"] = failure
             continue
         rows[name].update(tokens_per_s=round(batch * config.block_size / statistics.median(times)),
-                          peak_memory_gib=_step_memory(alive[name], batches, device))
+                          peak_memory_gib=_guarded(lambda: _step_memory(alive[name], batches, device))[0])
         if name.endswith("compiled"):
             rows[name]["recompiles_after_warmup"] = recompiles
     return list(rows.values())
 
 
-def _guarded(call: Callable):
-    """call()'s result, or {"error": ...} when it raises."""
+def _guarded(call: Callable) -> tuple[Any, str | None]:
+    """(call()'s result, None), or (None, the error) when it raises."""
     try:
-        return call()
+        return call(), None
     except Exception as err:
-        return {"error": error_text(err)}
+        return None, error_text(err)
 
 
 def largest_batch(config, candidates: tuple[int, ...], precision, device: torch.device) -> int:
@@ -185,7 +188,7 @@ def decode(device: torch.device, sizes, rows: Rows) -> None:
 
 def _decode_mode(model: GPT, prompts: list[list[int]], mode: str, prefix: str, steps: int) -> dict:
     """ms/token (median step) and tokens/s of one decode mode, or its error."""
-    seconds = _guarded(lambda: statistics.median(timed_generation(model, prompts, steps, 3, mode)[1]))
-    if isinstance(seconds, dict):
-        return {f"{prefix or 'eager_'}error": seconds["error"]}
+    seconds, failure = _guarded(lambda: statistics.median(timed_generation(model, prompts, steps, 3, mode)[1]))
+    if failure:
+        return {f"{prefix or 'eager_'}error": failure}
     return {f"{prefix}ms_per_token": round(1e3 * seconds, 3), f"{prefix}tokens_per_s": round(len(prompts) / seconds, 1)}

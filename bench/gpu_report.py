@@ -113,7 +113,7 @@ def _throughput(report: dict) -> list[str]:
             continue
         lines.append(
             f"| {r['attention']} | {r['variant']} | {r['batch']} x {r['context']} | {r['tokens_per_s']:,} | "
-            f"{_percent(r.get('mfu'))} | {_percent(r['of_matmul'])} | {_times(r.get('over_reference'))} | "
+            f"{_percent(r.get('mfu'))} | {_percent(r.get('of_matmul'))} | {_times(r.get('over_reference'))} | "
             f"{_or_dash(r['peak_memory_gib'])} | {_or_dash(r.get('recompiles_after_warmup'))} | "
             f"{_or_dash(r.get('graph_breaks'))} |")
     return lines
@@ -155,7 +155,7 @@ def _targets(report: dict) -> list[str]:
         lines.append(_target(f"compiled gptlab >= {TARGET_SPEEDUP}x the compiled reference", speedup,
                              speedup is not None and speedup >= TARGET_SPEEDUP, _times))
         lines.append(_target(f"MFU >= {TARGET_MFU:.0%} (compiled, MHA; of the measured matmul rate: "
-                             f"{_percent(compiled['of_matmul'])})", compiled.get("mfu"),
+                             f"{_percent(compiled.get('of_matmul'))})", compiled.get("mfu"),
                              compiled.get("mfu") is not None and compiled["mfu"] >= TARGET_MFU, _percent))
     compiled_rows = [r for r in train_rows if "recompiles_after_warmup" in r]
     if compiled_rows:

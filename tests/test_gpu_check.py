@@ -41,6 +41,9 @@ def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
         ("MHA", "gptlab-compiled"), ("MHA", "gptlab-eager"), ("MHA", "reference-eager"),
         ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")}
     assert all(r["tokens_per_s"] > 0 and 0 < r["of_matmul"] for r in rows)
+    assert set().union(*rows) == {  # nothing else in a row
+        "attention", "variant", "batch", "context", "tokens_per_s", "mfu", "of_matmul", "matmul_flops",
+        "peak_memory_gib", "over_reference", "recompiles_after_warmup", "graph_breaks"}
     decode = report["decode"]["result"]
     assert {r["attention"] for r in decode} == {"MHA", "GQA-4", "MQA"}
     assert all(r["graph_mode"] == "static" and r["graph_tokens_per_s"] > 0 for r in decode)  # no CUDA: no graph
@@ -92,6 +95,16 @@ def test_a_failed_variant_or_decode_mode_keeps_the_other_rows_on_disk(tmp_path, 
     assert "| MHA | gptlab-eager | 4 x 64 |" in first_md and "| decode | running" in first_md
     assert len(json.loads(first_json)["throughput"]["result"]) == 5
     assert "| MHA | 1 | 8 |" in second_md and len(json.loads(second_json)["decode"]["result"]) == 1
+
+
+def test_a_report_that_cannot_be_rendered_still_leaves_its_json(tmp_path):
+    from bench.gpu_check import Recorder
+
+    report = {"date": "2026-12-01 10:00:00", "smoke": True}  # no "asked": render() fails on it
+    markdown = Recorder(tmp_path, report, deadline=0).save()
+    assert markdown.startswith("# GPU acceptance run\n\nnot rendered (KeyError: 'asked'): read gpu_check.json")
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == report
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.md"]
 
 
 def test_variants_the_budget_cannot_hold_are_recorded_as_skipped():
