@@ -8,11 +8,11 @@
 
 The story of one run, top to bottom: validate the config, join the process group
 (under torchrun), find or create the run directory, prepare the data, build the
-model (fresh or from a checkpoint), then step: forward under autocast, backward with
-gradient accumulation, clip, update, all decided on the device. The host reads the
-step's results only at boundaries (every log_interval steps, at evaluation and at a
-stop), where it logs; every eval_interval steps all ranks evaluate and rank 0 saves
-a checkpoint; a signal stops the run cleanly at a boundary.
+model (fresh or from a checkpoint), then step (train_step): forward under autocast,
+backward with gradient accumulation, clip, update, all decided on the device. The
+host reads the step's results only at boundaries (every log_interval steps, at
+evaluation and at a stop), where it logs; every eval_interval steps all ranks
+evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
 """
 
 from __future__ import annotations
@@ -30,28 +30,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
 from conf.cli import check_overrides, options_first
-from data import BatchLoader, prepare
+from data import BatchLoader, PreparedData, prepare
 from model import GPT
-from system import GracefulStop, Interrupted, UserError, exits
+from system import GracefulStop, Interrupted, exits
 from training.budget import grad_accum_steps, training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
-    Distributed, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
+    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
 )
 from training.evaluate import Evaluator
 from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
-from training.mfu import Peak, estimate_mfu, peak_flops, slow_cpu_precision
+from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
 from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
-from training.runtime import configure_cuda, resolve_precision, rng_state, seed_everything
+from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
-    Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, gradient_sync, learning_rate,
+    Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, check_finite, gradient_sync, learning_rate,
     schedule_warnings, update_unless_skipped,
 )
-
-
-class NonFiniteLoss(UserError):
-    pass
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
@@ -66,32 +62,32 @@ def train(cfg: DictConfig) -> Path | None:
     max_iters=0, which evaluates the model and writes nothing)."""
     cfg, resume_from = resolve_resume(cfg)
     config = load_config(cfg)  # every rule checked here, before any heavy work
-    group, device = init_distributed(config.device)
+    ranks, device = init_distributed(config.device)
     try:
-        if group.is_main:
+        if ranks.is_main:
             check_wandb(config.logging.wandb.mode)
         if resume_from is None:
             check_model_path(config)
         if config.max_iters == 0:
-            return evaluate_only(cfg, config, resume_from, group, device)
+            return evaluate_only(cfg, config, resume_from, ranks, device)
         # The context of the model about to be built (a new run's from init_from is cropped to it).
         block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
         accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
                                  batch_size=config.batch_size, block_size=block_size,
-                                 world_size=group.world_size)  # checked before any heavy work
+                                 world_size=ranks.world_size)  # checked before any heavy work
         if resume_from:
             run_dir = resume_from.run_dir
         else:  # only rank 0 chooses: a timestamp read on each rank could differ
-            run_dir = broadcast_from_main(group, new_run_dir(config) if group.is_main else None)
-        with run_lock(run_dir, enabled=group.is_main, new_run=resume_from is None) as takeover:  # one writer
+            run_dir = broadcast_from_main(ranks, new_run_dir(config) if ranks.is_main else None)
+        with run_lock(run_dir, enabled=ranks.is_main, new_run=resume_from is None) as takeover:  # one writer
             try:
-                return run(cfg, config, resume_from, group, device, run_dir=run_dir, block_size=block_size,
+                return run(cfg, config, resume_from, ranks, device, run_dir=run_dir, block_size=block_size,
                            accum=accum, takeover=takeover)
             except Interrupted as stop:
                 stop.detail = interrupted(stop.signal, run_dir)
                 raise
     finally:
-        shutdown(group)
+        shutdown(ranks)
 
 
 @dataclass
@@ -99,7 +95,7 @@ class Session:
     """Everything the loop works with, built once by run()."""
 
     config: Config
-    group: Distributed
+    ranks: Ranks
     device: torch.device
     run_dir: Path
     model: GPT  # the plain model: what checkpoints hold
@@ -114,12 +110,12 @@ class Session:
     peak: Peak | None
 
 
-def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
+def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: Ranks,
         device: torch.device, *, run_dir: Path, block_size: int, accum: int, takeover: str = "") -> Path:
-    precision, data = start(config, group, device)
+    precision, data = seed_and_prepare(config, ranks, device)
     tokenizer = data.tokenizer()
     model, origin = build_model(config, resume_from, tokenizer, device)
-    tokens_per_step = config.batch_size * block_size * accum * group.world_size
+    tokens_per_step = config.batch_size * block_size * accum * ranks.world_size
     budget = training_budget(max_iters=config.max_iters, tokens_per_param=config.tokens_per_param,
                              match_mha_flops=config.match_mha_flops, model_config=model.config,
                              tokens_per_step=tokens_per_step)
@@ -128,27 +124,27 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
     )
     scaler = precision.grad_scaler()
-    peak = peak_of(config, device, precision.name) if group.is_main else None
+    peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
     step, best_val_loss, resumed = 0, math.inf, ""
     if resume_from:  # nothing draws from the random streams between this and the first step
-        step, best_val_loss, resumed = restore(resume_from, model, optimizer, scaler, config, group, device)
-    elif group.is_main:
+        step, best_val_loss, resumed = restore(resume_from, model, optimizer, scaler, config, ranks, device)
+    elif ranks.is_main:
         save_run_config(run_dir, cfg)
     compiled = torch.compile(model) if config.compile else model
-    train_model = wrap_model(compiled, group, device)  # DDP broadcasts rank 0's weights here
+    train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
 
     loader = BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.seed,
-                         rank=group.rank, world_size=group.world_size, device=device, accum_steps=accum)
+                         rank=ranks.rank, world_size=ranks.world_size, device=device, accum_steps=accum)
     session = Session(
-        config=config, group=group, device=device, run_dir=run_dir, model=model, compiled=compiled,
+        config=config, ranks=ranks, device=device, run_dir=run_dir, model=model, compiled=compiled,
         trainer=Trainer(train_model, optimizer, scaler, precision.autocast(), accum_steps=accum,
-                        grad_clip=config.optim.grad_clip, group=group),
+                        grad_clip=config.optim.grad_clip, ranks=ranks),
         batches=Prefetcher(loader),
-        evaluate=evaluator(config, data, block_size, precision, group, device),
+        evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
             run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
             wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
-            enabled=group.is_main,
+            enabled=ranks.is_main,
         ),
         checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
         tokens_per_step=tokens_per_step,
@@ -156,25 +152,25 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: 
         peak=peak,
     )
     session.logger.print(header(session, precision.name, accum, notes=(takeover, origin, budget.reason, resumed)))
-    for warning in run_warnings(config, device, precision.name) if group.is_main else ():
+    for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
     checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
     session.logger.close()
-    barrier(group)  # no rank leaves before rank 0 has written the last checkpoint
+    barrier(ranks)  # no rank leaves before rank 0 has written the last checkpoint
     session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
     return run_dir
 
 
-def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, group: Distributed,
+def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: Ranks,
                   device: torch.device) -> None:
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
-    precision, data = start(config, group, device)
+    precision, data = seed_and_prepare(config, ranks, device)
     model, origin = build_model(config, resume_from, data.tokenizer(), device)
     if resume_from:
         load_weights(model, resume_from.model_state)
-    metrics = evaluator(config, data, model.config.block_size, precision, group, device)(model, final=True)
-    if group.is_main:
+    metrics = evaluator(config, data, model.config.block_size, precision, ranks, device)(model, final=True)
+    if ranks.is_main:
         source = resume_from.path if resume_from else (origin or "a freshly initialised model (init_from=scratch)")
         print(f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
               f"val windows of {model.config.block_size} tokens, {precision.name}")
@@ -183,10 +179,10 @@ def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | Non
                   f"{metrics[f'{split}_bpb']:.4f} bits/byte")
 
 
-def evaluator(config: Config, data, block_size: int, precision, group: Distributed, device: torch.device) -> Evaluator:
+def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, device: torch.device) -> Evaluator:
     return Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, eval_iters=config.eval_iters,
                      whole_val=config.eval_whole_val, token_bytes=data.tokenizer().token_bytes(), precision=precision,
-                     group=group, device=device)
+                     ranks=ranks, device=device)
 
 
 def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> Path | None:
@@ -204,7 +200,7 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
             at_eval = step % config.eval_interval == 0 or step == config.max_iters
             # Alone, a signal is acted on at once; under DDP at the next boundary, where
             # every rank reads the same all-reduced stop flag.
-            stop_alone = stop.requested is not None and not s.group.enabled
+            stop_alone = stop.requested is not None and s.ranks.world_size == 1
             if not (step % config.logging.log_interval == 0 or at_eval or stop_alone):
                 continue
             summary = window.read()  # the host waits for the device here, and only here
@@ -229,7 +225,7 @@ class Trainer:
     autocast: contextlib.AbstractContextManager  # the forward's precision
     accum_steps: int
     grad_clip: float  # 0: no clipping
-    group: Distributed
+    ranks: Ranks
 
     def __post_init__(self) -> None:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -248,7 +244,7 @@ def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool 
             batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
             t.scaler.scale(loss / t.accum_steps).backward()  # the gradients add up
         loss_sum = loss_sum + loss.detach().float()
-    loss, loss_bad, stop = agree_across_ranks(t.group, loss_sum / t.accum_steps, stop_requested)
+    loss, loss_bad, stop = agree_across_ranks(t.ranks, loss_sum / t.accum_steps, stop_requested)
 
     t.scaler.unscale_(t.optimizer)  # true gradients for the norm and the clip (no-op unless fp16)
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in t.parameters if p.grad is not None])
@@ -275,24 +271,9 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
     return lr
 
 
-def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger) -> None:
-    """Non-finite steps applied no update; `stop` ends the run here, at the first
-    boundary after them, before anything is saved."""
-    if not summary.nonfinite:
-        return
-    if policy == "stop":
-        raise NonFiniteLoss(
-            f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
-            f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "
-            "optim.learning_rate, or set on_nonfinite=skip to skip such steps"
-        )
-    logger.print(f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
-                 "updates skipped (on_nonfinite=skip)")
-
-
 def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> None:
     tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
-    mfu = estimate_mfu(s.flops_per_token, tok_per_s / s.group.world_size, s.peak.flops) if s.peak else None  # per device
+    mfu = estimate_mfu(s.flops_per_token, tok_per_s / s.ranks.world_size, s.peak.flops) if s.peak else None  # per device
     s.logger.log({
         "kind": "train", "step": step, "loss": summary.loss, "lr": lr, "tokens": step * s.tokens_per_step,
         "tok_per_s": tok_per_s, "mfu": mfu,
@@ -312,9 +293,9 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
         log_eval(s, step, metrics)
         is_best = metrics["val_loss"] < best_val_loss
         best_val_loss = min(best_val_loss, metrics["val_loss"])
-    rng_states = gather_to_main(s.group, rng_state(s.device))
+    rng_states = gather_to_main(s.ranks, rng_state(s.device))
     checkpoint, failure = None, None
-    if s.group.is_main:
+    if s.ranks.is_main:
         state = {
             "step": step, "best_val_loss": best_val_loss, "optimizer": s.trainer.optimizer.state_dict(),
             "scaler": s.trainer.scaler.state_dict(), "rng": rng_states,
@@ -324,7 +305,7 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
                                          is_best, keep_state=s.config.keep_state)
         except CheckpointError as err:
             failure = str(err)
-    failure = broadcast_from_main(s.group, failure)  # a failed save stops every rank, not only rank 0
+    failure = broadcast_from_main(s.ranks, failure)  # a failed save stops every rank, not only rank 0
     if failure:
         raise CheckpointError(failure)
     return checkpoint, best_val_loss
@@ -335,7 +316,7 @@ def header(s: Session, precision: str, accum: int, notes: tuple[str, ...]) -> st
     peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
     lines = [
         f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
-        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.group.world_size} "
+        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.ranks.world_size} "
         f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
         *notes,
     ]
@@ -364,26 +345,21 @@ def run_warnings(config: Config, device: torch.device, precision: str) -> list[s
     return warnings + ([slow] if slow else [])
 
 
-def peak_of(config: Config, device: torch.device, precision: str) -> Peak | None:
-    if config.logging.peak_flops:
-        return Peak(config.logging.peak_flops, "logging.peak_flops")
-    return peak_flops(device, precision, tf32=config.tf32)
-
-
-def start(config: Config, group: Distributed, device: torch.device):
-    """What every run begins with: its precision, CUDA's matmul mode, the seeds, the data."""
+def seed_and_prepare(config: Config, ranks: Ranks, device: torch.device) -> tuple[Precision, PreparedData]:
+    """What every run begins with: it seeds this rank's random streams, sets CUDA's matmul
+    mode and prepares the data; it returns the run's precision and the prepared data."""
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
         configure_cuda(config.tf32)
-    seed_everything(config.seed + group.rank)  # ranks draw different dropout masks
-    return precision, prepare_data(config, group)
+    seed_everything(config.seed + ranks.rank)  # ranks draw different dropout masks
+    return precision, prepare_data(config, ranks)
 
 
-def prepare_data(config: Config, group: Distributed):
+def prepare_data(config: Config, ranks: Ranks) -> PreparedData:
     """Every rank prepares. The first to take the data directory's lock tokenises (if needed)
     while the others wait on that lock, not in a collective that would time out on a large
     corpus; then they reuse its shards, checking only sizes (rank 0 hashes them)."""
-    return prepare(config.data if group.is_main else replace(config.data, verify="size"))
+    return prepare(config.data if ranks.is_main else replace(config.data, verify="size"))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from train import Trainer, train_step  # noqa: E402
-from training.distributed import Distributed  # noqa: E402
+from training.distributed import Ranks  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.runtime import (  # noqa: E402
     DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
@@ -93,7 +93,7 @@ def variant_trainer(model: torch.nn.Module, compiled: bool, precision: Precision
     """One variant: a model with its own optimizer, stepped exactly as train.py steps one."""
     optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
     return Trainer(torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision.autocast(),
-                   accum_steps=1, grad_clip=GRAD_CLIP, group=Distributed())
+                   accum_steps=1, grad_clip=GRAD_CLIP, ranks=Ranks())
 
 
 def build_trainers(

@@ -110,14 +110,14 @@ def test_torchrun_with_nccl_through_train_py(tmp_path):
 
 def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
     from train import Trainer, train_step
-    from training.distributed import Distributed
+    from training.distributed import Ranks
     from training.runtime import resolve_precision
 
     model = cuda_model().train()
     precision = resolve_precision("fp16", CUDA)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**120)
     trainer = Trainer(model, model.configure_optimizer(0.1, 1e-3, device_type="cuda"), scaler, precision.autocast(),
-                      accum_steps=1, grad_clip=1.0, group=Distributed())
+                      accum_steps=1, grad_clip=1.0, ranks=Ranks())
 
     class Batches:
         def get(self, step, micro):

@@ -10,7 +10,7 @@ import torch
 
 from model import GPT
 from training.checkpoint import find_checkpoint, load_checkpoint
-from training.distributed import Distributed
+from training.distributed import Ranks
 from training.evaluate import Evaluator
 from training.logger import read_metrics
 from training.runtime import resolve_precision
@@ -113,7 +113,7 @@ def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):
         torch.manual_seed(0)
         model = GPT(tiny_config(vocab_size=64, block_size=32))
         evaluate = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
-                             precision=resolve_precision("fp32", CPU), group=Distributed(rank, 0, world_size), device=CPU)
+                             precision=resolve_precision("fp32", CPU), ranks=Ranks(rank, 0, world_size), device=CPU)
         asked = []
         for loader in evaluate.loaders.values():
             original = loader.get_batch
@@ -142,7 +142,7 @@ def test_each_rank_evaluates_its_own_share_of_the_batches(runs, tmp_path):
 
     torch.manual_seed(0)
     alone = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
-                      precision=resolve_precision("fp32", CPU), group=Distributed(), device=CPU)
+                      precision=resolve_precision("fp32", CPU), ranks=Ranks(), device=CPU)
     expected = alone(GPT(tiny_config(vocab_size=64, block_size=32)))
     for rank in ranks:
         assert rank["metrics"] == pytest.approx(expected, rel=1e-6)

@@ -16,7 +16,7 @@ from conf import CONF_DIR
 from data import BatchLoader
 from model import GPT
 from training.checkpoint import find_checkpoint, load_checkpoint, load_weights
-from training.distributed import Distributed
+from training.distributed import Ranks
 from training.evaluate import EVAL_SEED, Evaluator
 from training.logger import read_metrics
 from training.runtime import resolve_precision
@@ -105,9 +105,9 @@ def test_the_whole_split_covers_every_non_overlapping_window_at_the_final_evalua
     assert always["val_windows"] == count and always["val_loss"] == pytest.approx(final["val_loss"], rel=1e-6)
 
 
-def evaluator(directory, whole_val, group=Distributed()):
+def evaluator(directory, whole_val, ranks=Ranks()):
     return Evaluator(data_dir_of(directory), block_size=BLOCK, batch_size=BATCH, eval_iters=ITERS, whole_val=whole_val,
-                     token_bytes=[1] * 64, precision=resolve_precision("fp32", CPU), group=group, device=CPU)
+                     token_bytes=[1] * 64, precision=resolve_precision("fp32", CPU), ranks=ranks, device=CPU)
 
 
 def test_the_whole_split_is_shared_out_among_ranks_batch_by_batch(source):
@@ -115,7 +115,7 @@ def test_the_whole_split_is_shared_out_among_ranks_batch_by_batch(source):
     alone = [x for x, _ in evaluator(directory, "always")._whole(evaluator(directory, "always").loaders["val"])]
     shares = []
     for rank in range(2):
-        e = evaluator(directory, "always", Distributed(rank=rank, world_size=2))
+        e = evaluator(directory, "always", Ranks(rank=rank, world_size=2))
         shares.append([x for x, _ in e._whole(e.loaders["val"])])
     assert len(shares[0]) + len(shares[1]) == len(alone) > 2
     for i, batch in enumerate(alone):

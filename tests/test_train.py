@@ -17,6 +17,7 @@ from conf import CONF_DIR
 from data import DataError
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.logger import read_metrics
+from training.step import NonFiniteLoss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,7 +122,7 @@ def final_checkpoint(run_dir):
 @pytest.mark.parametrize("corrupt", [nan_loss, inf_gradients])
 def test_nonfinite_step_stops_the_run_and_keeps_the_last_good_checkpoint(train_overrides, monkeypatch, corrupt):
     break_training_forward(monkeypatch, range(13, 10**6), corrupt)
-    with pytest.raises(train.NonFiniteLoss, match="non-finite at step 13.*step_000010"):
+    with pytest.raises(NonFiniteLoss, match="non-finite at step 13.*step_000010"):
         run_in_process(*train_overrides)
     runs = list((Path(train_overrides[7].split("=", 1)[1])).glob("*"))
     checkpoint = final_checkpoint(runs[0])

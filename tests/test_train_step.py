@@ -12,7 +12,7 @@ import torch
 
 from model import GPT
 from train import Trainer, train_step
-from training.distributed import Distributed
+from training.distributed import Ranks
 from training.runtime import resolve_precision
 from training.step import Prefetcher, StepResult, TrainWindow
 
@@ -43,7 +43,7 @@ def make_step(precision="fp32", accum=1, grad_clip=1.0, seed=0, scaler=None, dev
     prec = resolve_precision(precision, device)
     optimizer = model.configure_optimizer(0.1, 1e-2, device_type=device.type)
     return model, optimizer, stepper(Trainer(model, optimizer, scaler or prec.grad_scaler(), prec.autocast(),
-                                             accum_steps=accum, grad_clip=grad_clip, group=Distributed()))
+                                             accum_steps=accum, grad_clip=grad_clip, ranks=Ranks()))
 
 
 def stepper(trainer):
@@ -199,7 +199,7 @@ def test_an_unfused_optimizer_skips_too():
     model = GPT(tiny_config())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     step = stepper(Trainer(model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
-                           resolve_precision("fp32", CPU).autocast(), accum_steps=1, grad_clip=1.0, group=Distributed()))
+                           resolve_precision("fp32", CPU).autocast(), accum_steps=1, grad_clip=1.0, ranks=Ranks()))
     before = weights(model)
     poison_gradient_once(model)
     assert bool(step(Batches(), 0).skipped)

@@ -2,7 +2,7 @@
 DistributedDataParallel averages gradients with an all-reduce (NCCL on CUDA, gloo on CPU).
 
 Without torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, set by the launcher)
-everything here is a no-op, so the same train.py runs alone or in a group.
+everything here is a no-op, so the same train.py runs alone or in a group of processes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 @dataclass(frozen=True)
-class Distributed:
+class Ranks:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -36,58 +36,58 @@ class Distributed:
         return self.rank == 0
 
 
-def init_distributed(device_setting: str) -> tuple[Distributed, torch.device]:
+def init_distributed(device_setting: str) -> tuple[Ranks, torch.device]:
     """Join the process group torchrun set up (if any) and pick this process's device:
     on CUDA each process takes the GPU of its local rank."""
     if not all(name in os.environ for name in LAUNCHER_VARIABLES):
-        return Distributed(), resolve_device(device_setting)
-    group = Distributed(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES))
+        return Ranks(), resolve_device(device_setting)
+    ranks = Ranks(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES))
     device = resolve_device(device_setting)
     if device.type == "cuda":
-        device = torch.device("cuda", group.local_rank)
+        device = torch.device("cuda", ranks.local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")
-    return group, device
+    return ranks, device
 
 
-def wrap_model(model: nn.Module, group: Distributed, device: torch.device) -> nn.Module:
-    if not group.enabled:
+def wrap_model(model: nn.Module, ranks: Ranks, device: torch.device) -> nn.Module:
+    if not ranks.enabled:
         return model
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def broadcast_from_main(group: Distributed, value: Any) -> Any:
+def broadcast_from_main(ranks: Ranks, value: Any) -> Any:
     """Rank 0's value on every rank (e.g. the run directory, which only rank 0 may choose)."""
-    if not group.enabled:
+    if not ranks.enabled:
         return value
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
-def gather_to_main(group: Distributed, value: Any) -> list[Any]:
+def gather_to_main(ranks: Ranks, value: Any) -> list[Any]:
     """[value of rank 0, value of rank 1, ...] on rank 0 (and [value] when alone)."""
-    if not group.enabled:
+    if not ranks.enabled:
         return [value]
-    gathered = [None] * group.world_size if group.is_main else None
+    gathered = [None] * ranks.world_size if ranks.is_main else None
     dist.gather_object(value, gathered, dst=0)
     return gathered
 
 
-def all_reduce_sum(group: Distributed, tensor: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(ranks: Ranks, tensor: torch.Tensor) -> torch.Tensor:
     """The sum over all ranks (in place; queued on the device, the host does not wait)."""
-    if group.enabled:
+    if ranks.enabled:
         dist.all_reduce(tensor)
     return tensor
 
 
-def barrier(group: Distributed) -> None:
-    if group.enabled:
+def barrier(ranks: Ranks) -> None:
+    if ranks.enabled:
         dist.barrier()
 
 
-def shutdown(group: Distributed) -> None:
+def shutdown(ranks: Ranks) -> None:
     if dist.is_initialized():  # also a group of one (torchrun --nproc_per_node=1)
         dist.destroy_process_group()

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import BatchLoader, DataError
-from training.distributed import Distributed, all_reduce_sum
+from training.distributed import Ranks, all_reduce_sum
 from training.runtime import Precision
 
 EVAL_SEED = 1_000_003  # the evaluation windows' own draw, the same for every run
@@ -47,15 +47,15 @@ class Evaluator:
         whole_val: str,
         token_bytes: list[int],
         precision: Precision,
-        group: Distributed,
+        ranks: Ranks,
         device: torch.device,
     ) -> None:
         assert whole_val in WHOLE_VAL, whole_val
         self.loaders = {
             split: BatchLoader(data_dir, split, block_size, batch_size, EVAL_SEED, device=device) for split in SPLITS
         }
-        self.eval_iters, self.whole_val, self.precision, self.group, self.device = (
-            eval_iters, whole_val, precision, group, device)
+        self.eval_iters, self.whole_val, self.precision, self.ranks, self.device = (
+            eval_iters, whole_val, precision, ranks, device)
         self.token_bytes = torch.tensor(token_bytes, dtype=torch.float64, device=device)  # (tokenizer vocab,)
 
     @torch.no_grad()
@@ -78,7 +78,7 @@ class Evaluator:
                                            self.token_bytes[y].sum()])
             sums.append(split_sums)
         model.train()
-        values = all_reduce_sum(self.group, torch.stack(sums)).tolist()  # the one host read
+        values = all_reduce_sum(self.ranks, torch.stack(sums)).tolist()  # the one host read
         block_size = self.loaders["val"].block_size
         metrics = {}
         for split, (total, squares, windows, n_bytes) in zip(self.loaders, values):
@@ -92,7 +92,7 @@ class Evaluator:
         return metrics
 
     def _sampled(self, loader: BatchLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for i in range(self.group.rank, self.eval_iters, self.group.world_size):
+        for i in range(self.ranks.rank, self.eval_iters, self.ranks.world_size):
             yield loader.get_batch(i)
 
     def _whole(self, loader: BatchLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -100,7 +100,7 @@ class Evaluator:
         token after the first once (the last partial window is left out)."""
         t, b = loader.block_size, loader.batch_size
         starts = np.arange(0, len(loader.tokens) - t, t)
-        for i in range(self.group.rank, math.ceil(len(starts) / b), self.group.world_size):
+        for i in range(self.ranks.rank, math.ceil(len(starts) / b), self.ranks.world_size):
             windows = np.stack([loader.tokens[s : s + t + 1] for s in starts[i * b : (i + 1) * b]]).astype(np.int64)
             if windows.max() >= loader.vocab_size:
                 raise DataError(f"{loader.shard} holds token id {windows.max()} but the vocabulary has "

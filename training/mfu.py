@@ -70,6 +70,13 @@ def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> Peak 
                 "across runs only on an otherwise idle machine")
 
 
+def run_peak(setting: float | None, device: torch.device, precision: str, tf32: bool) -> Peak | None:
+    """A run's peak: logging.peak_flops when set, else peak_flops's."""
+    if setting:
+        return Peak(setting, "logging.peak_flops")
+    return peak_flops(device, precision, tf32=tf32)
+
+
 def slow_cpu_precision(precision: str) -> str | None:
     """A warning when `precision` multiplies slower than fp32 on this CPU (bf16 without
     AVX512-BF16 or AMX, fp16 on most CPUs), with both rates measured just now."""

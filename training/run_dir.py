@@ -21,7 +21,7 @@ from training.checkpoint import (
     CHECKPOINTS, WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint,
     load_weights, remove_interrupted_saves,
 )
-from training.distributed import Distributed
+from training.distributed import Ranks
 from training.logger import METRICS, read_metrics
 from training.runtime import reseed, seed_everything, set_rng_state
 
@@ -200,7 +200,7 @@ def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> d
 
 
 def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-            config: Config, group: Distributed, device: torch.device) -> tuple[int, float, str]:
+            config: Config, ranks: Ranks, device: torch.device) -> tuple[int, float, str]:
     """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
     if checkpoint.model_config != model.config:
         raise CheckpointError(
@@ -219,11 +219,11 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer
         note += (f" (an older checkpoint than latest, {latest.name}: "
                  + ("the log after it is replaced as the run goes on)" if step < config.max_iters
                     else "nothing to train, so the log is kept whole)"))
-    if len(rng_states) == group.world_size:  # each rank continues its own random streams
-        set_rng_state(rng_states[group.rank], device)
+    if len(rng_states) == ranks.world_size:  # each rank continues its own random streams
+        set_rng_state(rng_states[ranks.rank], device)
     else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
-        seed_everything(reseed(config.seed, group.rank, step))
-        note += (f" (saved by {len(rng_states)} process(es), resumed on {group.world_size}: "
+        seed_everything(reseed(config.seed, ranks.rank, step))
+        note += (f" (saved by {len(rng_states)} process(es), resumed on {ranks.world_size}: "
                  "the data order is exact, the dropout masks are new)")
     return step, state["best_val_loss"], note
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from data import BatchLoader
-from training.distributed import Distributed
+from system import UserError
+from training.distributed import Ranks
+from training.logger import RunLogger
 
 
 def learning_rate(step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int) -> float:
@@ -96,7 +99,7 @@ def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextMan
     return model.no_sync()
 
 
-def agree_across_ranks(group: Distributed, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
+def agree_across_ranks(ranks: Ranks, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce,
     queued on the device."""
     flags = torch.stack([
@@ -104,9 +107,9 @@ def agree_across_ranks(group: Distributed, local_loss: Tensor, stop_requested: b
         (~torch.isfinite(local_loss)).float(),
         torch.full((), float(stop_requested), device=local_loss.device),  # a fill kernel, not a host copy
     ])
-    if group.enabled:
+    if ranks.world_size > 1:
         dist.all_reduce(flags)
-    return flags[0] / group.world_size, flags[1] > 0, flags[2] > 0
+    return flags[0] / ranks.world_size, flags[1] > 0, flags[2] > 0
 
 
 def update_unless_skipped(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
@@ -179,3 +182,22 @@ class TrainWindow:
         )
         self.reset()
         return summary
+
+
+class NonFiniteLoss(UserError):
+    """on_nonfinite=stop, and a step's loss or gradients were not finite."""
+
+
+def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger) -> None:
+    """Non-finite steps applied no update; `stop` ends the run here, at the first
+    boundary after them, before anything is saved."""
+    if not summary.nonfinite:
+        return
+    if policy == "stop":
+        raise NonFiniteLoss(
+            f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
+            f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "
+            "optim.learning_rate, or set on_nonfinite=skip to skip such steps"
+        )
+    logger.print(f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
+                 "updates skipped (on_nonfinite=skip)")
