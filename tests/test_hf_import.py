@@ -30,7 +30,7 @@ def gpt2_dir(tmp_path, reference):
 
 def test_imported_gpt2_computes_transformers_logits(gpt2_dir, reference):
     config, state = load_hf_pretrained(gpt2_dir)
-    assert config == GPTConfig(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+    assert config == GPTConfig(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_kv_head=4, n_embd=64, dropout=0.0)
     assert_same_logits(build(config, state), reference)
 
 
@@ -81,9 +81,9 @@ def test_import_crops_the_context(gpt2_dir, reference):
 
 def kv_rows(fused: torch.Tensor, config: GPTConfig, which: int) -> torch.Tensor:
     """The K (which=1) or V (which=2) rows of c_attn's weight or bias, as (n_kv_head, head_dim, ...)."""
-    kv_dim = config.n_kv_head * config.head_dim
+    kv_dim = config.kv_heads * config.head_dim
     rows = fused.split((config.n_embd, kv_dim, kv_dim))[which]
-    return rows.unflatten(0, (config.n_kv_head, config.head_dim))
+    return rows.unflatten(0, (config.kv_heads, config.head_dim))
 
 
 @pytest.mark.parametrize("n_kv_head", [2, 1])
