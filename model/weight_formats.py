@@ -65,8 +65,9 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_per_channel(values: Tensor, scale: Tensor) -> Tensor:
-    """The fp32 weight that int8 values (out, in) and bf16 scales (out,) stand for."""
-    return values.float() * scale.float()[:, None]
+    """The fp32 weights that int8 values (..., in) and bf16 scales (...,) stand for: a matrix
+    (out, in) with its rows' scales, or the rows an embedding lookup picked."""
+    return values.float() * scale.float()[..., None]
 
 
 class BF16Linear(nn.Module):
@@ -129,7 +130,7 @@ class Int8Linear(nn.Module):
 
     def rows(self, idx: Tensor) -> Tensor:
         """Rows idx of the dequantized weight, in fp32 (exact): (*idx.shape, in)."""
-        return self.weight[idx].float() * self.scale[idx].float()[..., None]
+        return dequantize_per_channel(self.weight[idx], self.scale[idx])
 
 
 class TiedEmbedding(nn.Module):
