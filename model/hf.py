@@ -63,6 +63,9 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
     missing = [key for key in SHAPE_KEYS if key not in hf_config]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
+    not_counts = [f"{key}={hf_config[key]!r}" for key in SHAPE_KEYS if type(hf_config[key]) is not int]
+    if not_counts:  # GPTConfig trusts its types: they are checked where they are read
+        raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
     problems = [
         f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
         for key, (default, allowed) in SAME_FUNCTION.items()
