@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from omegaconf import OmegaConf
 
 from conf import CONF_DIR, Config
+from conf.cli import describe
 from conf.sample_config import SampleConfig
 from model.rules import rule_of
 
@@ -56,7 +57,7 @@ def table(schema: type, prefix: str) -> str:
         default = f.default_factory() if f.default is MISSING else f.default
         rule = rule_of(f) or ""
         each = "each: " if rule and isinstance(default, list) else ""
-        rows.append(f"| `{prefix}{f.name}` | {type_name(hints[f.name])} | `{yaml_value(default)}` | "
+        rows.append(f"| `{prefix}{f.name}` | {describe(hints[f.name])} | `{yaml_value(default)}` | "
                     f"{each}{rule} | {_cell(docs[f.name])} |")
     return "\n".join(rows) + "\n"
 
@@ -91,15 +92,6 @@ def attribute_docs(schema: type) -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
-
-
-def type_name(hint) -> str:
-    arguments = [a for a in typing.get_args(hint) if a is not type(None)]
-    if type(None) in typing.get_args(hint):
-        return f"{type_name(arguments[0])} or null"
-    if typing.get_origin(hint) is list:
-        return f"list of {type_name(arguments[0])}"
-    return {str: "text"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def yaml_value(value) -> str:
