@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from omegaconf import OmegaConf
 
 from conf import CONF_DIR, Config
-from conf.cli import describe
+from conf.cli import describe, setting_type
 from conf.sample_config import SampleConfig
 from model.rules import rule_of
 
@@ -39,7 +39,7 @@ def reference() -> str:
     """The whole of docs/configuration.md."""
     parts = [INTRO, "## train.py\n", table(Config, "")]
     for name in ("optim", "logging", "logging.wandb", "model", "data"):
-        schema = section(Config, name)
+        schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
         parts += [presets(group) for group in ("model", "model/attention", "data") if group.split("/")[0] == name]
     parts += ["## Experiments\n", "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
@@ -75,12 +75,6 @@ def presets(group: str, what_it_is: bool = False) -> str:
             said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in values.items()) or "nothing: the defaults"
         rows.append(f"| `{path.stem}` | {_cell(said)} |")
     return "\n".join(rows) + "\n"
-
-
-def section(schema: type, dotted: str) -> type:
-    for name in dotted.split("."):
-        schema = typing.get_type_hints(schema)[name]
-    return schema
 
 
 def attribute_docs(schema: type) -> dict[str, str]:
