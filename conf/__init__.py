@@ -198,11 +198,6 @@ def one_line_errors() -> Iterator[None]:
         raise ValueError(" ".join(" ".join(lines).split()) + where) from err
 
 
-def build_model_config(cfg: DictConfig) -> GPTConfig:
-    """Just the validated GPTConfig of a composed config."""
-    return load_config(cfg.model, GPTConfig, prefix="model.")
-
-
 def model_preset(name: str, *overrides: str) -> GPTConfig:
     """A model preset from conf/model/ as a GPTConfig, without running an app.
 
@@ -213,7 +208,7 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[f"model={name}", *overrides])
-    return build_model_config(cfg)
+    return load_config(cfg.model, GPTConfig, prefix="model.")
 
 
 def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:

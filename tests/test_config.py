@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, Config, build_model_config, load_config, model_preset
+from conf import CONF_DIR, Config, load_config, model_preset
 from data import DataConfig
 from model import GPT, GPTConfig
 from model.rules import NOT_EMPTY, above, at_least, between, one_of
@@ -22,6 +22,10 @@ PRESETS = ["nano", "mini", "small", "gpt2"]
 def compose_train(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return compose(config_name="train", overrides=list(overrides))
+
+
+def build_model_config(cfg):
+    return load_config(cfg.model, GPTConfig, prefix="model.")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
