@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels
+from ablation.commands import add_seeds_commands
 from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.runs import Arm, find_runs, group_arms, layout_name, shape_name
-from ablation.stats import Estimate
+from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, seeds_needed
 from model import GPT, to_decode_layout
 from system import exits
 from training.runtime import describe_machine
@@ -32,12 +33,14 @@ from training.runtime import describe_machine
 DECODE_BATCHES = (1, 8)
 DECODE_REPEATS = 5  # timed passes per figure, the fastest kept: a busy moment does not decide it
 DEFAULT_PROMPT = "def __init__(self, name):"
+DEFAULT_EFFECT = 0.01  # nats: the difference the power section counts the seeds for
 
 
 def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT, baseline: str | None = None,
-                 frontier_preset=None, decode_steps: int = 16) -> Path:
+                 frontier_preset=None, decode_steps: int = 16, effect: float = DEFAULT_EFFECT) -> Path:
     """frontier_preset maps a trained layout to the config whose random-weight decode
-    speed the frontier also shows (gpt2_sized for the CLI; None leaves it out)."""
+    speed the frontier also shows (gpt2_sized for the CLI; None leaves it out); effect is
+    the difference in nats the power section counts the seeds for."""
     arms = group_arms(find_runs(sweep_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -51,6 +54,7 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
         image = f"val_loss_L{shape[0]}d{shape[1]}.png" if len(shapes) > 1 else "val_loss.png"
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
         sections.append(shape_section(shape, rows, image))
+        sections.append(power_section(rows, sweep_dir, effect))
     if len(shapes) > 1:
         plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")
         sections.append(ladder_section(per_shape))
@@ -82,14 +86,14 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
         "'own end' for an arm not evaluated at the baseline's tokens. Mean and 95% confidence interval over "
         "seeds (Student t); training FLOPs are one run's at those tokens.", "",
         "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) | val bits/byte "
-        "| vs baseline (nats) | p | train tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs baseline (nats) | p | Holm p | train tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a = r.arm
         comparison = (f"{r.comparison.difference.mean:+.4f} ({ci(r.comparison.difference, signed=True)})"
                       if r.comparison else "baseline")
-        p = p_value(r.comparison.p_value) if r.comparison else ""
+        p = f"{p_value(r.comparison.p_value)} | {p_value(r.comparison.deciding_p)}" if r.comparison else " "
         train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
         lines.append(
             f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
@@ -98,6 +102,31 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
         )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
     return "\n".join(lines + ["", *verdicts, "", f"![validation loss]({image})"])
+
+
+def power_section(rows: list[Result], sweep_dir: Path, effect: float) -> str:
+    """What each comparison could have detected, and the seeds that would detect `effect`."""
+    lines = ["### What these seeds can detect", "",
+             f"The smallest difference each test detects {POWER * 100:g}% of the time at alpha {1 - LEVEL:.2g} "
+             "(two-sided, noncentral t, from the observed spread of one seed's difference; before Holm's "
+             f"adjustment), and the seeds per arm that would detect a difference of {effect:g} nats as often, "
+             "if that spread holds.", "",
+             "| comparison | sd of one seed's difference | detectable at these seeds (nats) | "
+             f"seeds for {effect:g} nats |", "|---|---|---|---|"]
+    needed = {r.arm.name: seeds_needed(r.comparison, effect) for r in rows[1:]}
+    for r in rows[1:]:
+        c, n = r.comparison, needed[r.arm.name]
+        seeds = n if n is not None else "n/a" if math.isnan(c.sd) else f"more than {MAX_SEEDS:,}"
+        mde = "n/a" if math.isnan(c.sd) else f"{detectable_effect(c.se, c.df):.4f}"
+        lines.append(f"| {r.arm.label} | {'n/a' if math.isnan(c.sd) else f'{c.sd:.4f}'} | {mde} | {seeds} |")
+    known = [n for n in needed.values() if n]
+    targets = [(rows[0].arm, max(known))] if known else []
+    targets += [(r.arm, needed[r.arm.name]) for r in rows[1:] if needed[r.arm.name]]
+    commands = add_seeds_commands(targets, sweep_dir)
+    if commands:
+        lines += ["", "To add those seeds to this sweep (report.py then reads them with the others):", "",
+                  "```", *commands, "```"]
+    return "\n".join(lines)
 
 
 def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
@@ -181,12 +210,15 @@ def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
 
 METHOD = """## How this was measured
 
-- Val loss is each run's last evaluation (mean over its fixed batches), in nats per token; bits per
-  byte divide the same total by the UTF-8 bytes the evaluated tokens stand for, so it compares across
-  tokenizers.
+- Val loss is a run's evaluation in nats per token: the mean over windows that are the same for every
+  run and seed on the same data (eval_iters batches, or with eval_whole_val the whole val split); bits
+  per byte divide the same total by the UTF-8 bytes the evaluated tokens stand for, so it compares
+  across tokenizers.
 - ± is a 95% Student t confidence interval over seeds. "vs baseline" is the mean of per-seed
   differences (arm minus baseline) with its 95% CI and a two-sided paired t-test p-value when both arms
-  ran the same seeds, else a Welch t-test; a positive difference means a higher (worse) loss.
+  ran the same seeds, else a Welch t-test; a positive difference means a higher (worse) loss. Holm p
+  adjusts the p-values of a section's comparisons for their number, and the verdicts use it; the CIs
+  are not adjusted.
 - For one seed every arm sees the same batches in the same order and starts from the same weights
   wherever the shapes allow (training/ and model/init.py), which is what makes pairing by seed valid.
 - FLOPs/token are training FLOPs (forward and backward) at the full context; train tok/s is the median
@@ -236,18 +268,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-gpt2-decode", action="store_true",
                         help="skip the decode measurement of each layout at GPT-2 small size")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose attention the heatmaps show")
+    parser.add_argument("--effect", type=float, default=DEFAULT_EFFECT,
+                        help="the loss difference in nats to count the seeds for, at 80%% power (default 0.01)")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         sys.exit(f"error: {args.sweep_dir} is not a directory")
     if args.decode_steps < 1:
         sys.exit(f"error: --decode-steps must be at least 1, got {args.decode_steps}")
+    if not args.effect > 0:
+        sys.exit(f"error: --effect must be a positive number of nats, got {args.effect}")
     if not args.prompt:
         sys.exit("error: --prompt is empty: the heatmaps need at least one token of text")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         sys.exit(f"error: --out {args.out} is a file: pass a directory for report.md and the plots")
     with exits(writing=str(args.out or args.sweep_dir)):  # ValueError: a malformed metrics.jsonl or --baseline
         path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
-                            frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps)
+                            frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps,
+                            effect=args.effect)
     print(f"wrote {path}")
 
 

@@ -3,10 +3,10 @@ against training from scratch at the same total tokens, and the gaps along a siz
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ablation.runs import Arm
-from ablation.stats import Comparison, Estimate, mean_ci, paired_difference, verdict, welch_difference
+from ablation.stats import Comparison, Estimate, holm, mean_ci, paired_difference, verdict, welch_difference
 
 
 EQUAL_TOKENS, EQUAL_FLOPS, OWN_END = "equal tokens", "equal FLOPs", "own end"
@@ -53,19 +53,19 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     """The baseline first, then every arm trained from scratch (uptrained arms have their
     own comparison), each on the axis its budget was matched on: a match_mha_flops arm at
     its own final evaluation, which spends the baseline's training FLOPs; any other at the
-    baseline's final tokens, or at its own end where it was not evaluated there."""
+    baseline's final tokens, or at its own end where it was not evaluated there. The
+    comparisons form one family for Holm's adjustment, which the verdicts decide by."""
     tokens = baseline.runs[0].final["tokens"]
     rows = []
     for arm in [baseline] + [a for a in arms if a is not baseline and not a.uptrained]:
         at, axis = _compared_at(arm, tokens)
         losses = arm.at_tokens(at)
         bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
-        comparison = sentence = None
-        if arm is not baseline:
-            comparison = difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
-            sentence = verdict(arm.label, baseline.label, comparison)
-        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, sentence))
-    return rows
+        comparison = None if arm is baseline else difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
+        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None))
+    adjusted = holm([r.comparison for r in rows[1:]])
+    return rows[:1] + [replace(r, comparison=c, verdict=verdict(r.arm.label, baseline.label, c))
+                       for r, c in zip(rows[1:], adjusted)]
 
 
 def _compared_at(arm: Arm, baseline_tokens: int) -> tuple[int, str]:
@@ -109,14 +109,16 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
         if not scratch:
             continue
         at_total = scratch[0].at_tokens(total)
-        comparison = sentence = None
-        if at_total is not None:
-            comparison = difference(at_total, scratch[0].seeds, arm.finals(), arm.seeds)
-            sentence = verdict(f"{arm.name} ({total:,} tokens in all)", f"{scratch[0].name} at the same tokens", comparison)
+        comparison = None if at_total is None else difference(at_total, scratch[0].seeds, arm.finals(), arm.seeds)
         rows.append(Uptraining(
             arm, scratch[0], mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals()), total,
-            mean_ci(at_total) if at_total is not None else None, comparison, sentence,
+            mean_ci(at_total) if at_total is not None else None, comparison, None,
         ))
+    tested = [r for r in rows if r.comparison is not None]  # one family for Holm's adjustment
+    for row, comparison in zip(tested, holm([r.comparison for r in tested])):
+        row.comparison = comparison
+        row.verdict = verdict(f"{row.arm.name} ({row.total_tokens:,} tokens in all)",
+                              f"{row.scratch.name} at the same tokens", comparison)
     return sorted(rows, key=lambda r: (-r.arm.config.n_kv_head, r.total_tokens))  # 5% before 10%
 
 

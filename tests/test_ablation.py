@@ -4,17 +4,21 @@ from real tiny runs: a null arm comes out "no difference", a planted one signifi
 import contextlib
 import io
 import re
+import shlex
+from dataclasses import replace
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 import report
 import train
+from ablation.commands import add_seeds_commands
 from ablation.compare import baseline_of, results
 from ablation.runs import find_runs, group_arms
-from ablation.stats import mean_ci, paired_difference
+from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
 
 from conftest import tiny_config, training_overrides
@@ -70,6 +74,7 @@ def run(directory, name, seed, *overrides, subdir="."):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[
             *training_overrides(directory), "max_iters=12", "eval_interval=12", f"seed={seed}", f"arm={name}",
+            "optim.learning_rate=3e-3", "optim.min_lr=3e-4",  # 1e-2 makes 12 steps erratic from seed to seed
             f"out_dir={directory / 'sweep' / subdir / f'{name}_seed{seed}'}", *overrides,
         ])
     with contextlib.redirect_stdout(io.StringIO()):
@@ -79,14 +84,14 @@ def run(directory, name, seed, *overrides, subdir="."):
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     """Real tiny runs: MHA and MQA under 3 seeds; a null arm (MHA again, other seeds); a
-    planted arm (a hundredth of the learning rate); MQA uptrained from each MHA run and
+    planted arm (half the learning rate); MQA uptrained from each MHA run and
     MQA from scratch for as many tokens in all; MQA given MHA's training FLOPs; and a
     narrower shape, so the report has every section."""
     directory = tmp_path_factory.mktemp("ablation")
     for seed in SEEDS:
         run(directory, "kv4", seed)
         run(directory, "kv1", seed, "model.n_kv_head=1")
-        run(directory, "slow", seed, "optim.learning_rate=1e-4", "optim.min_lr=1e-5")
+        run(directory, "slow", seed, "optim.learning_rate=1.5e-3", "optim.min_lr=1.5e-4")
         run(directory, "again", seed + 3)
         run(directory, "kv1_up", seed, "init_from=checkpoint", f"model_path={directory / 'sweep' / f'kv4_seed{seed}'}",
             "model.n_kv_head=1", "max_iters=6", "optim.warmup_iters=2")
@@ -119,11 +124,13 @@ def test_a_null_arm_shows_no_difference_and_a_planted_one_is_significant(sweep_d
     assert null.comparison.test == "Welch t-test"  # other seeds: nothing to pair
     assert null.comparison.p_value > 0.05 and null.comparison.difference.low < 0 < null.comparison.difference.high
     assert planted.comparison.test == "paired t-test" and planted.comparison.p_value < 0.05
-    assert planted.comparison.difference.low > 0  # a hundredth of the learning rate learns less
+    assert planted.comparison.difference.low > 0  # half the learning rate learns less in 12 steps
     text = written[1]
-    assert re.search(r"again: MHA \(4 kv heads\) vs MHA \(4 kv heads\): [+-]\d\.\d{3} nats \(95% CI .*"
-                     r"Welch t-test, 3\+3 seeds\): CI includes 0, no difference detected", text)
+    assert re.search(r"again: MHA \(4 kv heads\) vs MHA \(4 kv heads\): [+-]\d\.\d{3} nats \(95% CI .*Holm p=[\d.]+ of 5 "
+                     r"tests, Welch t-test, 3\+3 seeds\): no difference detected at this budget; it detects \d\.\d{3} nats "
+                     r"or more 80% of the time", text)
     assert re.search(r"slow: MHA \(4 kv heads\) vs MHA \(4 kv heads\): \+\d\.\d{3} nats .*paired t-test, 3 seeds\): worse", text)
+    assert planted.comparison.p_adjusted < 0.05 and planted.comparison.family == 5  # worse after Holm's adjustment too
 
 
 def test_the_table_holds_each_arms_mean_and_ci_over_its_seeds(sweep_dir, written):
@@ -177,11 +184,36 @@ def test_a_matched_compute_arm_is_compared_at_its_own_end_where_its_flops_equal_
     base_flops = baseline.flops_per_token * base_tokens
     assert base_flops <= row.flops < base_flops + row.arm.flops_per_token * step_tokens  # one step's rounding at most
     finals = [run.final["val_loss"] for run in row.arm.runs]
-    assert row.comparison == paired_difference(baseline.finals(), finals)
+    assert replace(row.comparison, p_adjusted=None, family=1) == paired_difference(baseline.finals(), finals)
     line = next(line for line in written[1].splitlines() if line.startswith("| kv1_flops:"))
     assert f"| equal FLOPs | {row.tokens:,} | {row.flops:.4g} |" in line
     base_line = next(line for line in written[1].splitlines() if line.startswith("| MHA (4 kv heads) | 3 |"))
     assert f"| baseline | {base_tokens:,} | {base_flops:.4g} |" in base_line
+
+
+def test_the_power_section_gives_each_comparisons_detectable_effect_and_the_seeds_for_the_effect(sweep_dir, written):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    section = written[1].split("### What these seeds can detect")[2]  # the main shape's; the narrow one is first
+    for row in results(arms, baseline)[1:]:
+        c = row.comparison
+        line = next(line for line in section.splitlines() if line.startswith(f"| {row.arm.label} |"))
+        assert line == f"| {row.arm.label} | {c.sd:.4f} | {detectable_effect(c.se, c.df):.4f} | {seeds_needed(c, 0.01)} |"
+    assert "seeds for 0.01 nats" in section and "at alpha 0.05" in section
+
+
+def test_the_add_seeds_command_composes_the_arms_settings_with_new_seeds(sweep_dir):
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    slow = next(a for a in arms if a.name == "slow")
+    (command,) = add_seeds_commands([(slow, 5)], sweep_dir)
+    words = shlex.split(command)
+    assert words[:3] == ["python", "train.py", "-m"] and "seed=4,5" in words
+    assert f"hydra.sweep.dir={sweep_dir}" in words
+    overrides = [w for w in words[3:] if not w.startswith(("seed=", "hydra."))]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        composed = OmegaConf.to_container(compose(config_name="train", overrides=[*overrides, "seed=4"]), resolve=True)
+    recorded = dict(slow.runs[0].settings, seed=4, out_dir=None)
+    assert composed == recorded
+    assert add_seeds_commands([(slow, 3)], sweep_dir) == []  # it has them
 
 
 def test_report_writes_every_section_and_plot(written):
@@ -208,6 +240,8 @@ def test_an_unknown_baseline_is_named(sweep_dir, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "^error: --prompt is empty: the heatmaps need at least one token of text$"),
+    (["--effect", "0"], "^error: --effect must be a positive number of nats, got 0.0$"),
+    (["--effect", "nan"], "^error: --effect must be a positive number of nats, got nan$"),
     (["--out", "{file}"], "^error: --out .*a_file is a file: pass a directory for report.md and the plots$"),
     (["--out", "{file}/below"], r"^error: Not a directory \(.*a_file/below"),
 ])
