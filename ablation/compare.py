@@ -58,7 +58,7 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     tokens = baseline.runs[0].final["tokens"]
     rows = []
     for arm in [baseline] + [a for a in arms if a is not baseline and not a.uptrained]:
-        at, axis = _compared_at(arm, tokens)
+        at, axis = _compared_at(arm, tokens, _windows(baseline, tokens))
         losses = arm.at_tokens(at)
         bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
         comparison = None if arm is baseline else difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
@@ -68,13 +68,20 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
                        for r, c in zip(rows[1:], adjusted)]
 
 
-def _compared_at(arm: Arm, baseline_tokens: int) -> tuple[int, str]:
+def _compared_at(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[int, str]:
+    """Equal tokens needs an evaluation there on the baseline's windows: an arm that trains
+    longer under eval_whole_val=final was evaluated on a sample there, not on the whole split."""
     own_end = arm.runs[0].final["tokens"]
     if arm.matched_flops:
         return own_end, EQUAL_FLOPS
-    if arm.at_tokens(baseline_tokens) is not None:
+    if arm.at_tokens(baseline_tokens) is not None and _windows(arm, baseline_tokens) == baseline_windows:
         return baseline_tokens, EQUAL_TOKENS
     return own_end, OWN_END
+
+
+def _windows(arm: Arm, tokens: int) -> set:
+    """The val windows counted by the arm's evaluations at `tokens` (None for runs that predate the count)."""
+    return {r.get("val_windows") for run in arm.runs for r in run.evals if r["tokens"] + arm.pretraining_tokens == tokens}
 
 
 def one_per_layout(rows: list[Result]) -> list[Result]:

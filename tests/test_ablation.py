@@ -53,6 +53,8 @@ def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
     assert config.arm == "kv2" and config.hydra.sweep.subdir == "kv2_seed3"
     ladder = [load_config(compose_experiment("attention_ablation_ladder", f"model={m}")) for m in ("nano", "micro", "mini")]
     assert [c.model.n_embd for c in ladder] == [64, 96, 128] and {c.tokens_per_param for c in ladder} == {4}
+    assert {c.eval_whole_val for c in ladder} == {load_config(compose_experiment("attention_ablation")).eval_whole_val} == {
+        "final"}  # the compared evaluation covers the whole val split
 
 
 def test_uptraining_arms_start_from_the_mha_run_of_their_seed():
@@ -214,6 +216,17 @@ def test_the_add_seeds_command_composes_the_arms_settings_with_new_seeds(sweep_d
     recorded = dict(slow.runs[0].settings, seed=4, out_dir=None)
     assert composed == recorded
     assert add_seeds_commands([(slow, 3)], sweep_dir) == []  # it has them
+
+
+def test_an_arm_evaluated_on_other_windows_at_the_baselines_tokens_is_not_compared_there(sweep_dir):
+    """Under eval_whole_val=final the baseline's last evaluation covers the whole split, while an
+    arm that trains longer was evaluated on a sample at those tokens: no equal-tokens comparison."""
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    tokens = baseline.runs[0].final["tokens"]
+    for run in baseline.runs:
+        run.metrics = [dict(r, val_windows=10_000) if r is run.final else r for r in run.metrics]
+    row = next(r for r in results(arms, baseline) if r.arm.name == "kv1_long")
+    assert row.axis == "own end" and row.tokens == row.arm.runs[0].final["tokens"] > tokens
 
 
 def test_report_writes_every_section_and_plot(written):
