@@ -47,7 +47,8 @@ def test_every_variant_of_the_sweep_composes(experiment, n_head):
 
 
 def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
-    assert sweep_params("attention_ablation")["seed"] == ["1", "2", "3"]
+    assert sweep_params("attention_ablation")["seed"] == ["1", "2", "3", "4"]
+    assert load_config(compose_experiment("attention_ablation")).max_iters == 300  # more seeds at fewer steps
     assert sweep_params("attention_ablation_ladder")["model"] == ["nano", "micro", "mini"]
     config = compose_experiment("attention_ablation", "model.n_kv_head=2", "seed=3", hydra=True)
     assert config.arm == "kv2" and config.hydra.sweep.subdir == "kv2_seed3"
