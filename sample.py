@@ -31,7 +31,7 @@ from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import Tokenizer
 from model import GPT, KVCache, stream, to_decode_layout, to_weight_format
-from model.generate import StopCheck
+from model.engine import StopCheck
 from system import exits
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from training.runtime import available_memory, resolve_device, resolve_precision

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from conf import load_config
 from model import WEIGHT_FORMATS, Sampling
 from model.rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
-from model.sampling import TEMPERATURE, TOP_K, TOP_P
+from model.engine import TEMPERATURE, TOP_K, TOP_P
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for checking

@@ -3,11 +3,9 @@
 from .attention import CausalSelfAttention
 from .config import GPTConfig
 from .decode_layout import to_decode_layout
-from .generate import DECODE_MODES, generate, stream
+from .engine import DECODE_MODES, KVCache, Sampling, generate, sample_next, stream
 from .gpt import GPT, IGNORE_INDEX
-from .kv_cache import KVCache
 from .memory import huge_page_zeros
-from .sampling import Sampling, sample_next
 from .weight_formats import WEIGHT_FORMATS, to_weight_format
 
 __all__ = [

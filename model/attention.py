@@ -8,13 +8,16 @@ query head h reads key/value head h // (n_head // n_kv_head).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .engine import KVCache
 
 
 def manual_attention(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -9,7 +11,9 @@ from torch import Tensor, nn
 from .attention import CausalSelfAttention
 from .config import GPTConfig
 from .init import draw_seed, init_weights
-from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .engine import KVCache
 
 IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import KVCache, Sampling, generate
-from model.kv_cache import StaticKVCache
+from model.engine import StaticKVCache
 
 from test_generate import reference_sampled
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import Sampling, sample_next
-from model.sampling import keep_top_k, keep_top_p
+from model.engine import keep_top_k, keep_top_p
 
 DRAWS = 4000
 
