@@ -156,3 +156,32 @@ def test_mfu_under_ddp_is_per_device(runs):
     for record in (r for r in read_metrics(ddp) if r["kind"] == "train"):
         # tok_per_s counts both processes; each device does half of it (peak_flops=1e12 per device)
         assert record["mfu"] == pytest.approx(flops_per_token * record["tok_per_s"] / 2 / 1e12)
+
+
+def test_shutdown_frees_the_group_before_the_interpreter_exits(tmp_path):
+    """DDP holds the process group through reference cycles; if the group outlived
+    shutdown(), gloo would tear it down during interpreter finalization, where it can
+    abort a run that had finished (SIGABRT after the last checkpoint)."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from training.distributed import shutdown
+
+    def wrapped_model_goes_out_of_scope():
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        ddp(torch.randn(2, 4)).sum().backward()
+        return weakref.ref(ddp)
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    gc.disable()  # only shutdown's own collections may free the cycle
+    try:
+        ddp = wrapped_model_goes_out_of_scope()
+        assert ddp() is not None  # held by its cycle, as in train.py
+        shutdown(Ranks())
+        assert ddp() is None and not dist.is_initialized()
+    finally:
+        gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -7,6 +7,7 @@ everything here is a no-op, so the same train.py runs alone or in a group of pro
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -89,5 +90,10 @@ def barrier(ranks: Ranks) -> None:
 
 
 def shutdown(ranks: Ranks) -> None:
+    """Close the process group while the interpreter is fully alive. DDP holds the group
+    through reference cycles, so without a collection first the group (and gloo's worker
+    threads) would be destroyed during interpreter finalization, where touching a Python
+    tensor aborts the process (SIGABRT: "terminate called without an active exception")."""
     if dist.is_initialized():  # also a group of one (torchrun --nproc_per_node=1)
+        gc.collect()
         dist.destroy_process_group()
