@@ -1,7 +1,9 @@
 """train.train_step: the real optimizer step of train.py, decided on the device.
 
-Non-finite steps leave no trace, fp16 unscales before measuring and clipping,
-overflows are the loss scale's business, the host reads nothing during a step.
+Accumulated micro-batches give one backward's gradients over the whole batch, clipping
+scales them to grad_clip only above it, non-finite steps leave no trace, fp16 unscales
+before measuring and clipping, overflows are the loss scale's business, the host reads
+nothing during a step.
 """
 
 import collections
@@ -191,6 +193,62 @@ def test_the_window_averages_the_applied_steps_and_remembers_the_first_bad_one()
     assert summary.first_nonfinite_step == 12 and summary.stop
     fresh = window.read()  # reading starts a new window
     assert (fresh.steps, fresh.loss, fresh.nonfinite, fresh.first_nonfinite_step, fresh.stop) == (0, None, 0, None, False)
+
+
+def reference_gradients(batches, parts, seed=0):
+    """Plain autograd, the independent reference: one forward and one backward over the
+    whole batch, the k micro-batches side by side. Returns (loss, gradients, their norm)."""
+    torch.manual_seed(seed)
+    model = GPT(tiny_config())
+    x, y = (torch.cat(t) for t in zip(*(batches.get(0, micro) for micro in range(parts))))
+    _, loss = model(x, y)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return loss.detach(), grads, global_norm(grads)
+
+
+def global_norm(grads):
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()]))
+
+
+def gradients_the_optimizer_receives(model, optimizer):
+    """The parameters' gradients at each optimizer.step(), by name (after unscaling and clipping)."""
+    names = {p: name for name, p in model.named_parameters()}
+    seen = []
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append({names[p]: p.grad.clone() for g in opt.param_groups for p in g["params"]})
+    )
+    return seen
+
+
+@pytest.mark.parametrize("accum", [1, 4])
+def test_accumulated_micro_batches_give_the_loss_and_gradients_of_one_backward_over_the_whole_batch(accum):
+    """Each micro-batch's loss is divided by accum_steps before its backward: the summed
+    gradients are the whole batch's mean gradient, not accum_steps times it."""
+    loss, grads, norm = reference_gradients(Batches(), accum)
+    model, optimizer, step = make_step(accum=accum, grad_clip=0.0)  # no clipping: the optimizer sees the raw gradients
+    received = gradients_the_optimizer_receives(model, optimizer)
+    result = step(Batches(), 0)
+    torch.testing.assert_close(result.loss, loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(result.grad_norm, norm, rtol=1e-5, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(received[0][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("clip_over_norm", [0.25, 4.0])
+def test_the_optimizer_receives_the_gradients_scaled_down_to_grad_clip_only_when_their_norm_exceeds_it(clip_over_norm):
+    _, grads, norm = reference_gradients(Batches(), 2)
+    grad_clip = float(norm) * clip_over_norm
+    model, optimizer, step = make_step(accum=2, grad_clip=grad_clip)
+    received = gradients_the_optimizer_receives(model, optimizer)
+    result = step(Batches(), 0)
+    torch.testing.assert_close(result.grad_norm, norm, rtol=1e-5, atol=0)  # the norm before clipping is logged
+    scale = min(1.0, clip_over_norm)
+    for name, grad in grads.items():
+        torch.testing.assert_close(received[0][name], grad * scale, rtol=1e-4, atol=1e-7, msg=name)
+    clipped_norm = global_norm(received[0])
+    assert clipped_norm <= grad_clip * (1 + 1e-5)
+    assert clipped_norm == pytest.approx(min(grad_clip, float(norm)), rel=1e-5)
 
 
 def test_an_unfused_optimizer_skips_too():
