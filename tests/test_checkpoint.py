@@ -1,4 +1,4 @@
-"""Checkpoints: lossless round trip, atomic replacement, clear errors."""
+"""Checkpoints: lossless round trip, atomic replacement, clear errors, and the fp16 loss scale a resume restores."""
 
 import errno
 import os
@@ -8,8 +8,15 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
+from conf import Config
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from training.distributed import Ranks
+from training.logger import read_metrics
+from training.run_dir import restore
+from training.runtime import Precision, resolve_precision, rng_state
+
+from test_train import run_in_process
 
 
 
@@ -331,3 +338,63 @@ def test_leftovers_of_killed_saves_are_removed_but_never_one_a_link_leads_to(tmp
     (root / "latest").symlink_to(linked.name)
     assert sorted(ckpt.remove_interrupted_saves(tmp_path)) == sorted(killed)
     assert sorted(p.name for p in root.iterdir()) == [linked.name, "latest", "step_000001"]
+
+
+# --- what a resume restores besides the weights: the fp16 loss scale ---------------------------------
+
+CPU = torch.device("cpu")
+
+
+def moved_loss_scale() -> torch.amp.GradScaler:
+    """train.py's fp16 scaler after one overflow (the scale halved to 32768) and two clean
+    steps (its growth tracker at 2): both differ from a fresh scaler's."""
+    scaler = resolve_precision("fp16", CPU).grad_scaler()
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    for factor in (1e35, 1.0, 1.0):  # 1e35 * 65536 overflows fp32's range
+        scaler.scale((weight * factor).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    return scaler
+
+
+def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
+    model = make_model()
+    optimizer = model.configure_optimizer(0.1, 1e-3)
+    scaler = moved_loss_scale()
+    assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == (32768.0, 2)
+    config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
+    state = {"step": 5, "best_val_loss": 2.0, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+             "rng": [rng_state(CPU)]}  # as train.py saves it
+    path = save_checkpoint(tmp_path, 5, model, config, state)
+    fresh = resolve_precision("fp16", CPU).grad_scaler()
+    assert fresh.get_scale() == 65536.0
+    step, _, _ = restore(load_checkpoint(path), make_model(seed=1), make_model(seed=1).configure_optimizer(0.1, 1e-3),
+                         fresh, Config(), Ranks(), CPU)
+    assert step == 5 and fresh.get_scale() == 32768.0
+    assert fresh.state_dict() == scaler.state_dict()
+
+
+@pytest.mark.cuda
+def test_an_fp16_run_resumed_where_its_loss_scale_had_moved_equals_the_uninterrupted_run(train_overrides, monkeypatch):
+    """A scaler that grows after every clean step (growth_interval=1, in both runs) reaches
+    fp16's overflow within a few steps and backs off, so the scale saved at step 6 is not
+    a fresh scaler's, and which steps overflow after it depends on restoring it."""
+    monkeypatch.setattr(Precision, "grad_scaler", lambda self: torch.amp.GradScaler(
+        self.device_type, enabled=self.uses_grad_scaler, growth_interval=1))
+    overrides = [o for o in train_overrides if o != "device=cpu"] + [
+        "device=cuda", "precision=fp16", "max_iters=12", "eval_interval=6"]
+    run_dir = run_in_process(*overrides)
+    straight = [(r["step"], r["skipped"], r["loss"]) for r in read_metrics(run_dir) if r["kind"] == "train"]
+    straight_weights = load_checkpoint(run_dir / "checkpoints" / "step_000012").model_state
+    middle = load_checkpoint(run_dir / "checkpoints" / "step_000006")
+    assert middle.training_state()["scaler"]["scale"] != 65536.0  # it moved
+    assert sum(skipped for _, skipped, _ in straight) > 0  # overflows happened
+
+    run_in_process(*overrides, f"resume={middle.path}")  # trains steps 7-12 again, in the same directory
+    resumed = [(r["step"], r["skipped"], r["loss"]) for r in read_metrics(run_dir) if r["kind"] == "train"]
+    assert [(s, k) for s, k, _ in resumed] == [(s, k) for s, k, _ in straight]  # the same steps overflowed
+    assert [loss for *_, loss in resumed] == pytest.approx([loss for *_, loss in straight], rel=1e-4)
+    for name, weight in load_checkpoint(run_dir / "checkpoints" / "step_000012").model_state.items():
+        torch.testing.assert_close(weight, straight_weights[name], rtol=1e-3, atol=1e-4, msg=name)
