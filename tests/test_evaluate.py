@@ -1,5 +1,5 @@
-"""Evaluation: the same windows for every seed, the whole val split on request, and the
-standard error of each loss, checked against plain torch on the same tokens."""
+"""Evaluation: the same windows for every seed, the whole val split on request, the
+standard error of each loss and bits per byte, checked against plain torch on the same tokens."""
 
 import json
 import math
@@ -62,6 +62,13 @@ def data_dir_of(directory):
     return next((directory / "data").rglob("meta.json")).parent
 
 
+def sampled_windows(directory, split="val"):
+    """The (T + 1)-token windows a sampled evaluation reads, drawn by the loader."""
+    loader = BatchLoader(data_dir_of(directory), split, BLOCK, BATCH, EVAL_SEED)
+    return [torch.from_numpy(loader.tokens[s : s + BLOCK + 1].astype(np.int64))
+            for i in range(ITERS) for s in loader.window_starts(i)]
+
+
 def test_runs_of_different_seeds_are_evaluated_on_the_same_windows(source):
     """Two runs starting from the same weights under seeds 5 and 6: their step-0
     evaluations see one model, so they agree exactly only if the windows do."""
@@ -76,10 +83,7 @@ def test_runs_of_different_seeds_are_evaluated_on_the_same_windows(source):
 def test_a_sampled_evaluation_is_the_mean_of_its_windows_with_their_standard_error(source):
     directory, run_dir = source
     model = trained(run_dir)
-    loader = BatchLoader(data_dir_of(directory), "val", BLOCK, BATCH, EVAL_SEED)
-    windows = [torch.from_numpy(loader.tokens[s : s + BLOCK + 1].astype(np.int64))
-               for i in range(ITERS) for s in loader.window_starts(i)]
-    losses = window_losses(model, windows)
+    losses = window_losses(model, sampled_windows(directory))
     metrics = evaluator(directory, "never")(model)
     assert metrics["val_windows"] == ITERS * BATCH
     assert metrics["val_loss"] == pytest.approx(statistics.mean(losses), rel=1e-6)
@@ -105,9 +109,25 @@ def test_the_whole_split_covers_every_non_overlapping_window_at_the_final_evalua
     assert always["val_windows"] == count and always["val_loss"] == pytest.approx(final["val_loss"], rel=1e-6)
 
 
-def evaluator(directory, whole_val, ranks=Ranks()):
+def evaluator(directory, whole_val, ranks=Ranks(), token_bytes=(1,) * 64):
     return Evaluator(data_dir_of(directory), block_size=BLOCK, batch_size=BATCH, eval_iters=ITERS, whole_val=whole_val,
-                     token_bytes=[1] * 64, precision=resolve_precision("fp32", CPU), ranks=ranks, device=CPU)
+                     token_bytes=list(token_bytes), precision=resolve_precision("fp32", CPU), ranks=ranks, device=CPU)
+
+
+def test_bits_per_byte_are_the_total_loss_over_the_bytes_of_the_target_tokens(source):
+    """With tokens of 1 to 4 bytes in no pattern, counting the inputs' bytes (each window
+    shifted by one token) gives another figure."""
+    directory, run_dir = source
+    model = trained(run_dir)
+    token_bytes = torch.randint(1, 5, (64,), generator=torch.Generator().manual_seed(3)).tolist()
+    windows = sampled_windows(directory)
+    with torch.no_grad():
+        total = sum(F.cross_entropy(model(w[None, :-1])[0][0], w[1:], reduction="sum").item() for w in windows)
+    target_bytes = sum(token_bytes[t] for w in windows for t in w[1:].tolist())
+    input_bytes = sum(token_bytes[t] for w in windows for t in w[:-1].tolist())
+    assert abs(input_bytes - target_bytes) > 1e-3 * target_bytes  # the two counts are told apart
+    metrics = evaluator(directory, "never", token_bytes=token_bytes)(model)
+    assert metrics["val_bpb"] == pytest.approx(total / (math.log(2) * target_bytes), rel=1e-6)
 
 
 def test_the_whole_split_is_shared_out_among_ranks_batch_by_batch(source):
