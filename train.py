@@ -32,17 +32,20 @@ from conf import Config, load_config
 from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
-from system import GracefulStop, Interrupted, exits
+from system import GracefulStop, Interrupted, command_finished, exits
 from training.budget import grad_accum_steps, training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
-    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, shutdown, wrap_model,
+    PeerStopped, Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, lost_peer, main_decides,
+    shutdown, wrap_model,
 )
 from training.evaluate import Evaluator
 from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
-from training.run_dir import interrupted, new_run_dir, resolve_resume, restore, run_lock, save_run_config
+from training.run_dir import (
+    interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config,
+)
 from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
     Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, check_finite, gradient_sync, learning_rate,
@@ -64,8 +67,7 @@ def train(cfg: DictConfig) -> Path | None:
     config = load_config(cfg)  # every rule checked here, before any heavy work
     ranks, device = init_distributed(config.device)
     try:
-        if ranks.is_main:
-            check_wandb(config.logging.wandb.mode)
+        main_decides(ranks, lambda: check_wandb(config.logging.wandb.mode))
         if resume_from is None:
             check_model_path(config)
         if config.max_iters == 0:
@@ -75,17 +77,23 @@ def train(cfg: DictConfig) -> Path | None:
         accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
                                  batch_size=config.batch_size, block_size=block_size,
                                  world_size=ranks.world_size)  # checked before any heavy work
-        if resume_from:
-            run_dir = resume_from.run_dir
-        else:  # only rank 0 chooses: a timestamp read on each rank could differ
-            run_dir = broadcast_from_main(ranks, new_run_dir(config) if ranks.is_main else None)
-        with run_lock(run_dir, enabled=ranks.is_main, new_run=resume_from is None) as takeover:  # one writer
+        # Only rank 0 chooses (a timestamp read on each rank could differ) and locks: one writer.
+        run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(config))
+        with contextlib.ExitStack() as held:
+            takeover = main_decides(ranks, lambda: held.enter_context(
+                run_lock(run_dir, enabled=True, new_run=resume_from is None)))
             try:
                 return run(cfg, config, resume_from, ranks, device, run_dir=run_dir, block_size=block_size,
                            accum=accum, takeover=takeover)
             except Interrupted as stop:
                 stop.detail = interrupted(stop.signal, run_dir)
                 raise
+            except RuntimeError as err:  # gloo's traceback when another rank ended mid-collective
+                peer = lost_peer(ranks, err)
+                if peer is None:
+                    raise
+                raise PeerStopped(f"rank {ranks.rank}: lost {peer} (killed, or failed with its own line), so this "
+                                  f"rank stopped too; {left_behind(run_dir)}") from None
     finally:
         shutdown(ranks)
 
@@ -133,7 +141,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
     compiled = torch.compile(model) if config.compile else model
     train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
 
-    loader = BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.seed,
+    loader = BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.batches_seed,
                          rank=ranks.rank, world_size=ranks.world_size, device=device, accum_steps=accum)
     session = Session(
         config=config, ranks=ranks, device=device, run_dir=run_dir, model=model, compiled=compiled,
@@ -154,10 +162,13 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
     session.logger.print(header(session, precision.name, accum, notes=(takeover, origin, budget.reason, resumed)))
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
-    checkpoint = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
+    checkpoint, step = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
     session.logger.close()
     barrier(ranks)  # no rank leaves before rank 0 has written the last checkpoint
+    command_finished()  # nothing prints after the lines below, whatever signal comes
     session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
+    if step < config.max_iters:  # a signal stopped it (under torchrun, the launcher's traceback follows)
+        session.logger.print(f"stopped cleanly at step {step} of {config.max_iters}: resume={run_dir} continues it")
     return run_dir
 
 
@@ -185,8 +196,8 @@ def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, de
                      ranks=ranks, device=device)
 
 
-def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> Path | None:
-    """Step to max_iters (or a stop); returns the last checkpoint."""
+def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> tuple[Path | None, int]:
+    """Step to max_iters (or a stop); returns the last checkpoint and the step it ended at."""
     config = s.config
     if step == 0:
         log_eval(s, 0, s.evaluate(s.compiled))
@@ -212,7 +223,7 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
                 s.logger.print(f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}")
                 break
             window_start = time.perf_counter()  # evaluation and saving are not training time
-    return checkpoint
+    return checkpoint, step
 
 
 @dataclass
@@ -351,7 +362,7 @@ def seed_and_prepare(config: Config, ranks: Ranks, device: torch.device) -> tupl
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
         configure_cuda(config.tf32)
-    seed_everything(config.seed + ranks.rank)  # ranks draw different dropout masks
+    seed_everything(config.weights_seed + ranks.rank)  # ranks draw different dropout masks
     return precision, prepare_data(config, ranks)
 
 

@@ -32,6 +32,7 @@ from model.rules import NOT_EMPTY, SEED, above, at_least, between, check_rules, 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
 WHOLE_VAL = ("never", "final", "always")
+SEED_SCOPES = ("all", "weights", "data")
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Config:
     logging: LoggingConfig = setting(factory=LoggingConfig)
     seed: int = setting(1337, SEED)
     """Seeds the weights, the batches' order and dropout: the same seed and settings give the same run."""
+    seed_scope: str = setting("all", one_of(*SEED_SCOPES))
+    """all, weights or data: what `seed` varies (the other part uses seed 0): weights and dropout, or the batches' order."""
     max_iters: int = setting(600, at_least(0))
     """Optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing."""
     tokens_per_param: Optional[float] = setting(None, above(0))
@@ -161,6 +164,16 @@ class Config:
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
             raise ValueError(f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
                              "init_from is scratch: set init_from too, or leave model_path unset")
+
+    @property
+    def weights_seed(self) -> int:
+        """Seeds the initial weights and dropout."""
+        return 0 if self.seed_scope == "data" else self.seed
+
+    @property
+    def batches_seed(self) -> int:
+        """Seeds the order of the training batches."""
+        return 0 if self.seed_scope == "weights" else self.seed
 
 
 def register_configs() -> None:

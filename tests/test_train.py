@@ -57,6 +57,20 @@ def test_short_run_learns_and_leaves_a_complete_run_directory(train_overrides):
     assert checkpoint.model_config.vocab_size == 64  # 20-odd characters padded to a multiple of 64
 
 
+def test_seed_scope_varies_only_the_weights_or_only_the_batches(train_overrides, tmp_path):
+    def first_step(seed, scope):  # (the untrained model's val loss, step 1's training loss)
+        run_dir = run_in_process(*train_overrides, "max_iters=1", "eval_interval=1", f"seed={seed}",
+                                 f"seed_scope={scope}", f"out_dir={tmp_path / f'{scope}{seed}'}")
+        return next(r["val_loss"] for r in read_metrics(run_dir) if r["kind"] == "eval"), losses(run_dir)[0][1]
+
+    weights_3, batches_0 = first_step(3, "weights")
+    all_weights_3, all_batches_3 = first_step(3, "all")
+    assert weights_3 == all_weights_3 and batches_0 != all_batches_3
+    data_weights_0, data_batches_3 = first_step(3, "data")
+    assert data_weights_0 != all_weights_3
+    data_weights_4, data_batches_4 = first_step(4, "data")
+    assert data_weights_0 == data_weights_4 and data_batches_3 != data_batches_4
+
 def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
     # Dropout: the RNG state must resume too; accumulation: so must the micro-step batches.
     common = [*train_overrides, "max_iters=60", "model.dropout=0.1", "grad_accum_steps=2"]

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from conf import Config, one_line_errors
 from model import GPT
 from training.checkpoint import (
-    CHECKPOINTS, WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint,
+    WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, last_good_checkpoint, load_checkpoint,
     load_weights, remove_interrupted_saves,
 )
 from training.distributed import Ranks
@@ -119,11 +119,16 @@ def _take_over(run_dir: Path) -> str:
 
 def interrupted(signal_name: str, run_dir: Path) -> str:
     """What a signal that stopped the run at once leaves behind, and how to go on."""
-    if has_checkpoint(run_dir):
-        latest = (run_dir / CHECKPOINTS / "latest").resolve()
-        return (f"{signal_name}: stopped at once, without saving; the last good checkpoint {latest} is intact, "
-                f"and resume={run_dir} continues from it")
-    return f"{signal_name}: stopped before the first checkpoint; resume={run_dir} starts the run afresh"
+    return f"{signal_name}: " + (f"stopped at once, without saving; {left_behind(run_dir)}"
+                                 if has_checkpoint(run_dir) else left_behind(run_dir))
+
+
+def left_behind(run_dir: Path) -> str:
+    """What a run that stopped before its end leaves, and how to go on."""
+    intact = last_good_checkpoint(run_dir)
+    if intact is None:
+        return f"stopped before the first checkpoint; resume={run_dir} starts the run afresh"
+    return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
 
 
 def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
@@ -214,15 +219,15 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer
         scaler.load_state_dict(state["scaler"])
     step, rng_states = state["step"], state["rng"]
     note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
-    latest = (checkpoint.run_dir / CHECKPOINTS / "latest").resolve()
-    if latest.exists() and latest != checkpoint.path.resolve():
+    latest = last_good_checkpoint(checkpoint.run_dir)
+    if latest is not None and latest != checkpoint.path.resolve():
         note += (f" (an older checkpoint than latest, {latest.name}: "
                  + ("the log after it is replaced as the run goes on)" if step < config.max_iters
                     else "nothing to train, so the log is kept whole)"))
     if len(rng_states) == ranks.world_size:  # each rank continues its own random streams
         set_rng_state(rng_states[ranks.rank], device)
     else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
-        seed_everything(reseed(config.seed, ranks.rank, step))
+        seed_everything(reseed(config.weights_seed, ranks.rank, step))
         note += (f" (saved by {len(rng_states)} process(es), resumed on {ranks.world_size}: "
                  "the data order is exact, the dropout masks are new)")
     return step, state["best_val_loss"], note
