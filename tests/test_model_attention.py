@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from ablation.attention_plot import attention_maps
+from attention_variants import IMPLS, SHARED_KV, heads
 from model import GPT
 
 from conftest import tiny_config
 
 KV_HEADS = [4, 2, 1]  # with n_head=4: MHA, GQA, MQA
-IMPLS = ["sdpa", "manual"]
 
 
 @pytest.mark.parametrize("n_kv_head, attn_impl", list(itertools.product(KV_HEADS, IMPLS)))
@@ -48,9 +48,10 @@ def replicate_kv_into_mha(grouped: GPT) -> GPT:
     return mha.eval()
 
 
-@pytest.mark.parametrize("n_kv_head, attn_impl", list(itertools.product([2, 1], IMPLS)))
-def test_grouped_attention_equals_mha_with_replicated_kv_heads(make_model, n_kv_head, attn_impl):
-    grouped = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
+@pytest.mark.parametrize("attn_impl", IMPLS)
+@pytest.mark.parametrize("n_head, n_kv_head", SHARED_KV)
+def test_grouped_attention_equals_mha_with_replicated_kv_heads(make_model, n_head, n_kv_head, attn_impl):
+    grouped = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl)
     mha = replicate_kv_into_mha(grouped)
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
     logits, loss = grouped(idx, idx)
