@@ -109,13 +109,34 @@ def interrupts_raise() -> Iterator[None]:
                 signal.signal(sig, signal.SIG_IGN)
 
 
+def command_finished() -> None:
+    """The command has done its work (or is ending with its last line known): from here a
+    signal is ignored, so nothing prints after that line (not even from an object's
+    finalizer) and the exit status stays. Only the handlers interrupts_raise installed are
+    replaced: a caller from Python (a test) keeps its own."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            if signal.getsignal(sig) is _raise_interrupted:
+                signal.signal(sig, signal.SIG_IGN)
+
+
 class GracefulStop:
     """While active, the first SIGINT or SIGTERM only sets `requested` (the training
-    loop checks it after each step, saves and stops); a second one raises Interrupted."""
+    loop checks it after each step, saves and stops); a second one raises Interrupted.
+    With a `launcher` (its process id), that process ending requests a stop too: a
+    launcher killed with -9 cannot pass a signal on, and its workers must not train on."""
 
-    def __init__(self) -> None:
-        self.requested: str | None = None
+    def __init__(self, launcher: int | None = None) -> None:
+        self._requested: str | None = None
+        self._launcher = launcher
         self._signals = on_signals(self._handle)
+
+    @property
+    def requested(self) -> str | None:
+        """What asked for the stop (a signal's name, or the launcher's end); None if nothing did."""
+        if self._requested is None and self._launcher is not None and os.getppid() != self._launcher:
+            self._requested = f"the launcher (process {self._launcher}) ended"
+        return self._requested
 
     def __enter__(self) -> GracefulStop:
         self._signals.__enter__()
@@ -125,9 +146,9 @@ class GracefulStop:
         self._signals.__exit__(*exc)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
+        if self._requested:
             raise Interrupted(signum)
-        self.requested = signal.Signals(signum).name
+        self._requested = signal.Signals(signum).name
 
 
 def replace_atomically(path: Path, make: Callable[[Path], None]) -> None:

@@ -202,7 +202,7 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
     if step == 0:
         log_eval(s, 0, s.evaluate(s.compiled))
     window, window_start = TrainWindow(s.device), time.perf_counter()
-    with GracefulStop() as stop:
+    with GracefulStop(launcher=s.ranks.launcher) as stop:  # a launcher killed with -9 stops the run too
         while step < config.max_iters:
             lr = set_learning_rate(s.trainer.optimizer, step, config)
             result = train_step(s.trainer, s.batches, step, stop_requested=stop.requested is not None)

@@ -138,9 +138,8 @@ def save_checkpoint(
         what = f"{_write_failure(err, root)} writing checkpoint {final}"
         if tmp.resolve() not in _linked(root):  # a re-save may have pointed a link at it already
             shutil.rmtree(tmp, ignore_errors=True)
-        latest = root / "latest"
-        intact = (f"the last good checkpoint {latest.resolve()} is intact" if latest.exists()
-                  else "there is no earlier checkpoint")
+        intact = last_good_checkpoint(Path(run_dir))
+        intact = f"the last good checkpoint {intact} is intact" if intact else "there is no earlier checkpoint"
         raise CheckpointError(f"{what}; {intact}") from err
     if keep_state == "latest":
         for older in _step_dirs(root):
@@ -155,7 +154,7 @@ def _move_into_place(tmp: Path, final: Path, is_best: bool) -> None:
     best = root / "best"
     links = [root / "latest"] + ([best] if is_best else [])
     if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
-        leads_here = [best] if not is_best and best.resolve() == final.resolve() else []
+        leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
         _replace_keeping_links_valid(final, tmp, links + leads_here)
     else:
         tmp.rename(final)
@@ -287,6 +286,15 @@ def _follow_latest(link: Path) -> Path:
     print(f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
           f"checkpoint left, {newest}", file=sys.stderr)
     return newest.resolve()
+
+
+def last_good_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a resume of the run continues from: where `latest` leads, else (the
+    link lost, dangling or a loop) the newest complete one; None before the first."""
+    root = run_dir / CHECKPOINTS
+    if (root / "latest" / WEIGHTS).is_file():
+        return (root / "latest").resolve()
+    return _newest_complete(root) if root.is_dir() else None
 
 
 def _newest_complete(root: Path) -> Path | None:

@@ -3,22 +3,35 @@ DistributedDataParallel averages gradients with an all-reduce (NCCL on CUDA, glo
 
 Without torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, set by the launcher)
 everything here is a no-op, so the same train.py runs alone or in a group of processes.
+
+A rank does not train on without its launcher (see Ranks.launcher), nor wait on a rank
+that ended: rank 0's refusals reach the others, and a rank that finds a peer gone stops
+with one line.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from system import UserError, command_finished
 from training.runtime import resolve_device
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+# How gloo says a peer's end of the connection closed: the peer process ended.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+T = TypeVar("T")
+
+
+class PeerStopped(UserError):
+    """Another rank ended (it refused the run, failed or was killed), so this one stops too."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,7 @@ class Ranks:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    launcher: int | None = None  # the process id of the launcher (torchrun's agent) that started this one
 
     @property
     def enabled(self) -> bool:
@@ -42,7 +56,7 @@ def init_distributed(device_setting: str) -> tuple[Ranks, torch.device]:
     on CUDA each process takes the GPU of its local rank."""
     if not all(name in os.environ for name in LAUNCHER_VARIABLES):
         return Ranks(), resolve_device(device_setting)
-    ranks = Ranks(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES))
+    ranks = Ranks(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES), launcher=os.getppid())
     device = resolve_device(device_setting)
     if device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
@@ -66,6 +80,36 @@ def broadcast_from_main(ranks: Ranks, value: Any) -> Any:
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def main_decides(ranks: Ranks, decide: Callable[[], T]) -> T:
+    """Rank 0 alone runs `decide` (a choice only it may make) and every rank gets its result.
+    When rank 0 refuses (a UserError or ValueError, its own line), each other rank stops with
+    one line saying so, instead of a traceback from a collective whose peer went away."""
+    if not ranks.enabled:
+        return decide()
+    value, refused = None, None
+    if ranks.is_main:
+        try:
+            value = decide()
+        except (UserError, ValueError) as err:
+            refused = err
+    value, was_refused = broadcast_from_main(ranks, (value, refused is not None))
+    if refused is not None:
+        raise refused
+    if was_refused:
+        raise PeerStopped(f"rank {ranks.rank}: stopped, rank 0 refused the run (its line says why)")
+    return value
+
+
+def lost_peer(ranks: Ranks, err: BaseException) -> str | None:
+    """Which rank ended under a collective that failed with `err` (None: not a lost peer).
+    Signals are ignored from here: the rank's last line is then this loss, not a SIGTERM
+    the launcher sends once it notices the lost rank."""
+    if not (ranks.enabled and isinstance(err, RuntimeError) and any(gone in str(err) for gone in PEER_GONE)):
+        return None
+    command_finished()
+    return f"rank {1 - ranks.rank}" if ranks.world_size == 2 else "another rank"
 
 
 def gather_to_main(ranks: Ranks, value: Any) -> list[Any]:
