@@ -1,0 +1,178 @@
+"""The lm-evaluation-harness model, offline: tiny tasks of our own (tests/lm_eval_tasks)
+through the real lm_eval.simple_evaluate, against transformers models exported from the
+same weights and scored by the harness's own `hf` model, against gptlab's full forward
+pass, and against log-probabilities summed by hand."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+lm_eval = pytest.importorskip("lm_eval")  # the `eval` extra; .ci/run installs it
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import export  # noqa: E402
+from data import load_tokenizer  # noqa: E402
+from evaluation.lm import GptlabLM  # noqa: E402
+from hf_reference import randomized  # noqa: E402
+from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
+from model.hf import pool_kv_heads  # noqa: E402
+from training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = REPO / "tests" / "lm_eval_tasks"
+BLOCK = 64
+SHAPE = dict(vocab_size=50304, block_size=BLOCK, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+GPT2 = {"name": "gpt2"}
+CHOICE, PASSAGES, GENERATE = "gptlab_tiny_choice", "gptlab_tiny_passages", "gptlab_tiny_generate"
+LONG_TEXT = " ".join(json.loads(line)["text"] for line in (TASKS / "passages.jsonl").read_text().splitlines())
+
+
+def save_run(run_dir: Path, model: GPT, tokenizer: dict = GPT2) -> Path:
+    save_checkpoint(run_dir, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run directories of random tiny models: GQA, the same pooled to MQA, and MHA."""
+    root = tmp_path_factory.mktemp("lm_eval")
+    gqa = randomized(GPT(GPTConfig(n_kv_head=2, **SHAPE)), seed=1)
+    mqa_config, mqa_state = pool_kv_heads(gqa.state_dict(), gqa.config, 1)
+    mqa = GPT(mqa_config)
+    mqa.load_state_dict(mqa_state)
+    mha = randomized(GPT(GPTConfig(**SHAPE)), seed=2)
+    return {name: save_run(root / name, model) for name, model in (("GQA", gqa), ("MQA", mqa), ("MHA", mha))}
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    """Our tasks only (not the harness's thousands); their data_files are relative to the repository."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        yield TaskManager(include_path=str(TASKS), include_defaults=False)
+
+
+@pytest.fixture(scope="module")
+def gqa(runs):
+    return GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size=8)
+
+
+def evaluate(model, tasks, names, **model_args):
+    return lm_eval.simple_evaluate(model=model, model_args=model_args or None, tasks=names, task_manager=tasks,
+                                   log_samples=True, verbosity="ERROR")
+
+
+def responses(result, task):
+    """Per request, in document order: the harness's raw answer (a (loglikelihood,
+    is_greedy) pair, a rolling loglikelihood or a text)."""
+    samples = sorted(result["samples"][task], key=lambda sample: sample["doc_id"])
+    return [response[0] for sample in samples for response in sample["resps"]]
+
+
+@pytest.mark.parametrize("layout", ["MHA", "MQA"])
+def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(runs, tasks, tmp_path, layout):
+    export.main([str(runs[layout]), str(tmp_path / "hf")])  # GPT2LMHeadModel or GPTBigCodeForCausalLM
+    ours = evaluate("gptlab", tasks, [CHOICE, PASSAGES], checkpoint=str(runs[layout]), device="cpu")
+    theirs = evaluate("hf", tasks, [CHOICE, PASSAGES], pretrained=str(tmp_path / "hf"), device="cpu",
+                      dtype="float32")
+    for (our_logprob, our_greedy), (logprob, greedy) in zip(responses(ours, CHOICE), responses(theirs, CHOICE),
+                                                            strict=True):
+        assert our_logprob == pytest.approx(logprob, abs=1e-4) and our_greedy == greedy
+    assert responses(ours, PASSAGES) == pytest.approx(responses(theirs, PASSAGES), abs=1e-3, rel=1e-6)
+    for metric in ("acc,none", "acc_norm,none"):
+        assert ours["results"][CHOICE][metric] == theirs["results"][CHOICE][metric]
+
+
+def test_grouped_query_loglikelihoods_equal_the_full_forward_pass(runs, gqa):
+    tokenizer = load_tokenizer(GPT2)
+    model = GPT(load_checkpoint(runs["GQA"] / "checkpoints" / "latest").model_config)
+    model.load_state_dict(gqa.model.state_dict())
+    pairs = [(json.loads(line)["question"], choice) for line in (TASKS / "choice.jsonl").read_text().splitlines()
+             for choice in json.loads(line)["choices"]]
+    expected = []
+    for context, continuation in pairs:
+        whole = tokenizer.encode(context + continuation)
+        n = len(whole) - len(tokenizer.encode(context))
+        logprobs = F.log_softmax(model.eval()(torch.tensor([whole]))[0][0, :-1], dim=-1)
+        expected.append(logprobs[-n:].gather(1, torch.tensor(whole[-n:])[:, None]).sum().item())
+    actual = [logprob for logprob, _ in gqa.loglikelihood(requests("loglikelihood", pairs))]
+    assert actual == pytest.approx(expected, abs=1e-4)
+
+
+def test_rolling_loglikelihood_predicts_each_token_once_in_windows_of_the_context_length(gqa):
+    ids = gqa.tok_encode(LONG_TEXT)
+    assert len(ids) > 2 * BLOCK and len(ids) % BLOCK  # two whole windows and a shorter one
+    full = [gqa.eot_token_id] + ids  # the first token is predicted from <|endoftext|>
+    expected = 0.0
+    with torch.no_grad():
+        for start in range(0, len(ids), BLOCK):  # stride: the context length
+            end = min(start + BLOCK, len(ids))  # ids[start:end] are predicted from the BLOCK tokens before the last
+            logprobs = F.log_softmax(gqa.model(torch.tensor([full[max(0, end - BLOCK):end]]))[0][0], dim=-1)
+            targets = torch.tensor(full[start + 1:end + 1])
+            expected += logprobs[-len(targets):].gather(1, targets[:, None]).sum().item()
+    assert gqa.loglikelihood_rolling(requests("loglikelihood_rolling", [(LONG_TEXT,)])) == pytest.approx([expected])
+
+
+def test_generation_ends_at_a_stop_string_that_spans_two_tokens(gqa):
+    prompt, settings = "The harbour was", {"until": [], "max_gen_toks": 24, "do_sample": False}
+    (tokens,) = generate(gqa.model, [gqa.tok_encode(prompt)], 24, Sampling(temperature=0.0), vocab_size=50257)
+    decode = gqa.text_tokenizer.decode
+    free = decode(tokens)
+    # The first k whose stop string (two characters of token k-1 and two of token k) first occurs there.
+    k, stop = next((k, free[b - 2:b + 2]) for k in range(1, len(tokens)) for b in [len(decode(tokens[:k]))]
+                   if min(len(decode(tokens[k - 1:k])), len(decode(tokens[k:k + 1]))) >= 2
+                   and free.find(free[b - 2:b + 2]) == b - 2)
+    calls = []
+    hook = gqa.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        stopped = gqa.generate_until(requests("generate_until", [
+            (prompt, {**settings, "until": [stop, "never generated"]}),
+            (prompt, {**settings, "until": "never generated"}),  # a string, as tasks may give
+        ]))
+    finally:
+        hook.remove()
+    assert stopped == [free[:free.find(stop)], free]
+    assert len(calls) == (1 + k) + (1 + 23)  # a prefill, then a step per further token: k + 1 tokens, then 24
+
+
+def test_batch_size_and_padding_do_not_change_loglikelihoods(runs, gqa):
+    pairs = [(json.loads(line)["question"], choice) for line in (TASKS / "choice.jsonl").read_text().splitlines()
+             for choice in json.loads(line)["choices"]] + [(LONG_TEXT, " and more."), ("", "An empty context.")]
+    one = GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size="1")  # as the command line passes it
+    batched = gqa.loglikelihood(requests("loglikelihood", pairs))
+    single = one.loglikelihood(requests("loglikelihood", pairs))
+    assert [greedy for _, greedy in batched] == [greedy for _, greedy in single]
+    assert [logprob for logprob, _ in batched] == pytest.approx([logprob for logprob, _ in single], abs=1e-5)
+
+
+def test_tasks_run_through_simple_evaluate_by_the_registered_name(runs, tasks):
+    assert get_model("gptlab") is GptlabLM
+    result = evaluate("gptlab", tasks, ["gptlab_tiny"], checkpoint=str(runs["GQA"]), device="cpu", batch_size=4)
+    assert set(result["results"]) == {CHOICE, PASSAGES, GENERATE}
+    generated = responses(result, GENERATE)
+    assert len(generated) == 6 and not any("." in text or "\n" in text for text in generated)
+
+
+def test_a_char_model_names_the_characters_its_vocabulary_lacks(tmp_path):
+    chars = {"name": "char", "chars": "abc \n", "eot": False}
+    run = save_run(tmp_path / "char", GPT(GPTConfig(**{**SHAPE, "vocab_size": 5})), chars)
+    lm = GptlabLM(checkpoint=str(run), device="cpu")
+    assert lm.loglikelihood(requests("loglikelihood", [("ab", "c")]))[0][1] in (True, False)
+    with pytest.raises(ValueError, match=r"does not know: 'd' 'z'"):
+        lm.loglikelihood(requests("loglikelihood", [("zab", "cd")]))
+
+
+def test_batch_size_auto_is_refused_in_one_line(runs):
+    with pytest.raises(ValueError, match="batch_size must be a whole number"):
+        GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size="auto")
+
+
+def requests(kind, arguments):
+    return [Instance(kind, doc={}, arguments=args, idx=0) for args in arguments]
