@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from conf import CONF_DIR, Config
 from conf.cli import describe, setting_type
+from conf.downstream_config import DownstreamConfig
 from conf.sample_config import SampleConfig
 from model.rules import rule_of
 
@@ -26,7 +27,7 @@ INTRO = """\
 data/config.py: edit those, then run it again. -->
 
 Every setting of `train.py` (and `python -m data`, which reads the same `data.*` settings)
-and of `sample.py`, with its type, its default and the rule it must follow. Set any of them
+and of `sample.py` and `downstream.py`, with its type, its default and the rule it must follow. Set any of them
 on the command line, a section's with a dot: `python train.py max_iters=100 optim.learning_rate=1e-3
 model.n_kv_head=1`. A value of the wrong type, a broken rule or a misspelt name is refused in
 one line before any work starts. `model.*` and `data.*` start from the presets listed after
@@ -45,6 +46,7 @@ def reference() -> str:
     parts += ["## Experiments\n", "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
               presets("experiment", what_it_is=True)]
     parts += ["## sample.py\n", table(SampleConfig, "")]
+    parts += ["## downstream.py\n", table(DownstreamConfig, "")]
     return "\n".join(part for part in parts if part)
 
 
@@ -89,6 +91,8 @@ def attribute_docs(schema: type) -> dict[str, str]:
 
 
 def yaml_value(value) -> str:
+    if isinstance(value, list):  # as typed on a command line: [a,b]
+        return "[" + ",".join(yaml_value(item) for item in value) + "]"
     return OmegaConf.to_yaml({"v": value}).strip()[3:].strip().replace("\n", " ")
 
 

@@ -5,6 +5,7 @@ pass, and against log-probabilities summed by hand."""
 
 import json
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
+import downstream  # noqa: E402
 import export  # noqa: E402
+from conf.downstream_config import DownstreamConfig  # noqa: E402
 from data import load_tokenizer  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402
@@ -176,3 +179,20 @@ def test_batch_size_auto_is_refused_in_one_line(runs):
 
 def requests(kind, arguments):
     return [Instance(kind, doc={}, arguments=args, idx=0) for args in arguments]
+
+
+def test_downstream_writes_each_tasks_figures_beside_the_checkpoint(runs, tasks, gqa, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", partial(TaskManager, include_defaults=False))  # fast
+    settings = dict(checkpoint=str(runs["GQA"]), include_path=str(TASKS), device="cpu")
+    downstream.evaluate(DownstreamConfig(tasks=[CHOICE], **settings))
+    path = downstream.evaluate(DownstreamConfig(tasks=[PASSAGES], limit=2, **settings))  # added beside the first
+    assert path == (runs["GQA"] / "checkpoints" / "latest").resolve() / "downstream.json"
+    results = json.loads(path.read_text())
+    assert results[PASSAGES]["items"] == 2 and results[PASSAGES]["limit"] == 2
+    docs = [json.loads(line) for line in (TASKS / "choice.jsonl").read_text().splitlines()]
+    scores = [logprob for logprob, _ in gqa.loglikelihood(
+        requests("loglikelihood", [(doc["question"], choice) for doc in docs for choice in doc["choices"]]))]
+    right = [max(range(3), key=lambda i, n=n: scores[3 * n + i]) == doc["label"] for n, doc in enumerate(docs)]
+    assert results[CHOICE]["metrics"]["acc"] == pytest.approx(sum(right) / len(docs))
+    assert results[CHOICE]["items"] == len(docs) and results[CHOICE]["num_fewshot"] == 0

@@ -1,0 +1,53 @@
+"""DownstreamConfig: the typed schema of conf/downstream.yaml, the settings of downstream.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from conf import load_config
+from conf.sample_config import DTYPES
+from model import WEIGHT_FORMATS
+from model.rules import NOT_EMPTY, at_least, check_rules, one_of, setting
+
+
+@dataclass
+class DownstreamConfig:
+    """downstream.py's settings: `python downstream.py checkpoint=runs/<run> tasks=[hellaswag,arc_easy]`."""
+
+    checkpoint: Optional[str] = None
+    """A checkpoint or run directory (its latest checkpoint); null: the newest run's latest checkpoint."""
+    runs_root: str = setting("runs", NOT_EMPTY)
+    """Where the newest run is looked for."""
+    tasks: list[str] = setting(factory=lambda: ["hellaswag"], rule=NOT_EMPTY)
+    """lm-eval task (or group) names; the harness downloads each task's data once, from the Hub."""
+    include_path: Optional[str] = None
+    """A directory of task YAML files of your own (lm-eval's local-file format), besides the harness's tasks."""
+    num_fewshot: Optional[int] = setting(None, at_least(0))
+    """Examples put before each question; null: each task's own default (0 for hellaswag)."""
+    limit: Optional[int] = setting(None, at_least(1))
+    """Evaluate only the first this many items of each task (a quick look, not a result); null: all."""
+    batch_size: int = setting(8, at_least(1))
+    """Sequences scored together."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    dtype: str = setting("auto", one_of(*DTYPES))
+    """Activations: auto (bf16 on CUDA, fp32 on a CPU), fp32, bf16 or fp16."""
+    weights: str = setting("fp32", one_of(*WEIGHT_FORMATS))
+    """fp32 (as trained, in dtype), bf16, or int8 (CPU only)."""
+
+    def __post_init__(self) -> None:
+        check_rules(self)
+        if not self.tasks:
+            raise ValueError("tasks is empty: name at least one lm-eval task, e.g. tasks=[hellaswag]")
+
+
+def load_downstream_config(cfg: DictConfig) -> DownstreamConfig:
+    """The composed config as a validated DownstreamConfig (ValueError naming the setting)."""
+    return load_config(cfg, DownstreamConfig)
+
+
+ConfigStore.instance().store(name="downstream_schema", node=DownstreamConfig)
