@@ -24,7 +24,8 @@ from ablation.commands import add_seeds_commands
 from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
-from ablation.runs import Arm, find_runs, group_arms, layout_name, shape_name
+from ablation.fairness import changes, check_same_data
+from ablation.runs import Arm, group_arms, layout_name, read_sweep, shape_name
 from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, seeds_needed
 from model import GPT, to_decode_layout
 from system import exits
@@ -41,7 +42,9 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
     """frontier_preset maps a trained layout to the config whose random-weight decode
     speed the frontier also shows (gpt2_sized for the CLI; None leaves it out); effect is
     the difference in nats the power section counts the seeds for."""
-    arms = group_arms(find_runs(sweep_dir))
+    sweep = read_sweep(sweep_dir)
+    check_same_data(sweep.runs)
+    arms = group_arms(sweep.runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = sorted({a.shape for a in arms}, key=lambda s: s[0] * s[1])
@@ -50,7 +53,7 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
         members = [a for a in arms if a.shape == shape]
         base = baseline_of(members, baseline)
         rows = results(members, base)
-        per_shape.append((base, rows))
+        per_shape.append((rows[0].arm, rows))
         image = f"val_loss_L{shape[0]}d{shape[1]}.png" if len(shapes) > 1 else "val_loss.png"
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
         sections.append(shape_section(shape, rows, image))
@@ -63,18 +66,24 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
     largest = one_per_layout(per_shape[-1][1])
     sections.append(frontier_section(largest, out_dir, device, frontier_preset, decode_steps))
     sections.append(attention_section([r.arm for r in largest], prompt, out_dir))
-    text = "\n\n".join([header(sweep_dir, arms, device), *sections, METHOD]) + "\n"
+    left_out = sweep.left_out + [line for _, rows in per_shape for r in rows for line in r.left_out]
+    for line in left_out:
+        print(f"warning: {line}", file=sys.stderr)
+    text = "\n\n".join([header(sweep_dir, arms, device, left_out), *sections, METHOD]) + "\n"
     path = out_dir / "report.md"
     path.write_text(text)
     return path
 
 
-def header(sweep_dir: Path, arms: list[Arm], device: torch.device) -> str:
+def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: list[str]) -> str:
     runs = sum(len(a.runs) for a in arms)
     seeds = sorted({s for a in arms for s in a.seeds})
-    return (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
+    text = (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
             f"{', '.join(map(str, seeds))}. Measured at report time on {device.type} ({describe_machine(device)}), "
             f"torch {torch.__version__}.")
+    if not left_out:
+        return text
+    return "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])
 
 
 def shape_section(shape, rows: list[Result], image: str) -> str:
@@ -95,12 +104,15 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
                       if r.comparison else "baseline")
         p = f"{p_value(r.comparison.p_value)} | {p_value(r.comparison.deciding_p)}" if r.comparison else " "
         train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
+        missing = f" ({_seeds(r.missing)} missing)" if r.missing else ""
         lines.append(
-            f"| {a.label} | {len(a.runs)} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
+            f"| {a.label} | {len(a.runs)}{missing} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
             f"{'baseline' if r.comparison is None else r.axis} | {r.tokens:,} | {r.flops:.4g} | "
             f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {p} | {train_speed:,.0f} |"
         )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
+    changed = [(r.arm.label, changes(r.arm, rows[0].arm)) for r in rows[1:]]
+    verdicts += [f"- {label} also changes {what}" for label, what in changed if what]
     return "\n".join(lines + ["", *verdicts, "", f"![validation loss]({image})"])
 
 
@@ -234,10 +246,14 @@ def p_value(p: float) -> str:
 
 
 def ci(e: Estimate, signed: bool = False) -> str:
-    if e.n < 2:
+    if math.isnan(e.low):  # one value on a side: no spread to build an interval from
         return "no CI"
     fmt = "{:+.4f}" if signed else "{:.4f}"
     return f"{fmt.format(e.low)}..{fmt.format(e.high)}"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def threads() -> str:

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from ablation.runs import Arm
+from ablation.runs import Arm, flatten
 from conf import CONF_DIR
 from training.run_dir import RUN_GROUPS, read_run_yaml
 
@@ -30,18 +30,8 @@ def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dic
     HydraConfig.instance().set_config(cfg)  # ${hydra:sweep.dir} resolves as in a sweep's job
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra")}
     settings = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return (_flat(OmegaConf.to_container(settings, resolve=True)), _flat(OmegaConf.to_container(settings)),
+    return (flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)),
             choices)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    leaves = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            leaves.update(_flat(value, f"{prefix}{key}."))
-        else:
-            leaves[f"{prefix}{key}"] = value
-    return leaves
 
 
 def _value(value: Any) -> str:
@@ -67,7 +57,7 @@ def arm_overrides(arm: Arm, sweep_dir: Path) -> list[str]:
     base += [f"{'' if k in chosen else '+'}{k}={v}" for k, v in groups.items()
              if k != "experiment" and v is not None and chosen.get(k) != v]  # +: a group the defaults lack
     composed, unresolved, _ = _composed(base)
-    changed = {k: v for k, v in _flat(run.settings).items() if k not in NOT_CARRIED and composed.get(k, object()) != v}
+    changed = {k: v for k, v in flatten(run.settings).items() if k not in NOT_CARRIED and composed.get(k, object()) != v}
     derived = {k for k in changed if "${" in str(unresolved.get(k, ""))}
     if derived:
         rest = [f"{k}={_value(v)}" for k, v in changed.items() if k not in derived]

@@ -3,9 +3,10 @@ against training from scratch at the same total tokens, and the gaps along a siz
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from ablation.runs import Arm
+from ablation.fairness import check_against_baseline, check_seeds_alike
+from ablation.runs import Arm, Run
 from ablation.stats import Comparison, Estimate, holm, mean_ci, paired_difference, verdict, welch_difference
 
 
@@ -21,6 +22,8 @@ class Result:
     val_bpb: Estimate | None  # None for runs that logged no bits per byte
     comparison: Comparison | None  # against the baseline; None for the baseline itself
     verdict: str | None
+    left_out: list[str] = field(default_factory=list)  # a line for each run of the arm not evaluated at `tokens`
+    missing: list[int] = field(default_factory=list)  # seeds the other arms ran (of those the baseline ran), not this one
 
     @property
     def flops(self) -> float:
@@ -53,30 +56,73 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     """The baseline first, then every arm trained from scratch (uptrained arms have their
     own comparison), each on the axis its budget was matched on: a match_mha_flops arm at
     its own final evaluation, which spends the baseline's training FLOPs; any other at the
-    baseline's final tokens, or at its own end where it was not evaluated there. The
-    comparisons form one family for Holm's adjustment, which the verdicts decide by."""
-    tokens = baseline.runs[0].final["tokens"]
+    baseline's final tokens, or at its own end where it was not evaluated there. A run not
+    evaluated where its arm is compared (it stopped before) is left out of the row, and
+    said so; the compared runs must be alike (ablation/fairness.py). The comparisons form
+    one family for Holm's adjustment, which the verdicts decide by."""
+    tokens = _end(baseline)
+    ran = [baseline] + [a for a in arms if a is not baseline and not a.uptrained]
+    compared = [_compared(arm, tokens, _windows(baseline, tokens)) for arm in ran]
+    base = compared[0][0]
     rows = []
-    for arm in [baseline] + [a for a in arms if a is not baseline and not a.uptrained]:
-        at, axis = _compared_at(arm, tokens, _windows(baseline, tokens))
+    for (arm, at, axis, left_out), missing in zip(compared, _missing_seeds(ran, [c[0] for c in compared])):
+        check_seeds_alike(arm)
         losses = arm.at_tokens(at)
         bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
-        comparison = None if arm is baseline else difference(baseline.finals(), baseline.seeds, losses, arm.seeds)
-        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None))
+        comparison = None
+        if arm is not base:
+            check_against_baseline(arm, base)
+            comparison = difference(base.at_tokens(tokens), base.seeds, losses, arm.seeds)
+        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None, left_out,
+                           missing))
     adjusted = holm([r.comparison for r in rows[1:]])
-    return rows[:1] + [replace(r, comparison=c, verdict=verdict(r.arm.label, baseline.label, c))
+    return rows[:1] + [replace(r, comparison=c, verdict=verdict(r.arm.label, base.label, c))
                        for r, c in zip(rows[1:], adjusted)]
 
 
-def _compared_at(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[int, str]:
-    """Equal tokens needs an evaluation there on the baseline's windows: an arm that trains
-    longer under eval_whole_val=final was evaluated on a sample there, not on the whole split."""
-    own_end = arm.runs[0].final["tokens"]
+def _compared(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[Arm, int, str, list[str]]:
+    """The arm with the runs evaluated where it is compared, the tokens there, the axis, and
+    a line for each run left out. Equal tokens needs an evaluation there on the baseline's
+    windows: an arm that trains longer under eval_whole_val=final was evaluated on a sample
+    there, not on the whole split."""
     if arm.matched_flops:
-        return own_end, EQUAL_FLOPS
-    if arm.at_tokens(baseline_tokens) is not None and _windows(arm, baseline_tokens) == baseline_windows:
-        return baseline_tokens, EQUAL_TOKENS
-    return own_end, OWN_END
+        at, axis, windows = _end(arm), EQUAL_FLOPS, None
+    elif any(_evaluated(arm, run, baseline_tokens, baseline_windows) for run in arm.runs):
+        at, axis, windows = baseline_tokens, EQUAL_TOKENS, baseline_windows
+    else:
+        at, axis, windows = _end(arm), OWN_END, None
+    kept = [run for run in arm.runs if _evaluated(arm, run, at, windows)]
+    left_out = [_why_left_out(arm, run, at) for run in arm.runs if run not in kept]
+    return (replace(arm, runs=kept) if left_out else arm), at, axis, left_out
+
+
+def _end(arm: Arm) -> int:
+    """The tokens of the arm's last evaluation: where its longest run stopped."""
+    return max(run.final["tokens"] for run in arm.runs) + arm.pretraining_tokens
+
+
+def _evaluated(arm: Arm, run: Run, tokens: int, windows: set | None) -> bool:
+    """Whether the run was evaluated at `tokens` (on one of `windows`, unless None)."""
+    return any(r["tokens"] + arm.pretraining_tokens == tokens and (windows is None or r.get("val_windows") in windows)
+               for r in run.evals)
+
+
+def _why_left_out(arm: Arm, run: Run, tokens: int) -> str:
+    end = run.final
+    if end["tokens"] + arm.pretraining_tokens < tokens:
+        return (f"{run.path}: stopped at {end['tokens']:,} tokens (step {end['step']}), before the {tokens:,} tokens "
+                f"arm {arm.name} is compared at; left out of that comparison")
+    return (f"{run.path}: not evaluated at {tokens:,} tokens on the baseline's validation windows, where arm "
+            f"{arm.name} is compared; left out of that comparison")
+
+
+def _missing_seeds(ran: list[Arm], compared: list[Arm]) -> list[list[int]]:
+    """Per arm (the baseline first; as run, and as compared), the seeds it lacks of those
+    run by the arms sharing a seed with the baseline (an arm run under other seeds on
+    purpose lacks none)."""
+    seeds = [set(arm.seeds) for arm in ran]
+    expected = set().union(*(s for s in seeds if s & seeds[0]))
+    return [sorted(expected - set(arm.seeds)) if s & seeds[0] else [] for s, arm in zip(seeds, compared)]
 
 
 def _windows(arm: Arm, tokens: int) -> set:
@@ -110,6 +156,7 @@ class Uptraining:
 def uptraining(arms: list[Arm]) -> list[Uptraining]:
     rows = []
     for arm in (a for a in arms if a.uptrained):
+        check_seeds_alike(arm)
         scratch = [a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head]
         total = arm.pretraining_tokens + arm.runs[0].final["tokens"]
         scratch.sort(key=lambda a: a.at_tokens(total) is None)  # one evaluated at the same total tokens first

@@ -16,7 +16,9 @@ from typing import Any
 
 from data import Tokenizer
 from model import GPT, GPTConfig
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.checkpoint import (
+    CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint, load_weights,
+)
 from training.logger import METRICS, read_metrics
 from training.run_dir import RUN_CONFIG, read_run_yaml
 
@@ -124,28 +126,76 @@ def shape_of(config: GPTConfig) -> tuple[int, int, int]:
     return config.n_layer, config.n_embd, config.n_head
 
 
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested settings as one level of dotted keys: {"optim.learning_rate": 0.002, ...}."""
+    leaves = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            leaves.update(flatten(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
 def shape_name(shape: tuple[int, int, int]) -> str:
     n_layer, n_embd, n_head = shape
     return f"{n_layer} layers x {n_embd} dims, {n_head} query heads"
 
 
-def find_runs(sweep_dir: Path) -> list[Run]:
-    runs = []
-    for latest in sorted(sweep_dir.glob("**/checkpoints/latest")):
-        run_dir = latest.parent.parent
+@dataclass
+class Sweep:
+    runs: list[Run]  # the runs with a checkpoint
+    left_out: list[str]  # "<run directory>: why", for each one under the sweep that has none
+
+
+def read_sweep(sweep_dir: Path) -> Sweep:
+    """Every run directory under sweep_dir (one holding config.yaml or checkpoints/, at
+    any depth): its run, or a line saying why it is left out. A `latest` link that leads
+    nowhere falls back to the newest complete checkpoint, as resume does."""
+    runs, left_out = [], []
+    for run_dir in _run_dirs(sweep_dir):
+        why = _no_checkpoint(run_dir)
+        if why:
+            left_out.append(f"{run_dir}: {why}; left out")
+            continue
         if not (run_dir / RUN_CONFIG).is_file():
             raise CheckpointError(f"{run_dir} has checkpoints but no {RUN_CONFIG}: it is not a run of train.py")
-        checkpoint = load_checkpoint(find_checkpoint(run_dir, sweep_dir))
-        settings = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
-        if not (run_dir / METRICS).is_file():
-            raise CheckpointError(f"{run_dir} has no {METRICS}: it is needed to compare the run")
-        metrics = read_metrics(run_dir)
-        if not any(r["kind"] == "eval" for r in metrics):
-            raise CheckpointError(f"{run_dir / 'metrics.jsonl'} has no evaluation records")
-        runs.append(Run(run_dir, checkpoint, settings, metrics))
+        try:
+            path = find_checkpoint(run_dir, sweep_dir)
+        except CheckpointError as err:  # a `latest` that leads nowhere, and no complete checkpoint left
+            left_out.append(f"{run_dir}: {err}; left out")
+            continue
+        runs.append(_read_run(run_dir, load_checkpoint(path)))
     if not runs:
-        raise CheckpointError(f"no run directories with checkpoints under {sweep_dir}")
-    return runs
+        reasons = "".join(f"; {line}" for line in left_out)
+        raise CheckpointError(f"no run directories with checkpoints under {sweep_dir}{reasons}")
+    return Sweep(runs, left_out)
+
+
+def _run_dirs(sweep_dir: Path) -> list[Path]:
+    """Directories holding a run's config.yaml or its checkpoints/, not those inside a
+    checkpoints/ (each checkpoint holds a config.yaml) or Hydra's .hydra/."""
+    found = {p.parent for name in (RUN_CONFIG, CHECKPOINTS) for p in sweep_dir.glob(f"**/{name}")}
+    return sorted(d for d in found if not {CHECKPOINTS, ".hydra"} & set(d.relative_to(sweep_dir).parts))
+
+
+def _no_checkpoint(run_dir: Path) -> str | None:
+    """Why a run directory has no checkpoint to read, or None if it has one."""
+    if has_checkpoint(run_dir):
+        return None
+    if (run_dir / METRICS).is_file() and any(r["kind"] == "eval" and r.get("step", 0) > 0 for r in read_metrics(run_dir)):
+        return f"its checkpoints are gone (its {METRICS} has evaluations past step 0, each followed by a save)"
+    return "it has no checkpoint: the run stopped before its first, or is still running"
+
+
+def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
+    settings = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
+    if not (run_dir / METRICS).is_file():
+        raise CheckpointError(f"{run_dir} has no {METRICS}: it is needed to compare the run")
+    metrics = read_metrics(run_dir)
+    if not any(r["kind"] == "eval" for r in metrics):
+        raise CheckpointError(f"{run_dir / METRICS} has no evaluation records")
+    return Run(run_dir, checkpoint, settings, metrics)
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:

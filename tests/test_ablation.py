@@ -17,7 +17,7 @@ import report
 import train
 from ablation.commands import add_seeds_commands
 from ablation.compare import baseline_of, results
-from ablation.runs import find_runs, group_arms
+from ablation.runs import group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
 
@@ -115,7 +115,7 @@ def written(sweep_dir, tmp_path_factory):
 
 
 def arms_of_main_shape(sweep_dir):
-    arms = [a for a in group_arms(find_runs(sweep_dir)) if a.config.n_embd == 64]
+    arms = [a for a in group_arms(read_sweep(sweep_dir).runs) if a.config.n_embd == 64]
     return arms, baseline_of(arms, None)
 
 
@@ -150,7 +150,7 @@ def test_the_table_holds_each_arms_mean_and_ci_over_its_seeds(sweep_dir, written
 
 
 def test_uptraining_starts_from_the_converted_loss_and_compares_at_equal_tokens(sweep_dir, written):
-    arms = group_arms(find_runs(sweep_dir))
+    arms = group_arms(read_sweep(sweep_dir).runs)
     up = next(a for a in arms if a.name == "kv1_up")
     source = next(a for a in arms if a.name == "kv4" and a.config.n_embd == 64)
     assert up.uptrained and up.pretraining_tokens == source.runs[0].final["tokens"]
@@ -167,6 +167,18 @@ def test_uptraining_starts_from_the_converted_loss_and_compares_at_equal_tokens(
     assert line.endswith(f"| {sum(at_total) / 3:.4f} ± {mean_ci(at_total).half_width:.4f} |")
     assert re.search(rf"kv1_up \({total:,} tokens in all\) vs kv1_long at the same tokens: [+-]\d\.\d{{3}} nats "
                      r"\(95% CI .*paired t-test, 3 seeds\)", written[1])
+
+
+def test_the_report_lists_what_each_named_arm_changes_and_no_seed_of_an_arm_run_under_other_seeds_as_missing(
+        sweep_dir, written):
+    text = written[1]
+    assert ("- slow: MHA (4 kv heads) also changes optim.learning_rate 0.0015 (baseline 0.003), optim.min_lr 0.00015 "
+            "(baseline 0.0003)\n") in text
+    assert "- kv1_long: MQA (1 kv heads) also changes eval_interval 6 (baseline 12), max_iters 18 (baseline 12)\n" in text
+    assert text.count(" also changes ") == 2  # kv1_flops changes only its budget, `again` only its seeds
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    assert all(r.missing == [] and r.left_out == [] for r in results(arms, baseline))  # `again` ran seeds 4-6 on purpose
+    assert "missing" not in text and "Left out" not in text
 
 
 def test_an_arm_that_trains_longer_is_compared_where_the_baseline_stopped(sweep_dir):
