@@ -14,7 +14,6 @@ optional `eval` extra: pip install -e ".[eval]".
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from omegaconf import DictConfig
 
 from conf.cli import check_overrides, options_first
 from conf.downstream_config import DownstreamConfig, load_downstream_config
-from system import UserError, exits, replace_atomically
+from evaluation.results import write_results
+from system import UserError, exits
 
-RESULTS = "downstream.json"
 NO_HARNESS = 'downstream tasks need EleutherAI\'s lm-evaluation-harness: pip install -e ".[eval]"'
 
 
@@ -59,7 +58,7 @@ def evaluate(config: DownstreamConfig) -> Path:
     result = lm_eval.simple_evaluate(model=model, tasks=list(config.tasks), num_fewshot=config.num_fewshot,
                                      limit=config.limit, task_manager=tasks)
     print(make_table(result))
-    return write_results(model.checkpoint.path / RESULTS, task_results(result, config))
+    return write_results(model.checkpoint.path, task_results(result, config))
 
 
 def task_results(result: dict[str, Any], config: DownstreamConfig) -> dict[str, dict[str, Any]]:
@@ -70,27 +69,6 @@ def task_results(result: dict[str, Any], config: DownstreamConfig) -> dict[str, 
                    if "," in key and isinstance(value, (int, float))}
         tasks[task] = {"metrics": metrics, "items": result["n-samples"].get(task, {}).get("effective"),
                        "num_fewshot": result["n-shot"].get(task), "limit": config.limit}
-    return tasks
-
-
-def write_results(path: Path, tasks: dict[str, dict[str, Any]]) -> Path:
-    """Merge `tasks` into the results file at path (written whole or not at all)."""
-    earlier = read_results(path)
-    text = json.dumps({**earlier, **tasks}, indent=2, sort_keys=True) + "\n"
-    replace_atomically(path, lambda temp: temp.write_text(text, encoding="utf-8"))
-    return path
-
-
-def read_results(path: Path) -> dict[str, dict[str, Any]]:
-    """A results file's tasks ({} when there is none)."""
-    if not path.is_file():
-        return {}
-    try:
-        tasks = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}; delete it and evaluate the tasks again") from err
-    if not isinstance(tasks, dict):
-        raise UserError(f"{path} is not a results file of downstream.py (not a JSON object); delete it")
     return tasks
 
 

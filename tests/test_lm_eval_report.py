@@ -1,0 +1,69 @@
+"""The report's downstream tables: hand-written downstream.json files under runs of three
+arms, summed up against scipy's t distribution and t-tests and Holm's rule done by hand."""
+
+from dataclasses import asdict
+
+import pytest
+from scipy import stats
+
+from ablation.downstream import downstream_section, task_rows
+from ablation.runs import Arm, Run
+from evaluation.results import write_results
+from model import GPTConfig
+from training.checkpoint import Checkpoint
+
+MHA = [0.300, 0.310, 0.305]  # acc_norm of seeds 1, 2, 3
+MQA = [0.290, 0.296, 0.297]  # a planted loss of about one point, the same seeds
+GQA = [0.303, 0.309]  # seeds 1 and 3 only: compared unpaired (Welch)
+
+
+def arm(tmp_path, name, n_kv_head, seeds, accuracies, extra=None):
+    runs = []
+    for seed, accuracy in zip(seeds, accuracies):
+        path = tmp_path / f"{name}_seed{seed}" / "checkpoints" / "step_000010"
+        path.mkdir(parents=True)
+        tasks = {"hellaswag": {"metrics": {"acc": accuracy - 0.02, "acc_norm": accuracy}}}
+        if seed == seeds[0]:
+            tasks.update(extra or {})
+        write_results(path, tasks)
+        model = asdict(GPTConfig(n_layer=1, n_head=4, n_kv_head=n_kv_head, n_embd=32, block_size=8, vocab_size=16))
+        runs.append(Run(path.parent.parent, Checkpoint(path, {"model": model}, {}), {"seed": seed, "arm": name}, []))
+    return Arm(name, runs)
+
+
+@pytest.fixture
+def arms(tmp_path):
+    only_seed_1 = {"arc_easy": {"metrics": {"acc": 0.4}}}  # one baseline run of three has it: left out
+    return [arm(tmp_path, "kv4", 4, [1, 2, 3], MHA, extra=only_seed_1), arm(tmp_path, "kv1", 1, [1, 2, 3], MQA),
+            arm(tmp_path, "kv2", 2, [1, 3], GQA)]
+
+
+def test_each_arm_gets_its_mean_interval_and_holm_adjusted_difference(arms):
+    tables = task_rows(arms, arms[0])
+    assert list(tables) == [("hellaswag", "acc_norm")]
+    base, mqa, gqa = tables[("hellaswag", "acc_norm")]
+    low, high = stats.t.interval(0.95, 2, loc=sum(MHA) / 3, scale=stats.sem(MHA))
+    assert (base.value.mean, base.value.low, base.value.high) == pytest.approx((sum(MHA) / 3, low, high))
+    paired = stats.ttest_rel(MQA, MHA)
+    welch = stats.ttest_ind(GQA, MHA, equal_var=False)
+    assert mqa.comparison.difference.mean == pytest.approx(sum(MQA) / 3 - sum(MHA) / 3)
+    assert (mqa.comparison.p_value, gqa.comparison.p_value) == pytest.approx((paired.pvalue, welch.pvalue))
+    smaller, larger = sorted([paired.pvalue, welch.pvalue])  # Holm: 2 x the smaller, the larger at least that
+    adjusted = {smaller: min(1, 2 * smaller), larger: min(1, max(2 * smaller, larger))}
+    assert mqa.comparison.p_adjusted == pytest.approx(adjusted[paired.pvalue])
+    assert gqa.comparison.p_adjusted == pytest.approx(adjusted[welch.pvalue])
+    assert gqa.seeds == [1, 3] and gqa.comparison.test == "Welch t-test"
+
+
+def test_the_section_shows_accuracies_in_percent(arms):
+    section = downstream_section(arms, arms[0])
+    mean, half = sum(MHA) / 3 * 100, (stats.t.ppf(0.975, 2) * stats.sem(MHA)) * 100
+    assert f"| MHA (4 kv heads) | 1, 2, 3 | {mean:.2f} ± {half:.2f} | baseline | | |" in section
+    assert f"| MQA (1 kv heads) | 1, 2, 3 | {sum(MQA) / 3 * 100:.2f} ± " in section
+    assert "arc_easy" not in section and "| arm | seeds | hellaswag acc_norm |" in section
+
+
+def test_no_section_without_results(tmp_path, arms):
+    for run in arms[0].runs:
+        (run.checkpoint.path / "downstream.json").unlink()
+    assert downstream_section(arms, arms[0]) is None
