@@ -79,6 +79,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
     data_dir = cfg.resolved_data_dir()
     fingerprint = fingerprint_of(cfg)
     with _only_preparer(data_dir):
+        _refuse_directories_in_the_way(data_dir)
         meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
         if meta is not None:
             log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
@@ -95,6 +96,15 @@ def fingerprint_of(cfg: DataConfig) -> str:
 
 def _settings(cfg: DataConfig) -> dict:
     return {key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}
+
+
+def _refuse_directories_in_the_way(data_dir: Path) -> None:
+    """A directory where prepare reads and writes meta.json or a shard, named before any work."""
+    for path in (data_dir / META_FILE, *(shard_path(data_dir, split) for split in SPLITS),
+                 *(partial_path(data_dir, split) for split in SPLITS)):
+        if path.is_dir():
+            raise DataError(f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
+                            "away (or delete it), or set another data.data_dir")
 
 
 def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[dict]:

@@ -38,6 +38,15 @@ FORCED_CUT_CHARS = 1 << 16
 # How surrogateescape spells an undecodable byte (and what a JSON "\\udXXX" escape can leave)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _READ_BYTES = 1 << 18  # bytes per read from a file
+# Text files are UTF-8. One in a wider encoding is refused, found by its byte-order mark
+# (iconv's name for the encoding; UTF-32-LE's mark begins with UTF-16-LE's, so it comes
+# first) or else by where NUL bytes fall in its first _SNIFF_BYTES: in UTF-16 of Latin
+# text every other byte is NUL, in UTF-32 three of four; UTF-8 text has almost none.
+_WIDE_MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+               (codecs.BOM_UTF16_BE, "UTF-16"))
+_WIDE_NULS = {"UTF-32LE": (1, 2, 3), "UTF-32BE": (0, 1, 2), "UTF-16LE": (1, 3), "UTF-16BE": (0, 2)}  # NUL at i % 4
+_SNIFF_BYTES = 4096
+_BINARY_NUL_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -317,6 +326,27 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
         yield batch["text"]
 
 
+def check_utf8(path: Path) -> None:
+    """Refuse a text file in UTF-16 or UTF-32, or one that is not text at all: read as
+    UTF-8, it would prepare "successfully" into NULs and noise."""
+    with open_source(path) as f:
+        head = read_source(f, path, _SNIFF_BYTES)
+    encoding = next((name for mark, name in _WIDE_MARKS if head.startswith(mark)), None)
+    evidence = f"it starts with a {encoding} byte-order mark"
+    nul_share = {r: head[r::4].count(0) / max(len(head[r::4]), 1) for r in range(4)}
+    if encoding is None:
+        encoding = next((name for name, where in _WIDE_NULS.items()
+                         if all((nul_share[r] > 0.5) == (r in where) for r in range(4))), None)
+        evidence = f"{head.count(0):,} of its first {len(head):,} bytes are NUL, in {encoding}'s pattern"
+    if encoding is not None:
+        raise DataError(f"{path} is {encoding} text ({evidence}), and gptlab reads UTF-8: convert it, e.g. "
+                        f"`iconv -f {encoding} -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`, and point data.path "
+                        "at the result")
+    if head and head.count(0) / len(head) >= _BINARY_NUL_SHARE:
+        raise DataError(f"{path} is not text: {head.count(0):,} of its first {len(head):,} bytes are NUL; point "
+                        "data.path at UTF-8 text files")
+
+
 def open_source(path: Path):
     try:
         return open(path, "rb")
@@ -324,8 +354,8 @@ def open_source(path: Path):
         raise DataError(f"cannot read {path}: {err.strerror}") from err
 
 
-def read_source(f, path: Path) -> bytes:
+def read_source(f, path: Path, size: int = _READ_BYTES) -> bytes:
     try:
-        return f.read(_READ_BYTES)
+        return f.read(size)
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror}") from err

@@ -19,16 +19,18 @@ import os
 import sysconfig
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
 from data.errors import DataError, describe_error
-from data.readers import Chain, JsonLines, Rows, Stream, TextFiles
+from data.readers import Chain, JsonLines, Rows, Stream, TextFiles, check_utf8
 from system import write_atomic
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     description = f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}"
     origin = str(files[0]) if len(files) == 1 else f"the {len(files)} files of data.path={cfg.path!r} (in path order)"
     kind = kinds.pop()
+    for path in files if kind != "parquet" else ():
+        check_utf8(path)
     if kind == "text":
         reader = TextFiles(files, piece_chars, cfg.document_separator)
     elif kind == "json":
@@ -104,26 +108,37 @@ def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
 
 
 def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
-    try:
+    with _parquet_named(path):
         columns = pq.read_schema(path).names
-    except OSError as err:  # pyarrow's errors for unreadable and malformed files are OSErrors
-        raise DataError(f"cannot read {path} as parquet ({err})") from err
     _check_column(column, columns)
 
     def batches(first_row: int):
-        parquet = pq.ParquetFile(path)
-        seen = 0
-        for group in range(parquet.num_row_groups):
-            rows = parquet.metadata.row_group(group).num_rows
-            if seen + rows > first_row:
-                for batch in parquet.iter_batches(_ROWS_PER_BATCH, row_groups=[group], columns=[column]):
-                    texts = batch.column(0).to_pylist()
-                    yield texts[max(0, first_row - seen):]
-                    seen += len(texts)
-            else:
-                seen += rows
+        with _parquet_named(path):  # a data page damaged past the footer fails here
+            parquet = pq.ParquetFile(path)
+            seen = 0
+            for group in range(parquet.num_row_groups):
+                rows = parquet.metadata.row_group(group).num_rows
+                if seen + rows > first_row:
+                    for batch in parquet.iter_batches(_ROWS_PER_BATCH, row_groups=[group], columns=[column]):
+                        texts = batch.column(0).to_pylist()
+                        yield texts[max(0, first_row - seen):]
+                        seen += len(texts)
+                else:
+                    seen += rows
 
     return Rows(batches, column, str(path), piece_chars)
+
+
+@contextlib.contextmanager
+def _parquet_named(path: Path) -> Iterator[None]:
+    """pyarrow's errors for an unreadable or damaged file (OSErrors and ArrowInvalid, a
+    ValueError) name no file: name it."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as err:
+        reason = " ".join(str(err).split())  # pyarrow's messages can span lines
+        raise DataError(f"cannot read {path} as parquet ({reason}); replace the file, or leave it out of "
+                        "data.path") from err
 
 
 def _list_batches(texts: list):
