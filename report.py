@@ -22,6 +22,7 @@ import torch
 from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels
 from ablation.commands import add_seeds_commands
 from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
+from ablation.downstream import downstream_section
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.fairness import changes, check_same_data
@@ -58,6 +59,8 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
         sections.append(shape_section(shape, rows, image))
         sections.append(power_section(rows, sweep_dir, effect))
+        if downstream := downstream_section(members, base):  # the tasks downstream.py scored, if any
+            sections.append(downstream)
     if len(shapes) > 1:
         plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")
         sections.append(ladder_section(per_shape))
