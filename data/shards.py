@@ -1,6 +1,6 @@
 """Writing train.bin and val.bin: the token stream in blocks, each shuffled and split.
 
-The stream (every document's tokens in reading order, separators included) is cut
+The stream (every document's tokens in reading order, no separators yet) is cut
 into blocks of `block_tokens` tokens: block k holds the stream's tokens
 [k * block_tokens, (k + 1) * block_tokens). Within a block the documents (or the parts
 of them that fall in it) are shuffled with a generator seeded by (seed, k); then the
