@@ -333,3 +333,57 @@ def test_non_finite_weights_from_elsewhere_are_refused_by_resume_and_export(fini
         train.train(composed(f"resume={run_dir}", "max_iters=4"))
     with pytest.raises(SystemExit, match=message):
         export.main([str(run_dir), str(tmp_path / "hf")])
+
+
+def test_a_latest_link_that_points_at_itself_falls_back_to_the_newest_complete_checkpoint(finished_run, tmp_path,
+                                                                                         capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, symlinks=True)
+    latest = run_dir / "checkpoints" / "latest"
+    latest.unlink()
+    latest.symlink_to("latest")
+    train.train(composed(f"resume={run_dir}"))  # was: RuntimeError: Symlink loop
+    out, err = capsys.readouterr()
+    assert f"warning: {latest} leads to latest, which is gone or incomplete; using the newest complete checkpoint " \
+           f"left, {run_dir / 'checkpoints' / 'step_000002'}" in err
+    assert f"resumed from {run_dir.resolve()}/checkpoints/step_000002 at step 2; 0 steps to go\n" in out
+
+
+def test_resume_of_a_run_killed_before_its_config_says_so_and_a_new_run_takes_it_over(train_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").touch()  # what a kill -9 between the lock and config.yaml leaves (a long prepare)
+    (run_dir / ".lock.pid").write_text("4242\n")
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume(composed(f"resume={run_dir}"))
+    assert str(refused.value) == (f"{run_dir} holds a run that stopped before it wrote its config.yaml (only its .lock "
+                                  f"is there): nothing was saved to resume; run the original command with "
+                                  f"out_dir={run_dir} to start it there afresh, or delete the directory")
+    train.train(composed(*train_overrides, "max_iters=1", f"out_dir={run_dir}"))  # the way on it names
+    assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("eval", 1)]
+
+
+def test_a_signal_after_the_runs_last_line_prints_nothing_and_changes_nothing(train_overrides, monkeypatch, capsys):
+    """The run is complete once it has said where its checkpoint is: a late SIGINT (in
+    the cleanup after it, where tqdm's finalizer once printed `Exception ignored ...
+    Interrupted`) must neither print nor turn into an interrupted run."""
+    real_shutdown = train.shutdown
+
+    def signalled_during_cleanup(ranks):
+        os.kill(os.getpid(), signal.SIGINT)
+        real_shutdown(ranks)
+
+    monkeypatch.setattr(train, "shutdown", signalled_during_cleanup)
+    with interrupts_raise():  # the handlers of a command (train.py's main)
+        run_dir = train.train(composed(*train_overrides, "max_iters=2", "eval_interval=2"))
+    out, err = capsys.readouterr()
+    assert out.endswith(f"sample from it: python sample.py checkpoint={run_dir}\n")
+    assert "Interrupted" not in err and "Exception ignored" not in err
+
+
+def test_the_launchers_end_asks_the_loop_to_stop_and_a_live_launcher_does_not():
+    with GracefulStop(launcher=os.getppid()) as alive:
+        assert alive.requested is None
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with GracefulStop(launcher=int(gone.stdout)) as orphaned:  # not our parent: as if it had died
+        assert orphaned.requested == f"the launcher (process {gone.stdout.strip()}) ended"

@@ -149,6 +149,10 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
         merged = _saved_config(Path(target), cfg)  # start it afresh
         merged.out_dir, merged.resume = str(target), None
         return merged, None
+    if target is not None and (Path(target) / LOCK).exists() and not (Path(target) / RUN_CONFIG).exists():
+        raise CheckpointError(f"{target} holds a run that stopped before it wrote its {RUN_CONFIG} (only its {LOCK} is "
+                              f"there): nothing was saved to resume; run the original command with out_dir={target} "
+                              "to start it there afresh, or delete the directory")
     checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
     if not (checkpoint.run_dir / RUN_CONFIG).is_file():
         raise CheckpointError(f"{checkpoint.run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
