@@ -37,10 +37,11 @@ def settings(run: Run) -> dict[str, Any]:
 
 
 def differences(run: Run, other: Run, ignored: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
-    """The settings whose values differ between the two runs: key -> (run's value, other's)."""
+    """The settings whose values differ between the two runs: key -> (run's value, other's).
+    A setting one of them does not record (it predates the setting) is not compared."""
     mine, theirs = settings(run), settings(other)
-    return {key: (mine.get(key), theirs.get(key)) for key in sorted(mine.keys() | theirs.keys())
-            if key not in ignored and mine.get(key) != theirs.get(key)}
+    return {key: (mine[key], theirs[key]) for key in sorted(mine.keys() & theirs.keys())
+            if key not in ignored and mine[key] != theirs[key]}
 
 
 def check_same_data(runs: list[Run]) -> None:

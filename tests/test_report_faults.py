@@ -135,11 +135,19 @@ def test_a_missing_seed_shows_the_value_and_says_so(sweep):
     ("batch", "kv2_seed1", r"kv2_seed1 \(arm kv2\) differs from the baseline .*kv4_seed1 \(arm kv4\) in batch_size \(2 and "
                            r"4\): arms under their default names kv<n> may differ only in arm, model.n_kv_head, "
                            r"match_mha_flops, tokens_per_param and seed; give a deliberate change an arm name of its own"),
-])
+], ids=["corpus", "batch"])
 def test_a_run_on_other_data_or_settings_is_refused_naming_the_setting(sweep, trained, tmp_path, odd, name, message):
     swap_in(sweep, trained, odd, name)
     with pytest.raises(SystemExit, match="^error: .*" + message):
         write(sweep, tmp_path / "out")
+
+
+def test_a_setting_a_run_predates_is_not_compared(sweep):
+    config = sweep / "kv1_seed2" / "config.yaml"
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                              if not line.startswith("eval_whole_val:")))
+    rows = rows_of(sweep)
+    assert rows["kv1"].arm.seeds == [1, 2] and rows["kv1"].comparison.test == "paired t-test"
 
 
 def test_two_seeds_of_an_arm_with_another_schedule_are_refused(sweep, tmp_path):
