@@ -23,7 +23,7 @@ import torch
 
 from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels
 from ablation.commands import add_seeds_commands
-from ablation.compare import Result, baseline_of, ladder_gaps, one_per_layout, results, uptraining
+from ablation.compare import Result, Uptraining, baseline_of, ladder_gaps, one_per_layout, results, uptraining
 from ablation.downstream import downstream_section
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
@@ -66,12 +66,14 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
     if len(shapes) > 1:
         plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")
         sections.append(ladder_section(per_shape))
+    uptrained = uptraining(arms)
     if any(a.uptrained for a in arms):
-        sections.append(uptraining_section(arms, out_dir))
+        sections.append(uptraining_section(arms, uptrained, out_dir))
     largest = one_per_layout(per_shape[-1][1])
     sections.append(frontier_section(largest, out_dir, device, frontier_preset, decode_steps))
     sections.append(attention_section([r.arm for r in largest], prompt, out_dir))
-    left_out = sweep.left_out + [line for _, rows in per_shape for r in rows for line in r.left_out]
+    compared = [r for _, rows in per_shape for r in rows] + uptrained
+    left_out = list(dict.fromkeys(sweep.left_out + [line for r in compared for line in r.left_out]))
     for line in left_out:
         print(f"warning: {line}", file=sys.stderr)
     text = "\n\n".join([header(sweep_dir, arms, device, left_out), *sections, METHOD]) + "\n"
@@ -160,8 +162,7 @@ def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
     return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
 
 
-def uptraining_section(arms: list[Arm], out_dir: Path) -> str:
-    rows = uptraining(arms)
+def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -> str:
     plot_uptraining(arms, rows, out_dir / "uptraining.png")
     lines = ["## Uptraining against training from scratch", "",
              "Each uptrained arm starts from the MHA run of the same seed, its K/V heads mean-pooled per group "

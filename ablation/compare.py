@@ -91,9 +91,16 @@ def _compared(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[Ar
         at, axis, windows = baseline_tokens, EQUAL_TOKENS, baseline_windows
     else:
         at, axis, windows = _end(arm), OWN_END, None
-    kept = [run for run in arm.runs if _evaluated(arm, run, at, windows)]
-    left_out = [_why_left_out(arm, run, at) for run in arm.runs if run not in kept]
-    return (replace(arm, runs=kept) if left_out else arm), at, axis, left_out
+    kept, left_out = _reaching(arm, at, windows)
+    return kept, at, axis, left_out
+
+
+def _reaching(arm: Arm, tokens: int, windows: set | None = None) -> tuple[Arm, list[str]]:
+    """The arm with only its runs evaluated at `tokens` (on one of `windows`, unless None),
+    and a line for each run left out."""
+    kept = [run for run in arm.runs if _evaluated(arm, run, tokens, windows)]
+    left_out = [_why_left_out(arm, run, tokens) for run in arm.runs if run not in kept]
+    return (replace(arm, runs=kept) if left_out else arm), left_out
 
 
 def _end(arm: Arm) -> int:
@@ -110,8 +117,8 @@ def _evaluated(arm: Arm, run: Run, tokens: int, windows: set | None) -> bool:
 def _why_left_out(arm: Arm, run: Run, tokens: int) -> str:
     end = run.final
     if end["tokens"] + arm.pretraining_tokens < tokens:
-        return (f"{run.path}: stopped at {end['tokens']:,} tokens (step {end['step']}), before the {tokens:,} tokens "
-                f"arm {arm.name} is compared at; left out of that comparison")
+        return (f"{run.path}: stopped at {end['tokens'] + arm.pretraining_tokens:,} tokens (step {end['step']}), before "
+                f"the {tokens:,} tokens arm {arm.name} is compared at; left out of that comparison")
     return (f"{run.path}: not evaluated at {tokens:,} tokens on the baseline's validation windows, where arm "
             f"{arm.name} is compared; left out of that comparison")
 
@@ -151,22 +158,29 @@ class Uptraining:
     scratch_at_total: Estimate | None  # from scratch at the same total tokens
     comparison: Comparison | None
     verdict: str | None
+    left_out: list[str] = field(default_factory=list)  # a line for each run of either arm not evaluated at total_tokens
 
 
 def uptraining(arms: list[Arm]) -> list[Uptraining]:
+    """Each uptrained arm at its end (a seed that stopped before is left out, and said so)
+    against the same layout from scratch at the same total tokens, if evaluated there."""
     rows = []
-    for arm in (a for a in arms if a.uptrained):
+    for ran in (a for a in arms if a.uptrained):
+        arm, left_out = _reaching(ran, _end(ran))
         check_seeds_alike(arm)
+        total = _end(arm)
         scratch = [a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head]
-        total = arm.pretraining_tokens + arm.runs[0].final["tokens"]
-        scratch.sort(key=lambda a: a.at_tokens(total) is None)  # one evaluated at the same total tokens first
+        scratch.sort(key=lambda a: not any(_evaluated(a, run, total, None) for run in a.runs))  # evaluated there first
         if not scratch:
             continue
-        at_total = scratch[0].at_tokens(total)
-        comparison = None if at_total is None else difference(at_total, scratch[0].seeds, arm.finals(), arm.seeds)
+        source, not_there = scratch[0], []
+        if any(_evaluated(source, run, total, None) for run in source.runs):
+            source, not_there = _reaching(source, total)
+        at_total = source.at_tokens(total)
+        comparison = None if at_total is None else difference(at_total, source.seeds, arm.finals(), arm.seeds)
         rows.append(Uptraining(
-            arm, scratch[0], mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals()), total,
-            mean_ci(at_total) if at_total is not None else None, comparison, None,
+            arm, source, mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals()), total,
+            mean_ci(at_total) if at_total is not None else None, comparison, None, left_out + not_there,
         ))
     tested = [r for r in rows if r.comparison is not None]  # one family for Holm's adjustment
     for row, comparison in zip(tested, holm([r.comparison for r in tested])):

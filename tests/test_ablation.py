@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 import report
 import train
 from ablation.commands import add_seeds_commands
-from ablation.compare import baseline_of, results
+from ablation.compare import baseline_of, results, uptraining
 from ablation.runs import group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
@@ -179,6 +179,24 @@ def test_the_report_lists_what_each_named_arm_changes_and_no_seed_of_an_arm_run_
     arms, baseline = arms_of_main_shape(sweep_dir)
     assert all(r.missing == [] and r.left_out == [] for r in results(arms, baseline))  # `again` ran seeds 4-6 on purpose
     assert "missing" not in text and "Left out" not in text
+
+
+def test_an_uptrained_seed_that_stopped_early_is_left_out_and_the_rest_compared_at_equal_tokens(sweep_dir):
+    arms = group_arms(read_sweep(sweep_dir).runs)
+    up, scratch = (next(a for a in arms if a.name == name) for name in ("kv1_up", "kv1_long"))
+    total = up.pretraining_tokens + up.runs[0].final["tokens"]
+    stopped, short = up.runs[1], scratch.runs[2]  # seed 2 uptrained, seed 3 from scratch
+    stopped.metrics = [r for r in stopped.metrics if r["kind"] != "eval" or r["step"] == 0]  # stopped at the conversion
+    short.metrics = [r for r in short.metrics if r["kind"] != "eval" or r["tokens"] < total]
+    (row,) = [r for r in uptraining(arms) if r.arm.name == "kv1_up"]
+    assert row.arm.seeds == [1, 3] and row.scratch.seeds == [1, 2] and row.total_tokens == total
+    assert row.final.mean == pytest.approx((up.runs[0].final["val_loss"] + up.runs[2].final["val_loss"]) / 2)
+    assert row.scratch_at_total.mean == pytest.approx(
+        sum(next(e["val_loss"] for e in run.evals if e["tokens"] == total) for run in scratch.runs[:2]) / 2)
+    assert row.left_out[0].startswith(f"{stopped.path}: stopped at {up.pretraining_tokens:,} tokens (step 0), before "
+                                      f"the {total:,} tokens arm kv1_up is compared at")
+    assert row.left_out[1].startswith(f"{short.path}: stopped at ") and len(row.left_out) == 2
+    assert row.comparison.test == "Welch t-test"
 
 
 def test_an_arm_that_trains_longer_is_compared_where_the_baseline_stopped(sweep_dir):
