@@ -1,8 +1,8 @@
 """Score a checkpoint on downstream tasks with EleutherAI's lm-evaluation-harness.
 
-    python downstream.py checkpoint=runs/<run> tasks=[hellaswag]             # 10,042 items: a GPU's job
-    python downstream.py checkpoint=runs/<run> tasks=[hellaswag,arc_easy] limit=200
-    python downstream.py checkpoint=runs/<run> include_path=my_tasks tasks=[my_task]
+    python downstream.py checkpoint=runs/<run> 'tasks=[hellaswag]'             # 10,042 items: a GPU's job
+    python downstream.py checkpoint=runs/<run> 'tasks=[hellaswag,arc_easy]' limit=200
+    python downstream.py checkpoint=runs/<run> include_path=my_tasks 'tasks=[my_task]'
 
 The story: check the settings, load the checkpoint as the harness's `gptlab` model
 (evaluation/lm.py, which loads it as sample.py does), run lm_eval.simple_evaluate on the

@@ -16,7 +16,7 @@ from model.rules import NOT_EMPTY, at_least, check_rules, one_of, setting
 
 @dataclass
 class DownstreamConfig:
-    """downstream.py's settings: `python downstream.py checkpoint=runs/<run> tasks=[hellaswag,arc_easy]`."""
+    """downstream.py's settings: `python downstream.py checkpoint=runs/<run> 'tasks=[hellaswag,arc_easy]'`."""
 
     checkpoint: Optional[str] = None
     """A checkpoint or run directory (its latest checkpoint); null: the newest run's latest checkpoint."""
@@ -42,7 +42,7 @@ class DownstreamConfig:
     def __post_init__(self) -> None:
         check_rules(self)
         if not self.tasks:
-            raise ValueError("tasks is empty: name at least one lm-eval task, e.g. tasks=[hellaswag]")
+            raise ValueError("tasks is empty: name at least one lm-eval task, e.g. 'tasks=[hellaswag]'")
 
 
 def load_downstream_config(cfg: DictConfig) -> DownstreamConfig:

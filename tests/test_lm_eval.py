@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 lm_eval = pytest.importorskip("lm_eval")  # the `eval` extra; .ci/run installs it
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -19,8 +24,10 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 import downstream  # noqa: E402
 import export  # noqa: E402
+from conf import CONF_DIR  # noqa: E402
 from conf.downstream_config import DownstreamConfig  # noqa: E402
 from data import load_tokenizer  # noqa: E402
+from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402
 from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
@@ -34,6 +41,12 @@ SHAPE = dict(vocab_size=50304, block_size=BLOCK, n_layer=2, n_head=4, n_embd=64,
 GPT2 = {"name": "gpt2"}
 CHOICE, PASSAGES, GENERATE = "gptlab_tiny_choice", "gptlab_tiny_passages", "gptlab_tiny_generate"
 LONG_TEXT = " ".join(json.loads(line)["text"] for line in (TASKS / "passages.jsonl").read_text().splitlines())
+DOCS = [json.loads(line) for line in (TASKS / "choice.jsonl").read_text().splitlines()]
+
+
+def choice_pairs():
+    """(context, continuation) of every choice, as the harness asks (its target_delimiter is a space)."""
+    return [(doc["question"] + " ", choice) for doc in DOCS for choice in doc["choices"]]
 
 
 def save_run(run_dir: Path, model: GPT, tokenizer: dict = GPT2) -> Path:
@@ -97,8 +110,7 @@ def test_grouped_query_loglikelihoods_equal_the_full_forward_pass(runs, gqa):
     tokenizer = load_tokenizer(GPT2)
     model = GPT(load_checkpoint(runs["GQA"] / "checkpoints" / "latest").model_config)
     model.load_state_dict(gqa.model.state_dict())
-    pairs = [(json.loads(line)["question"], choice) for line in (TASKS / "choice.jsonl").read_text().splitlines()
-             for choice in json.loads(line)["choices"]]
+    pairs = [(context.rstrip(" "), " " + continuation) for context, continuation in choice_pairs()]
     expected = []
     for context, continuation in pairs:
         whole = tokenizer.encode(context + continuation)
@@ -146,8 +158,7 @@ def test_generation_ends_at_a_stop_string_that_spans_two_tokens(gqa):
 
 
 def test_batch_size_and_padding_do_not_change_loglikelihoods(runs, gqa):
-    pairs = [(json.loads(line)["question"], choice) for line in (TASKS / "choice.jsonl").read_text().splitlines()
-             for choice in json.loads(line)["choices"]] + [(LONG_TEXT, " and more."), ("", "An empty context.")]
+    pairs = choice_pairs() + [(LONG_TEXT, " and more."), ("", "An empty context.")]
     one = GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size="1")  # as the command line passes it
     batched = gqa.loglikelihood(requests("loglikelihood", pairs))
     single = one.loglikelihood(requests("loglikelihood", pairs))
@@ -190,9 +201,35 @@ def test_downstream_writes_each_tasks_figures_beside_the_checkpoint(runs, tasks,
     assert path == (runs["GQA"] / "checkpoints" / "latest").resolve() / "downstream.json"
     results = json.loads(path.read_text())
     assert results[PASSAGES]["items"] == 2 and results[PASSAGES]["limit"] == 2
-    docs = [json.loads(line) for line in (TASKS / "choice.jsonl").read_text().splitlines()]
-    scores = [logprob for logprob, _ in gqa.loglikelihood(
-        requests("loglikelihood", [(doc["question"], choice) for doc in docs for choice in doc["choices"]]))]
-    right = [max(range(3), key=lambda i, n=n: scores[3 * n + i]) == doc["label"] for n, doc in enumerate(docs)]
-    assert results[CHOICE]["metrics"]["acc"] == pytest.approx(sum(right) / len(docs))
-    assert results[CHOICE]["items"] == len(docs) and results[CHOICE]["num_fewshot"] == 0
+    scores = [logprob for logprob, _ in gqa.loglikelihood(requests("loglikelihood", choice_pairs()))]
+    right = [max(range(3), key=lambda i, n=n: scores[3 * n + i]) == doc["label"] for n, doc in enumerate(DOCS)]
+    assert results[CHOICE]["metrics"]["acc"] == pytest.approx(sum(right) / len(DOCS))
+    assert results[CHOICE]["items"] == len(DOCS) and results[CHOICE]["num_fewshot"] == 0
+
+
+def finished_job(run_dir, mode=RunMode.MULTIRUN):
+    """What Hydra hands a callback when a job of train.py ends: its config and return."""
+    config = OmegaConf.create({"out_dir": None, "runs_root": str(run_dir.parent), "device": "cpu",
+                               "hydra": {"mode": mode, "runtime": {"output_dir": str(run_dir)}}})
+    return config, JobReturn(status=JobStatus.COMPLETED)
+
+
+def test_a_sweeps_callback_scores_each_finished_run(runs, tasks, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", partial(TaskManager, include_defaults=False))
+    callback = DownstreamAfterTraining(tasks=[CHOICE], include_path=str(TASKS))
+    config, job = finished_job(runs["MQA"])  # not the newest run (MHA), which a single run would score
+    callback.on_job_end(config=config, job_return=job)
+    results = json.loads((runs["MQA"] / "checkpoints" / "latest" / "downstream.json").read_text())
+    assert results[CHOICE]["items"] == 6
+    monkeypatch.setenv("RANK", "1")  # torchrun's other ranks leave it to rank 0
+    callback = DownstreamAfterTraining(tasks=[PASSAGES], include_path=str(TASKS))
+    callback.on_job_end(config=config, job_return=job)
+    assert PASSAGES not in json.loads((runs["MQA"] / "checkpoints" / "latest" / "downstream.json").read_text())
+
+
+def test_the_gpt2_ablation_scores_hellaswag_after_each_run():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("train", ["experiment=attention_ablation_gpt2"], return_hydra_config=True)
+    callback = instantiate(cfg.hydra.callbacks.downstream)
+    assert isinstance(callback, DownstreamAfterTraining) and callback.settings["tasks"] == ["hellaswag"]
