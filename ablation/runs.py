@@ -1,9 +1,10 @@
 """The runs of a sweep, grouped the way an ablation compares them.
 
 A run is a directory with checkpoints and metrics.jsonl, at any depth under the sweep
-directory; one without a checkpoint is named and left out. Runs sharing a model shape (layers, width, query heads) and an arm (the
-`arm` setting; the directory name without its `_seed<N>` suffix for runs that predate
-it) form an Arm; within a shape the arms are compared with a baseline, paired by seed.
+directory; one without a checkpoint is named and left out. Runs sharing a model shape
+(layers, width, query heads) and an arm (the `arm` setting; the directory name without
+its `_seed<N>` suffix for runs that predate it) form an Arm; within a shape the arms are
+compared with a baseline, paired by seed.
 """
 
 from __future__ import annotations

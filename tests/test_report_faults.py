@@ -126,7 +126,7 @@ def test_a_missing_seed_shows_the_value_and_says_so(sweep):
     table = report.shape_section(rows[0].arm.shape, rows, "val_loss.png")
     end = STEPS * TOKENS_PER_STEP
     difference = loss_at(sweep / "kv1_seed2", end) - sum(loss_at(sweep / f"kv4_seed{s}", end) for s in (1, 2)) / 2
-    assert f"| 1 (seed 1 missing) |" in table and f"| {difference:+.4f} (no CI) |" in table and "nan" not in table
+    assert "| 1 (seed 1 missing) |" in table and f"| {difference:+.4f} (no CI) |" in table and "nan" not in table
 
 
 @pytest.mark.parametrize("odd, name, message", [
