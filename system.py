@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-import torch
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 TEMP_MARK = ".tmp-"  # a file being replaced is written as <name>.tmp-<pid> first
 
@@ -71,9 +69,25 @@ def describe_out_of_memory(err: RuntimeError, advice: str) -> str | None:
     """One line for an allocation that failed (CUDA's OutOfMemoryError, or the CPU
     allocator's RuntimeError), with `advice` on what to make smaller; None for any other error."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text:
+    torch = sys.modules.get("torch")  # not imported here: this module loads before it (see below)
+    if (torch is not None and isinstance(err, torch.OutOfMemoryError)) or "can't allocate memory" in text:
         return f"out of memory ({text}): {advice}"
     return None
+
+
+def quiet_interrupt_while_starting() -> None:
+    """A Ctrl-C while a command still imports its modules (torch alone takes seconds, before
+    exits() can take over) ends in one line instead of a KeyboardInterrupt traceback; Python
+    then ends the process by SIGINT, as a shell expects (status 130). Call it first thing."""
+    default = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            print("\nerror: SIGINT: interrupted while starting; nothing was written", file=sys.stderr)
+        else:
+            default(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 @contextlib.contextmanager

@@ -24,6 +24,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from system import quiet_interrupt_while_starting
+
+if __name__ == "__main__":  # before the imports below, on purpose: torch alone takes seconds
+    quiet_interrupt_while_starting()
+
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf

@@ -131,3 +131,25 @@ def test_the_run_lock_holds_against_another_process(tmp_path):
         holder.communicate("\n", timeout=60)
     with run_lock(tmp_path, enabled=True, new_run=False):
         pass  # free once the holder has gone
+
+
+INTERRUPTED_WHILE_IMPORTING = """
+import runpy, sys
+
+class CtrlCWhileTorchLoads:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlCWhileTorchLoads())
+sys.argv = [{train_py!r}]
+runpy.run_path({train_py!r}, run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_train_py_imports_torch_is_one_line_and_death_by_sigint():
+    script = INTERRUPTED_WHILE_IMPORTING.format(train_py=str(REPO / "train.py"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.stderr == "\nerror: SIGINT: interrupted while starting; nothing was written\n"
+    assert result.returncode == -signal.SIGINT  # as Python ends on Ctrl-C: a shell reports 130
