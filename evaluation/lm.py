@@ -37,7 +37,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from model import Sampling, generate
+from model import WEIGHT_FORMATS, Sampling, generate
 from sample import checkpoint_model, cut_at_stop, stop_string_check
 from training.checkpoint import find_checkpoint, load_checkpoint
 from training.runtime import resolve_device, resolve_precision
@@ -55,6 +55,9 @@ class GptlabLM(TemplateLM):
         int8 (CPU only), as for sample.py."""
         super().__init__()
         self._device = resolve_device(device or "auto")
+        if weights not in WEIGHT_FORMATS or (weights == "int8" and self._device.type != "cpu"):
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)} (int8 on a CPU only), got "
+                             f"{weights!r} on {self._device}")
         self.checkpoint = load_checkpoint(find_checkpoint(checkpoint, runs_root))
         self.text_tokenizer = self.checkpoint.tokenizer()
         self.model = checkpoint_model(self.checkpoint, self._device, resolve_precision(dtype, self._device).dtype,

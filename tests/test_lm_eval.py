@@ -183,9 +183,13 @@ def test_a_char_model_names_the_characters_its_vocabulary_lacks(tmp_path):
         lm.loglikelihood(requests("loglikelihood", [("zab", "cd")]))
 
 
-def test_batch_size_auto_is_refused_in_one_line(runs):
-    with pytest.raises(ValueError, match="batch_size must be a whole number"):
-        GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size="auto")
+@pytest.mark.parametrize("setting, message", [
+    ({"batch_size": "auto"}, "batch_size must be a whole number"),
+    ({"weights": "fp8"}, "weights must be one of fp32, bf16, int8"),
+])
+def test_a_bad_model_arg_is_refused_in_one_line(runs, setting, message):
+    with pytest.raises(ValueError, match=message):
+        GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", **setting)
 
 
 def requests(kind, arguments):
