@@ -1,6 +1,8 @@
 """Downstream tasks through EleutherAI's lm-evaluation-harness (the optional `eval` extra).
 
 lm.py is the harness's model class for any gptlab checkpoint, registered as `gptlab`;
-`python -m evaluation` is lm-eval's own command line with that model known to it. The
-harness is imported only by those two, never by the other commands.
+`python -m evaluation` is lm-eval's own command line with that model known to it;
+after_training.py scores each run of a sweep as it ends (a Hydra callback an experiment
+names); results.py reads and writes downstream.json, the figures beside a checkpoint.
+Only lm.py and __main__.py import the harness, and only downstream.py and those import them.
 """
