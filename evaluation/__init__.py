@@ -4,5 +4,6 @@ lm.py is the harness's model class for any gptlab checkpoint, registered as `gpt
 `python -m evaluation` is lm-eval's own command line with that model known to it;
 after_training.py scores each run of a sweep as it ends (a Hydra callback an experiment
 names); results.py reads and writes downstream.json, the figures beside a checkpoint.
-Only lm.py and __main__.py import the harness, and only downstream.py and those import them.
+Only lm.py and __main__.py import the harness, and downstream.py imports lm.py only when it
+runs tasks, so no other command pays for the harness's imports.
 """
