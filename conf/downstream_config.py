@@ -34,8 +34,8 @@ class DownstreamConfig:
     """Sequences scored together."""
     device: str = "auto"
     """auto, cpu, cuda or cuda:N."""
-    dtype: str = setting("auto", one_of(*DTYPES))
-    """Activations: auto (bf16 on CUDA, fp32 on a CPU), fp32, bf16 or fp16."""
+    dtype: str = setting("fp32", one_of(*DTYPES))
+    """Activations: fp32 (log-likelihoods as the harness's transformers model computes them), bf16 or fp16 (faster on a GPU), or auto (bf16 on CUDA, fp32 on a CPU)."""
     weights: str = setting("fp32", one_of(*WEIGHT_FORMATS))
     """fp32 (as trained, in dtype), bf16, or int8 (CPU only)."""
 

@@ -49,11 +49,13 @@ MAX_GEN_TOKS = 256  # the harness's own default
 @register_model("gptlab")
 class GptlabLM(TemplateLM):
     def __init__(self, checkpoint: str | None = None, runs_root: str = "runs", device: str | None = "auto",
-                 dtype: str = "auto", weights: str = "fp32", batch_size: int | str = 8) -> None:
+                 dtype: str = "fp32", weights: str = "fp32", batch_size: int | str = 8) -> None:
         """checkpoint: a checkpoint or run directory (None: the newest run under runs_root);
-        dtype: the activations (auto: bf16 on CUDA, fp32 on a CPU); weights: fp32, bf16 or
+        dtype: the activations (fp32, as the harness's transformers model computes GPT-2;
+        bf16 or fp16 for speed; auto: bf16 on CUDA, fp32 on a CPU); weights: fp32, bf16 or
         int8 (CPU only), as for sample.py."""
         super().__init__()
+        self.batch_size = _positive_int(batch_size)
         self._device = resolve_device(device or "auto")
         if weights not in WEIGHT_FORMATS or (weights == "int8" and self._device.type != "cpu"):
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)} (int8 on a CPU only), got "
@@ -63,7 +65,6 @@ class GptlabLM(TemplateLM):
         self.model = checkpoint_model(self.checkpoint, self._device, resolve_precision(dtype, self._device).dtype,
                                       weights)
         self.max_length = self.model.config.block_size
-        self.batch_size = _positive_int(batch_size)
 
     @property
     def eot_token_id(self) -> int:

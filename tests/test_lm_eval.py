@@ -163,7 +163,8 @@ def test_batch_size_and_padding_do_not_change_loglikelihoods(runs, gqa):
     batched = gqa.loglikelihood(requests("loglikelihood", pairs))
     single = one.loglikelihood(requests("loglikelihood", pairs))
     assert [greedy for _, greedy in batched] == [greedy for _, greedy in single]
-    assert [logprob for logprob, _ in batched] == pytest.approx([logprob for logprob, _ in single], abs=1e-5)
+    # Equal up to fp32 rounding: a matmul's kernel, so its summation order, depends on the batch's shape.
+    assert [logprob for logprob, _ in batched] == pytest.approx([logprob for logprob, _ in single], rel=1e-6, abs=1e-5)
 
 
 def test_tasks_run_through_simple_evaluate_by_the_registered_name(runs, tasks):
