@@ -71,7 +71,6 @@ def tasks():
     """Our tasks only (not the harness's thousands); their data_files are relative to the repository."""
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)
-        patch.setenv("HF_DATASETS_OFFLINE", "1")
         yield TaskManager(include_path=str(TASKS), include_defaults=False)
 
 
