@@ -56,24 +56,32 @@ def end_all(process, pids):
     process.communicate()
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_ranks_whose_launcher_was_killed_save_at_the_next_boundary_and_stop(train_overrides, tmp_path):
+def killed_while_training(overrides, tmp_path, victim):
+    """A 2-process run into tmp_path/run, its launcher or one rank killed with -9 once both
+    ranks have trained 3 steps; returns the launcher's pid and what the run printed."""
     run_dir = tmp_path / "run"
-    process = launch([*train_overrides, *UNTIL_STOPPED, f"out_dir={run_dir}"], tmp_path)
+    process = launch([*overrides, *UNTIL_STOPPED, f"out_dir={run_dir}"], tmp_path)
     ranks = {}
     try:
         wait_for_steps(process, run_dir, 3)
         ranks = ranks_of(process.pid)
         assert sorted(ranks) == [0, 1]
-        process.kill()  # kill -9 of the launcher: the ranks are orphans and hear no signal
-        stdout, stderr = process.communicate(timeout=120)  # the pipes close when both ranks have ended
+        os.kill(process.pid if victim == "launcher" else ranks[victim], signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=120)  # the pipes close once every rank has ended
     finally:
         end_all(process, ranks.values())
+    return process.pid, stdout, stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ranks_whose_launcher_was_killed_save_at_the_next_boundary_and_stop(train_overrides, tmp_path):
+    launcher, stdout, stderr = killed_while_training(train_overrides, tmp_path, "launcher")  # the ranks hear no signal
+    run_dir = tmp_path / "run"
     checkpoint = last_good_checkpoint(run_dir)
     step = int(checkpoint.name.split("_")[1])
     assert 3 <= step < 100000
     assert stdout.splitlines()[-4:] == [
-        f"the launcher (process {process.pid}) ended: saved {checkpoint} and stopped at step {step}",
+        f"the launcher (process {launcher}) ended: saved {checkpoint} and stopped at step {step}",
         f"checkpoint: {checkpoint}", f"sample from it: python sample.py checkpoint={run_dir}",
         f"stopped cleanly at step {step} of 100000: resume={run_dir} continues it",
     ], stderr
@@ -81,16 +89,8 @@ def test_ranks_whose_launcher_was_killed_save_at_the_next_boundary_and_stop(trai
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_a_rank_killed_leaves_one_line_on_the_other_naming_it_and_the_intact_checkpoint(train_overrides, tmp_path):
+    _, _, stderr = killed_while_training(train_overrides, tmp_path, 1)
     run_dir = tmp_path / "run"
-    process = launch([*train_overrides, *UNTIL_STOPPED, f"out_dir={run_dir}"], tmp_path)
-    ranks = {}
-    try:
-        wait_for_steps(process, run_dir, 3)
-        ranks = ranks_of(process.pid)
-        os.kill(ranks[1], signal.SIGKILL)
-        _, stderr = process.communicate(timeout=120)
-    finally:
-        end_all(process, ranks.values())
     ours = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert ours == [f"error: rank 0: lost rank 1 (killed, or failed with its own line), so this rank stopped too; "
                     f"the last good checkpoint {last_good_checkpoint(run_dir)} is intact, and resume={run_dir} "
