@@ -61,7 +61,7 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
         sections.append(shape_section(shape, rows, image))
         sections.append(power_section(rows, sweep_dir, effect))
-        if downstream := downstream_section(members, base):  # the tasks downstream.py scored, if any
+        if downstream := downstream_section([r.arm for r in rows], rows[0].arm):  # runs left out of the rows stay out
             sections.append(downstream)
     if len(shapes) > 1:
         plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")

@@ -20,6 +20,7 @@ from ablation.compare import baseline_of, results, uptraining
 from ablation.runs import group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
+from evaluation.results import write_results
 
 from conftest import tiny_config, training_overrides
 
@@ -109,6 +110,10 @@ def sweep_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def written(sweep_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
+    for r in read_sweep(sweep_dir).runs:  # what downstream.py would write, for the main shape's MHA and MQA
+        if r.path.parent == sweep_dir and r.settings["arm"] in ("kv4", "kv1"):
+            accuracy = 0.25 + 0.1 * r.seed + (0.02 * r.seed if r.settings["arm"] == "kv1" else 0)
+            write_results(r.checkpoint.path, {"toy": {"metrics": {"acc": accuracy}}})
     tiny_preset = lambda config: tiny_config(n_kv_head=config.n_kv_head, block_size=48)  # noqa: E731  # gpt2_sized, smaller
     path = report.write_report(sweep_dir, out, prompt="First Citizen:", frontier_preset=tiny_preset, decode_steps=2)
     return out, path.read_text()
@@ -271,6 +276,12 @@ def test_report_writes_every_section_and_plot(written):
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| random weights (2 layers x 32, context 3 / 46) | MQA (1 kv heads) | 128 |" in text
 
+
+def test_the_report_gives_each_downstream_task_with_its_paired_difference(written):
+    text = written[1]
+    assert "### Downstream tasks" in text and "| arm | seeds | toy acc | vs baseline (95% CI) | p | Holm p |" in text
+    assert "| MHA (4 kv heads) | 1, 2, 3 | 45.00 ± 24.84 | baseline | |" in text  # 35, 45, 55 %: t(2) x 10 / sqrt(3)
+    assert re.search(r"\| MQA \(1 kv heads\) \| 1, 2, 3 \| 49\.00 ± 29\.81 \| \+4\.00 \(-0\.97\.\.\+8\.97\) \|", text)
 
 def test_report_on_a_directory_without_runs_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no run directories with checkpoints"):
