@@ -41,16 +41,14 @@ from system import GracefulStop, Interrupted, command_finished, exits
 from training.budget import grad_accum_steps, training_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
-    PeerStopped, Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, lost_peer, main_decides,
-    shutdown, wrap_model,
+    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, peers_watched, shutdown,
+    wrap_model,
 )
 from training.evaluate import Evaluator
 from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
-from training.run_dir import (
-    interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config,
-)
+from training.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
     Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, check_finite, gradient_sync, learning_rate,
@@ -87,18 +85,13 @@ def train(cfg: DictConfig) -> Path | None:
         with contextlib.ExitStack() as held:
             takeover = main_decides(ranks, lambda: held.enter_context(
                 run_lock(run_dir, enabled=True, new_run=resume_from is None)))
+            held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
             try:
                 return run(cfg, config, resume_from, ranks, device, run_dir=run_dir, block_size=block_size,
                            accum=accum, takeover=takeover)
             except Interrupted as stop:
                 stop.detail = interrupted(stop.signal, run_dir)
                 raise
-            except RuntimeError as err:  # gloo's traceback when another rank ended mid-collective
-                peer = lost_peer(ranks, err)
-                if peer is None:
-                    raise
-                raise PeerStopped(f"rank {ranks.rank}: lost {peer} (killed, or failed with its own line), so this "
-                                  f"rank stopped too; {left_behind(run_dir)}") from None
     finally:
         shutdown(ranks)
 

@@ -11,9 +11,10 @@ with one line.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -102,14 +103,21 @@ def main_decides(ranks: Ranks, decide: Callable[[], T]) -> T:
     return value
 
 
-def lost_peer(ranks: Ranks, err: BaseException) -> str | None:
-    """Which rank ended under a collective that failed with `err` (None: not a lost peer).
-    Signals are ignored from here: the rank's last line is then this loss, not a SIGTERM
-    the launcher sends once it notices the lost rank."""
-    if not (ranks.enabled and isinstance(err, RuntimeError) and any(gone in str(err) for gone in PEER_GONE)):
-        return None
-    command_finished()
-    return f"rank {1 - ranks.rank}" if ranks.world_size == 2 else "another rank"
+@contextlib.contextmanager
+def peers_watched(ranks: Ranks, left_behind: Callable[[], str]) -> Iterator[None]:
+    """When another rank ends mid-collective (killed, or failed), this one stops with one
+    line naming it and saying what is left (`left_behind()`), not gloo's traceback. Signals
+    are ignored from there: the last line is this one, not the SIGTERM the launcher sends
+    once it notices the lost rank."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (ranks.enabled and any(gone in str(err) for gone in PEER_GONE)):
+            raise
+        command_finished()
+        peer = f"rank {1 - ranks.rank}" if ranks.world_size == 2 else "another rank"
+        raise PeerStopped(f"rank {ranks.rank}: lost {peer} (killed, or failed with its own line), so this rank "
+                          f"stopped too; {left_behind()}") from None
 
 
 def gather_to_main(ranks: Ranks, value: Any) -> list[Any]:
