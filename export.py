@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import argparse
 
+from system import quiet_interrupt_while_starting
+
+if __name__ == "__main__":  # before the imports below: torch alone takes seconds
+    quiet_interrupt_while_starting()
+
 from system import exits
 from training.checkpoint import find_checkpoint
 from training.hf_io import export_checkpoint

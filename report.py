@@ -19,6 +19,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from system import quiet_interrupt_while_starting
+
+if __name__ == "__main__":  # before the imports below: torch alone takes seconds
+    quiet_interrupt_while_starting()
+
 import torch
 
 from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels

@@ -23,6 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from system import quiet_interrupt_while_starting
+
+if __name__ == "__main__":  # before the imports below: torch alone takes seconds
+    quiet_interrupt_while_starting()
+
 import hydra
 import torch
 from omegaconf import DictConfig

@@ -147,8 +147,9 @@ runpy.run_path({train_py!r}, run_name="__main__")
 """
 
 
-def test_ctrl_c_while_train_py_imports_torch_is_one_line_and_death_by_sigint():
-    script = INTERRUPTED_WHILE_IMPORTING.format(train_py=str(REPO / "train.py"))
+@pytest.mark.parametrize("command", ["train.py", "sample.py", "report.py", "export.py", "downstream.py"])
+def test_ctrl_c_while_a_command_imports_torch_is_one_line_and_death_by_sigint(command):
+    script = INTERRUPTED_WHILE_IMPORTING.format(train_py=str(REPO / command))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.stderr == "\nerror: SIGINT: interrupted while starting; nothing was written\n"
