@@ -84,7 +84,7 @@ def train(cfg: DictConfig) -> Path | None:
         run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(config))
         with contextlib.ExitStack() as held:
             takeover = main_decides(ranks, lambda: held.enter_context(
-                run_lock(run_dir, enabled=True, new_run=resume_from is None)))
+                run_lock(run_dir, new_run=resume_from is None)))
             held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
             try:
                 return run(cfg, config, resume_from, ranks, device, run_dir=run_dir, block_size=block_size,

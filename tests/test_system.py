@@ -117,7 +117,7 @@ def test_the_run_lock_holds_against_another_process(tmp_path):
         import sys, time
         from pathlib import Path
         from training.run_dir import run_lock
-        with run_lock(Path({str(tmp_path)!r}), enabled=True, new_run=False):
+        with run_lock(Path({str(tmp_path)!r}), new_run=False):
             print("locked", flush=True)
             sys.stdin.readline()
     """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
@@ -125,11 +125,11 @@ def test_the_run_lock_holds_against_another_process(tmp_path):
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(ValueError, match=f"process {holder.pid} is writing it"):
-            with run_lock(tmp_path, enabled=True, new_run=False):
+            with run_lock(tmp_path, new_run=False):
                 pass
     finally:
         holder.communicate("\n", timeout=60)
-    with run_lock(tmp_path, enabled=True, new_run=False):
+    with run_lock(tmp_path, new_run=False):
         pass  # free once the holder has gone
 
 

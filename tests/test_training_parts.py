@@ -219,15 +219,15 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
 
     from training.run_dir import run_lock
 
-    with run_lock(tmp_path, enabled=True, new_run=False):
+    with run_lock(tmp_path, new_run=False):
         with pytest.raises(ValueError, match=f"is in use: process {os.getpid()} is writing it"):
-            with run_lock(tmp_path, enabled=True, new_run=False):
+            with run_lock(tmp_path, new_run=False):
                 pass
-    with run_lock(tmp_path, enabled=True, new_run=False):
+    with run_lock(tmp_path, new_run=False):
         pass  # released on exit
     (tmp_path / "config.yaml").write_text("seed: 1\n")
     (tmp_path / "groups.yaml").write_text("model: nano\n")
-    with run_lock(tmp_path, enabled=True, new_run=True) as takeover:  # a run that stopped before its first save
+    with run_lock(tmp_path, new_run=True) as takeover:  # a run that stopped before its first save
         assert takeover == f"{tmp_path} held a run that stopped before its first checkpoint: starting it afresh"
     assert not tmp_path.exists()  # and this one failed before it began: nothing of either is left
     tmp_path.mkdir()
@@ -237,7 +237,7 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
     for name in ("model.safetensors", "config.yaml"):
         (checkpoint / name).write_text("")
     with pytest.raises(ValueError, match="already holds a run"):  # taken, and saved, while we waited for the lock
-        with run_lock(tmp_path, enabled=True, new_run=True):
+        with run_lock(tmp_path, new_run=True):
             pass
 
 

@@ -65,7 +65,7 @@ def _check_creatable(path: Path, setting: str) -> None:
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[str]:
+def run_lock(run_dir: Path, *, new_run: bool) -> Iterator[str]:
     """One writer per run directory: an OS lock on run_dir/.lock while the run writes.
     The kernel releases it when the process ends, however it ends, so a kill -9 leaves
     no stale lock. A second writer gets an error naming the process that holds it.
@@ -73,9 +73,6 @@ def run_lock(run_dir: Path, *, enabled: bool, new_run: bool) -> Iterator[str]:
     As the one writer it removes what killed saves left behind, and a new run takes over
     a directory whose run stopped before its first checkpoint; it yields a line saying so
     ('' otherwise)."""
-    if not enabled:
-        yield ""
-        return
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(run_dir / LOCK)
     try:
