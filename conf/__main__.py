@@ -42,7 +42,7 @@ def reference() -> str:
     for name in ("optim", "logging", "logging.wandb", "model", "data"):
         schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
-        parts += [presets(group) for group in ("model", "model/attention", "data") if group.split("/")[0] == name]
+        parts += [presets(group) for group in ("model", "model/attention", "model/block", "data") if group.split("/")[0] == name]
     parts += ["## Experiments\n", "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
               presets("experiment", what_it_is=True)]
     parts += ["## sample.py\n", table(SampleConfig, "")]

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .rules import at_least, between, check_rules, one_of, setting
+from .rules import above, at_least, between, check_rules, one_of, setting
 
 ATTENTION_IMPLS = ("sdpa", "manual")
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps
 
 
 @dataclass
@@ -34,6 +38,14 @@ class GPTConfig:
     """sdpa: torch's fused kernels; manual: explicit mask and softmax, which can return the weights."""
     match_mha_params: bool = False
     """Widen the MLP by what smaller key/value projections save, so GQA/MQA match MHA's size."""
+    position: str = setting("learned", one_of(*POSITIONS))
+    """learned: GPT-2's position table (wpe); rope: rotary embeddings on queries and keys, as in Llama."""
+    rope_base: float = setting(10000.0, above(0))
+    """Base of rotary's frequencies (Llama's rope_theta); used when position is rope."""
+    norm: str = setting("layernorm", one_of(*NORMS))
+    """layernorm: GPT-2's LayerNorm; rmsnorm: RMSNorm with a weight only, as in Llama."""
+    mlp: str = setting("gelu", one_of(*MLPS))
+    """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide."""
 
     def __post_init__(self) -> None:
         check_rules(self, "GPTConfig.")
@@ -55,16 +67,26 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices in the MLP: c_fc and c_proj, plus c_gate for swiglu."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
     def mlp_hidden(self) -> int:
-        """Width of the MLP's hidden layer: 4 * n_embd, widened when match_mha_params."""
+        """Width of the MLP's hidden layer: 4 * n_embd for gelu; for swiglu 2/3 of that,
+        rounded up to a multiple of 8 (three matrices instead of two, about the same
+        parameters); widened when match_mha_params."""
         width = 4 * self.n_embd
+        if self.mlp == "swiglu":
+            width = 8 * -(-2 * width // (3 * 8))  # ceil(2/3 * width / 8) * 8
         if not self.match_mha_params:
             return width
         bias = int(self.bias)
         # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V.
         saved = 2 * (self.n_head - self.kv_heads) * self.head_dim * (self.n_embd + bias)
-        # Each hidden unit costs a row of c_fc, its bias, and a column of c_proj.
-        return width + round(saved / (2 * self.n_embd + bias))
+        # Each hidden unit costs a row of each input matrix (with its bias) and a column of c_proj.
+        inputs = self.mlp_matrices - 1
+        return width + round(saved / (inputs * (self.n_embd + bias) + self.n_embd))
 
     @property
     def attention_kind(self) -> str:
