@@ -15,9 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
+from .rotary import apply_rotary, rotary_angles
 
 if TYPE_CHECKING:
     from .engine import KVCache
+
+Rope = tuple[Tensor, Tensor]  # cos and sin of rotary's angles (rotary_angles)
 
 
 def manual_attention(
@@ -53,6 +56,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.impl = config.attn_impl
         self.dropout = config.dropout
+        self.rope_base = config.rope_base if config.position == "rope" else None  # None: no rotary
         # One fused projection, laid out [q | k | v]: q is n_head heads wide, k and v
         # are n_kv_head heads wide each, so MQA/GQA really have fewer parameters.
         # With n_kv_head == n_head this is exactly GPT-2's c_attn.
@@ -63,15 +67,18 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None, rope: Rope | None = None
+    ) -> Tensor:
         """x: (B, T, C). Returns the output (B, T, C).
 
         With a kv_cache, x holds the T positions after the cached ones; its keys and
         values are stored and the queries attend over all S = cached + T positions.
         mask is then the cache's attention_mask(T): None means plain causal attention.
+        rope: the rotary angles of x's positions (see heads).
         """
         B, T, C = x.shape
-        q, k, v = self.heads(x)
+        q, k, v = self.heads(x, rope)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
         if self.impl == "manual":
@@ -82,14 +89,19 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C)."""
+    def heads(self, x: Tensor, rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C).
+        With rotary positions, q and k come rotated by rope (cos, sin from rotary_angles for
+        x's positions) or, without it, as at positions 0..T-1 (a whole sequence)."""
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.rope_base is not None:
+            cos, sin = rope or rotary_angles(torch.arange(T, device=x.device), self.head_dim, self.rope_base)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -56,6 +56,11 @@ class GPTConfig:
                 f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
                 "each key/value head serves an equal group of query heads"
             )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"GPTConfig.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
+                "rotary turns channels in pairs"
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -67,25 +72,26 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
-    def mlp_matrices(self) -> int:
-        """Weight matrices in the MLP: c_fc and c_proj, plus c_gate for swiglu."""
-        return 3 if self.mlp == "swiglu" else 2
+    def mlp_base_hidden(self) -> int:
+        """Width of the MLP's hidden layer before match_mha_params: 4 * n_embd for gelu; for
+        swiglu 2/3 of that rounded up to a multiple of 8, so that its three matrices hold
+        about the parameters of GELU's two (3 * n_embd * 2048 = 2 * n_embd * 3072 at n_embd 768)."""
+        width = 4 * self.n_embd
+        if self.mlp == "swiglu":
+            return 8 * -(-2 * width // (3 * 8))  # ceil(2/3 * width / 8) * 8
+        return width
 
     @property
     def mlp_hidden(self) -> int:
-        """Width of the MLP's hidden layer: 4 * n_embd for gelu; for swiglu 2/3 of that,
-        rounded up to a multiple of 8 (three matrices instead of two, about the same
-        parameters); widened when match_mha_params."""
-        width = 4 * self.n_embd
-        if self.mlp == "swiglu":
-            width = 8 * -(-2 * width // (3 * 8))  # ceil(2/3 * width / 8) * 8
+        """Width of the MLP's hidden layer: mlp_base_hidden, widened when match_mha_params."""
+        width = self.mlp_base_hidden
         if not self.match_mha_params:
             return width
         bias = int(self.bias)
         # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V.
         saved = 2 * (self.n_head - self.kv_heads) * self.head_dim * (self.n_embd + bias)
-        # Each hidden unit costs a row of each input matrix (with its bias) and a column of c_proj.
-        inputs = self.mlp_matrices - 1
+        # Each hidden unit costs a row (and bias) of c_fc, and of c_gate for swiglu, and a column of c_proj.
+        inputs = 2 if self.mlp == "swiglu" else 1
         return width + round(saved / (inputs * (self.n_embd + bias) + self.n_embd))
 
     @property

@@ -283,7 +283,7 @@ def stream(
     with the same prompt share one prefill. Put the model in eval mode first.
     """
     _check_request(model, prompts, max_new_tokens, decode)
-    weight = model.transformer.wpe.weight  # in the activations' dtype, whatever the weight format
+    weight = model.transformer.ln_f.weight  # in the activations' dtype, whatever the weight format
     # Room for the tokens grows as they come, not all up front: max_new_tokens may be huge.
     room = min(max_new_tokens, model.config.block_size)
     history, pad = _left_pad(prompts, room, weight.device)  # (B, n + room), (B,)

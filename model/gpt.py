@@ -1,4 +1,5 @@
-"""The GPT-2 architecture: embeddings, pre-LayerNorm blocks, tied LM head."""
+"""The GPT-2 architecture: embeddings, pre-norm blocks, tied LM head; the block's position
+encoding, norm and MLP are GPT-2's by default and Llama's as chosen (GPTConfig)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import CausalSelfAttention
-from .config import GPTConfig
+from .attention import CausalSelfAttention, Rope
+from .config import NORM_EPS, GPTConfig
 from .init import draw_seed, init_weights
+from .rotary import rotary_angles
 
 if TYPE_CHECKING:
     from .engine import KVCache
@@ -30,16 +32,40 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
+class SwiGLU(nn.Module):
+    """Llama's gated MLP: c_proj(silu(c_gate(x)) * c_fc(x)), c_gate and c_fc being its
+    gate_proj and up_proj, c_proj its down_proj."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=NORM_EPS)
+    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
+
+
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, mask)
+    def forward(
+        self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None, rope: Rope | None = None
+    ) -> Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -48,13 +74,15 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         init_seed = draw_seed()
+        # Rotary positions (applied in attention) need no position table.
+        table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
+                **table,
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                ln_f=make_norm(config),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -85,10 +113,12 @@ class GPT(nn.Module):
         start at kv_cache.length, its keys and values are appended to the cache, and
         the cache's padding is respected (see KVCache)."""
         T = idx.size(1)
-        x = self._embed(idx, kv_cache)
+        pos = self._positions(idx, kv_cache)
+        x = self._embed(idx, pos)
         mask = kv_cache.attention_mask(T) if kv_cache is not None else None
+        rope = self._rope(pos)
         for block in self.transformer.h:
-            x = block(x, kv_cache=kv_cache, mask=mask)
+            x = block(x, kv_cache=kv_cache, mask=mask, rope=rope)
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
@@ -105,37 +135,52 @@ class GPT(nn.Module):
             )
         return logits, loss
 
-    def _embed(self, idx: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+    def _positions(self, idx: Tensor, kv_cache: KVCache | None) -> Tensor:
+        """Position ids of idx's tokens: (T,), or (B, T) for a cache holding padded rows."""
         T = idx.size(1)
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
             raise ValueError(
                 f"sequence length {past + T} exceeds the model's block_size {self.config.block_size}"
             )
-        # (T,), or (B, T) for a cache holding padded rows
-        pos = kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
-        positions = self.transformer.wpe(pos)
-        # A token table stored in another format (weight_formats.py) joins the activations' dtype.
-        tokens = self.transformer.wte(idx).to(positions.dtype)
-        return self.transformer.drop(tokens + positions)
+        return kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
+
+    def _embed(self, idx: Tensor, pos: Tensor) -> Tensor:
+        # A token table stored in another format (weight_formats.py) joins the activations'
+        # dtype, which the norms keep in every format.
+        x = self.transformer.wte(idx).to(self.transformer.ln_f.weight.dtype)
+        if self.config.position == "learned":
+            x = x + self.transformer.wpe(pos)
+        return self.transformer.drop(x)
+
+    def _rope(self, pos: Tensor) -> Rope | None:
+        """Rotary's angles at positions pos, computed once for every layer; None without rotary."""
+        if self.config.position != "rope":
+            return None
+        return rotary_angles(pos, self.config.head_dim, self.config.rope_base)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (the tied head counted once). exclude_embeddings drops
-        the position table and the token table, leaving what scales with depth."""
+        the position table (if any) and the token table, leaving what scales with depth."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            n -= self.transformer.wpe.weight.numel() + self.transformer.wte.weight.numel()
+            n -= self._position_params() + self.transformer.wte.weight.numel()
         return n
+
+    def _position_params(self) -> int:
+        """The learned position table's size; 0 with rotary positions."""
+        return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         Every weight of a matmul costs 2 FLOPs per token forward and 4 backward
-        (the tied head counts; the position lookup does not). Attention adds
+        (the tied head counts, and SwiGLU's three matrices; the position lookup does
+        not, nor do rotary's and the norms' elementwise products). Attention adds
         QK^T and AV: 2 * 2 * T * n_embd forward per layer, times 3 with backward.
         """
         T = seq_len or self.config.block_size
-        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        matmul_params = self.num_params() - self._position_params()
         attention = 12 * self.config.n_layer * self.config.n_embd * T
         return 6 * matmul_params + attention
 
@@ -147,7 +192,7 @@ class GPT(nn.Module):
         device_type: str = "cpu",
     ) -> torch.optim.AdamW:
         """AdamW that decays matrices and embeddings (>= 2-D) but not biases or
-        LayerNorm gains; fused kernels on CUDA and CPU."""
+        norm gains; fused kernels on CUDA and CPU."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},

@@ -32,8 +32,8 @@ def draw_seed() -> int:
 
 
 def init_weights(model: nn.Module, seed: int) -> None:
-    """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, LayerNorms as
-    built; the projections that write into the residual stream get 0.02 / sqrt(2 * n_layer),
+    """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, norms as
+    built (gains of one, LayerNorm's biases zero); the projections that write into the residual stream get 0.02 / sqrt(2 * n_layer),
     because each block adds two of them to the stream."""
     config = model.config
     residual_std = STD / math.sqrt(2 * config.n_layer)
@@ -60,9 +60,10 @@ def _blocks(module_name: str, weight: Tensor, config) -> list[tuple[str, tuple]]
         for part, start in (("k", C), ("v", C + config.kv_heads * d)):
             blocks += [(f"{part}{h}", (slice(start + h * d, start + (h + 1) * d),)) for h in range(config.kv_heads)]
         return blocks
-    if module_name.endswith("mlp.c_fc") or module_name.endswith("mlp.c_proj"):
-        # The hidden dimension (rows of c_fc, columns of c_proj): GPT-2's 4 * n_embd units, then any extra.
-        width, hidden = 4 * config.n_embd, config.mlp_hidden
+    if module_name.endswith(("mlp.c_fc", "mlp.c_gate", "mlp.c_proj")):
+        # The hidden dimension (rows of c_fc and c_gate, columns of c_proj): the MLP's own
+        # units (GPT-2's 4 * n_embd), then any extra that match_mha_params adds.
+        width, hidden = config.mlp_base_hidden, config.mlp_hidden
         axis = (slice(None),) if module_name.endswith("c_proj") else ()
         return [("units", (*axis, slice(0, width))), ("extra", (*axis, slice(width, hidden)))]
     return [("all", (slice(None),))]
