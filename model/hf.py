@@ -12,6 +12,8 @@ compute exactly what our GPT computes:
 
 Both always have biases and tie lm_head to wte. GQA (1 < n_kv_head < n_head) has no
 equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
+Our Llama block (model/block=llama) goes to and from LlamaForCausalLM, any number of
+key/value heads included: model/hf_llama.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor
 
 from .config import GPTConfig
 from .gpt import GPT
+from .hf_llama import LLAMA, block_family, config_from_llama, config_to_llama, from_llama, to_llama
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
@@ -55,10 +58,12 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
     taste with dataclasses.replace. Raises ValueError for anything else.
     """
     kind = hf_config.get("model_type")
+    if kind == LLAMA:
+        return _with_mlp_width(config_from_llama(hf_config), hf_config.get("intermediate_size"), "intermediate_size")
     if kind not in ARCHITECTURE_CLASS:
         raise ValueError(
-            f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}) and "
-            f"GPTBigCode ({BIGCODE!r}) models only"
+            f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}), "
+            f"GPTBigCode ({BIGCODE!r}) and Llama ({LLAMA!r}) models only"
         )
     missing = [key for key in SHAPE_KEYS if key not in hf_config]
     if missing:
@@ -85,31 +90,36 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
         dropout=0.0,
         bias=True,
     )
-    return _with_mlp_width(config, hf_config.get("n_inner"))
+    return _with_mlp_width(config, hf_config.get("n_inner"), "n_inner")
 
 
-def _with_mlp_width(config: GPTConfig, n_inner: int | None) -> GPTConfig:
-    """config with an MLP n_inner wide (None: 4 * n_embd). Besides 4 * n_embd, our MLP
-    can only be as wide as match_mha_params makes it, which our MQA exports may be."""
-    if n_inner is None or n_inner == config.mlp_hidden:
+def _with_mlp_width(config: GPTConfig, width: int | None, key: str) -> GPTConfig:
+    """config with an MLP `width` wide (None: the default). Besides its default width
+    (gelu: 4 * n_embd; swiglu: 2/3 of that, rounded up to a multiple of 8), our MLP can
+    only be as wide as match_mha_params makes it, which our GQA/MQA exports may be."""
+    if width is None or width == config.mlp_hidden:
         return config
     widened = replace(config, match_mha_params=True)
-    if n_inner != widened.mlp_hidden:
+    if width != widened.mlp_hidden:
         raise ValueError(
-            f"config.json has n_inner={n_inner!r}: gptlab's MLP is 4 * n_embd = {config.mlp_hidden} wide, "
+            f"config.json has {key}={width!r}: gptlab's {config.mlp} MLP is {config.mlp_hidden} wide, "
             f"or {widened.mlp_hidden} with match_mha_params"
         )
     return widened
 
 
 def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
-    """config.json for `config`: GPT2LMHeadModel for MHA, GPTBigCodeForCausalLM for MQA.
-    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
+    """config.json for `config`: LlamaForCausalLM for the Llama block; for GPT-2's,
+    GPT2LMHeadModel for MHA and GPTBigCodeForCausalLM for MQA. eos_token_id (also used
+    as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
+    if block_family(config) == LLAMA:
+        return config_to_llama(config, eos_token_id)
     if config.attention_kind == "GQA":
         raise ValueError(
             f"grouped-query attention (n_kv_head={config.kv_heads} of n_head={config.n_head}) has no "
             "GPT-2-family equivalent in transformers: GPT-2 is MHA (n_kv_head = n_head) and GPTBigCode "
-            "is MQA (n_kv_head = 1); only those two export"
+            "is MQA (n_kv_head = 1); in GPT-2's block only those two export (in the Llama block, "
+            "model/block=llama, GQA exports as LlamaForCausalLM)"
         )
     kind = GPT2 if config.attention_kind == "MHA" else BIGCODE
     specific = {"activation_function": "gelu_new"} if kind == GPT2 else {
@@ -137,12 +147,16 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """A transformers GPT-2 / GPTBigCode (MQA) model as our (GPTConfig, state dict).
+    """A transformers GPT-2 / GPTBigCode (MQA) / Llama model as our (GPTConfig, state dict).
 
     The state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
     Raises ValueError when the weights do not fit the config.
     """
     config = config_from_hf(hf_config)
+    if hf_config["model_type"] == LLAMA:
+        _check_fit({k: v for k, v in hf_state.items() if k != TIED_HEAD}, _llama_shapes(config), "the weights",
+                   "config.json")
+        return config, from_llama(config, hf_state)
     transposed = hf_config["model_type"] == GPT2
     named = {}
     for key, tensor in hf_state.items():
@@ -165,6 +179,8 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     hf_config = config_to_hf(config, eos_token_id)
     state = {name: tensor for name, tensor in state.items() if name != TIED_HEAD}
     _check_fit(state, parameter_shapes(config), "the weights", "the model config")
+    if hf_config["model_type"] == LLAMA:
+        return hf_config, to_llama(config, state)
     transposed = hf_config["model_type"] == GPT2
     biased = _with_zero_biases(state)
     return hf_config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in biased.items()}
@@ -201,17 +217,25 @@ def pool_kv_heads(
 def crop_block_size(
     state: dict[str, Tensor], config: GPTConfig, block_size: int
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """A shorter context: keep the first block_size rows of the position table. Every
-    sequence of at most block_size tokens gets the same logits as before."""
+    """A shorter context: keep the first block_size rows of the position table (rotary
+    positions have none). Every sequence of at most block_size tokens gets the same
+    logits as before."""
     if not 0 < block_size <= config.block_size:
         raise ValueError(f"block_size {block_size} must be in [1, {config.block_size}], the model's context")
     wpe = PREFIX + "wpe.weight"
-    return replace(config, block_size=block_size), {**state, wpe: state[wpe][:block_size].clone()}
+    cropped = {wpe: state[wpe][:block_size].clone()} if wpe in state else {}
+    return replace(config, block_size=block_size), {**state, **cropped}
 
 
 def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
     """Our parameter names and shapes for `config`, without the tied head."""
     return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items() if name != TIED_HEAD}
+
+
+def _llama_shapes(config: GPTConfig) -> dict[str, torch.Size]:
+    """LlamaForCausalLM's tensor names and shapes for `config`, without the tied head."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
+    return {name: tensor.shape for name, tensor in to_llama(config, meta).items()}
 
 
 def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:

@@ -1,0 +1,157 @@
+"""Weights in and out of Hugging Face's LlamaForCausalLM, as plain dicts (no files here).
+
+Our Llama block (position=rope, norm=rmsnorm, mlp=swiglu, bias=false) computes what
+LlamaForCausalLM computes with tied embeddings, any number of key/value heads (MHA,
+GQA, MQA), rotary in the rotate-half layout and RMSNorm with eps 1e-5. Both use
+nn.Linear, so the only changes are names and the split of our fused c_attn rows
+[q | k | v] into q_proj, k_proj and v_proj: no transposes, no permutations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import NORM_EPS, GPTConfig
+
+LLAMA = "llama"
+ARCHITECTURE = "LlamaForCausalLM"
+# The settings of our block that LlamaForCausalLM computes, and those GPT-2's classes do.
+LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu"}
+SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
+# Llama settings under which it computes our function: key -> (transformers' default, allowed values).
+SAME_FUNCTION = {
+    "hidden_act": ("silu", ("silu",)),
+    "rms_norm_eps": (1e-6, (NORM_EPS,)),
+    "attention_bias": (False, (False,)),
+    "mlp_bias": (False, (False,)),
+    "tie_word_embeddings": (False, (True,)),
+    "pretraining_tp": (1, (1,)),
+}
+# Our names after "transformer.h.<i>." -> Llama's after "model.layers.<i>." (c_attn is split apart).
+LAYER_NAMES = {
+    "ln_1.weight": "input_layernorm.weight",
+    "attn.c_proj.weight": "self_attn.o_proj.weight",
+    "ln_2.weight": "post_attention_layernorm.weight",
+    "mlp.c_gate.weight": "mlp.gate_proj.weight",
+    "mlp.c_fc.weight": "mlp.up_proj.weight",
+    "mlp.c_proj.weight": "mlp.down_proj.weight",
+}
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+FUSED = "attn.c_attn.weight"
+OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
+TIED_HEAD = "lm_head.weight"
+
+
+def block_family(config: GPTConfig) -> str:
+    """'gpt2' or 'llama': the transformers family that computes config's block. A mixed
+    block is refused, naming the settings that no class has (one line)."""
+    family, wanted = (LLAMA, LLAMA_BLOCK) if config.position == "rope" else ("gpt2", GPT2_BLOCK)
+    off = [f"model.{key}={getattr(config, key)!r}" for key, value in wanted.items() if getattr(config, key) != value]
+    if off:
+        needs = ", ".join(f"{key}={value!r}" for key, value in wanted.items())
+        raise ValueError(
+            f"{', '.join(off)} with position={config.position!r} is a block no transformers class computes: "
+            f"{'LlamaForCausalLM' if family == LLAMA else 'GPT-2'} needs {needs}"
+            + (" (model/block=llama)" if family == LLAMA else " (model/block=gpt2)")
+        )
+    return family
+
+
+def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
+    """config.json of a LlamaForCausalLM computing our Llama-block `config`."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": LLAMA,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.block_size,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.mlp_hidden,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": config.dropout,
+        "tie_word_embeddings": True,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+
+
+def config_from_llama(hf_config: dict) -> GPTConfig:
+    """The GPTConfig of a Llama config.json (model_type "llama"); ValueError for one
+    gptlab's block cannot reproduce, naming the settings."""
+    missing = [key for key in SHAPE_KEYS if key not in hf_config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    not_counts = [f"{key}={hf_config[key]!r}" for key in SHAPE_KEYS if type(hf_config[key]) is not int]
+    if not_counts:
+        raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
+    problems = [
+        f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
+        for key, (default, allowed) in SAME_FUNCTION.items()
+        if hf_config.get(key, default) not in allowed
+    ]
+    rope = _rope(hf_config)
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")
+    n_embd, n_head = hf_config["hidden_size"], hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or n_embd // n_head
+    if n_embd % n_head or head_dim != n_embd // n_head:
+        problems.append(f"head_dim={head_dim!r} (supported: hidden_size / num_attention_heads)")
+    if problems:
+        raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
+    return GPTConfig(
+        vocab_size=hf_config["vocab_size"],
+        block_size=hf_config["max_position_embeddings"],
+        n_layer=hf_config["num_hidden_layers"],
+        n_head=n_head,
+        n_kv_head=hf_config.get("num_key_value_heads") or n_head,
+        n_embd=n_embd,
+        dropout=0.0,
+        rope_base=float(rope.get("rope_theta", 10000.0)),
+        **LLAMA_BLOCK,
+    )
+
+
+def _rope(hf_config: dict) -> dict:
+    """transformers 5's rope_parameters, or 4.x's rope_theta and rope_scaling."""
+    if hf_config.get("rope_parameters"):
+        return hf_config["rope_parameters"]
+    scaling = hf_config.get("rope_scaling") or {}
+    return {"rope_theta": hf_config.get("rope_theta", 10000.0), "rope_type": scaling.get("rope_type", "default")}
+
+
+def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our Llama-block state dict (without the tied head) under LlamaForCausalLM's names."""
+    named = {llama: state[ours] for ours, llama in OUTSIDE.items()}
+    for layer in range(config.n_layer):
+        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
+        named |= {theirs + llama: state[ours + name] for name, llama in LAYER_NAMES.items()}
+        named |= dict(zip((theirs + name for name in QKV), _split_qkv(state[ours + FUSED], config)))
+    return named
+
+
+def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """LlamaForCausalLM's state dict under our names, c_attn fused again. A stored
+    lm_head must be the embedding itself (our head is tied). The names are checked before."""
+    if TIED_HEAD in hf_state and not torch.equal(hf_state[TIED_HEAD], hf_state[OUTSIDE["transformer.wte.weight"]]):
+        raise ValueError("lm_head.weight differs from model.embed_tokens.weight: gptlab's head is tied to wte")
+    named = {ours: hf_state[llama] for ours, llama in OUTSIDE.items()}
+    for layer in range(config.n_layer):
+        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
+        named |= {ours + name: hf_state[theirs + llama] for name, llama in LAYER_NAMES.items()}
+        named[ours + FUSED] = torch.cat([hf_state[theirs + name] for name in QKV])
+    return named
+
+
+def _split_qkv(fused: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
+    kv_dim = config.kv_heads * config.head_dim
+    return tuple(part.contiguous() for part in fused.split((config.n_embd, kv_dim, kv_dim)))
+

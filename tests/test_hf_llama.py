@@ -1,0 +1,140 @@
+"""The Llama block in and out of transformers' LlamaForCausalLM: the same logits on the
+same weights (MHA, GQA, MQA), lossless round trips, transformers' greedy generate gives
+our tokens, and blocks no transformers class computes are refused."""
+
+import json
+from dataclasses import asdict
+
+import huggingface_hub
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+import export
+from hf_reference import assert_same_logits, build, randomized
+from model import GPT, GPTConfig, Sampling, generate
+from training.checkpoint import CheckpointError, save_checkpoint
+from training.hf_io import load_hf_pretrained, save_hf
+
+# No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
+SHAPE = dict(vocab_size=997, block_size=48, n_layer=3, n_head=6, n_embd=60)
+LLAMA_BLOCK = dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False, rope_base=500.0)
+KV_HEADS = pytest.mark.parametrize("n_kv_head", [6, 3, 2, 1], ids=["MHA", "GQA3", "GQA2", "MQA"])
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def hf_llama(n_kv_head: int, seed: int = 0, **overrides) -> LlamaForCausalLM:
+    settings = dict(
+        vocab_size=997, max_position_embeddings=48, hidden_size=60, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=n_kv_head, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, bos_token_id=None, eos_token_id=None,
+    )
+    return randomized(LlamaForCausalLM(LlamaConfig(**{**settings, **overrides})), seed)
+
+
+def ours(seed: int = 0, **config) -> GPT:
+    torch.manual_seed(seed)
+    return randomized(GPT(GPTConfig(dropout=0.0, **{**SHAPE, **LLAMA_BLOCK, **config})), seed)
+
+
+def save_run(run_dir, model: GPT, tokenizer: dict) -> None:
+    save_checkpoint(run_dir, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
+
+
+@KV_HEADS
+def test_imported_llama_computes_transformers_logits(tmp_path, n_kv_head):
+    reference = hf_llama(n_kv_head)
+    reference.save_pretrained(tmp_path / "hf")
+    config, state = load_hf_pretrained(tmp_path / "hf")
+    assert (config.kv_heads, config.position, config.norm, config.mlp, config.bias) == (n_kv_head, "rope", "rmsnorm",
+                                                                                       "swiglu", False)
+    assert config.rope_base == 500.0 and config.mlp_hidden == 160
+    assert_same_logits(build(config, state), reference, length=48)
+
+
+@KV_HEADS
+def test_exported_llama_block_loads_in_transformers_with_our_logits(tmp_path, capsys, n_kv_head):
+    model = ours(n_kv_head=n_kv_head)
+    save_run(tmp_path / "run", model, {"name": "char", "chars": "abcdefgh", "eot": True})
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(reference) is LlamaForCausalLM and reference.config.num_key_value_heads == n_kv_head
+    assert_same_logits(model.eval(), reference, length=48)
+
+
+@pytest.mark.parametrize("n_kv_head", [3, 1], ids=["GQA", "MQA"])
+def test_transformers_import_export_round_trip_is_lossless(tmp_path, n_kv_head):
+    hf_llama(n_kv_head).save_pretrained(tmp_path / "original")
+    config, state = load_hf_pretrained(tmp_path / "original")
+    save_hf(tmp_path / "exported", config, state)
+    config_again, state_again = load_hf_pretrained(tmp_path / "exported")
+    assert config_again == config and state_again.keys() == state.keys()
+    assert all(torch.equal(state_again[name], state[name]) for name in state)
+    original, exported = (load_file(tmp_path / d / "model.safetensors") for d in ("original", "exported"))
+    exported.pop("lm_head.weight", None), original.pop("lm_head.weight", None)  # tied: either may store it
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[name], original[name]) for name in original)
+
+
+@pytest.mark.parametrize("match_mha_params", [False, True])  # True widens a GQA model's SwiGLU
+def test_our_export_imports_back_as_itself(tmp_path, match_mha_params):
+    model = ours(n_kv_head=2, match_mha_params=match_mha_params)
+    save_hf(tmp_path / "hf", model.config, model.state_dict())
+    config, state = load_hf_pretrained(tmp_path / "hf")
+    assert config == model.config
+    assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items() if name in state)
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 1], ids=["GQA", "MQA"])
+def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n_kv_head):
+    model = ours(n_kv_head=n_kv_head, vocab_size=50257, n_layer=1).eval()
+    save_run(tmp_path / "run", model, {"name": "gpt2"})
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    prompt = tokenizer("Hello world, it's", return_tensors="pt")
+    theirs = reference.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    [mine] = generate(model, [prompt["input_ids"][0].tolist()], 12, Sampling(temperature=0))
+    assert theirs[0, prompt["input_ids"].shape[1]:].tolist() == mine
+
+
+@pytest.mark.parametrize("mixed, named", [
+    (dict(position="rope", norm="layernorm", mlp="swiglu", bias=False), "model.norm='layernorm' with position='rope'"),
+    (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
+    (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with position='learned'"),
+])
+def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path, mixed, named):
+    model = randomized(GPT(GPTConfig(**SHAPE, **mixed)), 0)
+    save_run(tmp_path / "run", model, {"name": "char", "chars": "ab", "eot": True})
+    with pytest.raises(SystemExit, match="cannot export: " + named.replace("(", r"\(")) as raised:
+        export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, "rope_type='llama3'"),
+    ({"rms_norm_eps": 1e-6}, r"rms_norm_eps=1e-06 \(supported: 1e-05\)"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ({"intermediate_size": 150}, "intermediate_size=150: gptlab's swiglu MLP is 160 wide"),
+])
+def test_llama_configs_gptlab_cannot_reproduce_are_refused(tmp_path, change, reason):
+    hf_llama(2).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(CheckpointError, match=reason):
+        load_hf_pretrained(tmp_path / "hf")
+
+
+def test_an_untied_head_is_refused(tmp_path):
+    reference = hf_llama(2, tie_word_embeddings=False)
+    reference.save_pretrained(tmp_path / "hf")
+    with pytest.raises(CheckpointError, match="tie_word_embeddings=False"):
+        load_hf_pretrained(tmp_path / "hf")
