@@ -148,7 +148,7 @@ def edit_config(directory, **changes):
 @pytest.mark.parametrize(
     "changes, reason",
     [
-        ({"model_type": "llama"}, "model_type 'llama'"),
+        ({"model_type": "mistral"}, "model_type 'mistral'"),
         ({"n_head": 4.0, "n_layer": True}, r"config.json's sizes must be integers: n_layer=True, n_head=4.0"),
         ({"n_layer": 4}, r"do not fit config.json: missing transformer\.h\.2\."),
         ({"vocab_size": 2000}, r"transformer\.wte\.weight is \(1000, 64\) in the weights, \(2000, 64\) by config.json"),
