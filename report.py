@@ -33,7 +33,7 @@ from ablation.downstream import downstream_section
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.fairness import changes, check_same_data
-from ablation.runs import Arm, group_arms, layout_name, read_sweep, shape_name
+from ablation.runs import Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
 from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, seeds_needed
 from model import GPT, to_decode_layout
 from system import exits
@@ -55,22 +55,24 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
     arms = group_arms(sweep.runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shapes = sorted({a.shape for a in arms}, key=lambda s: s[0] * s[1])
+    shapes = sorted({a.shape for a in arms}, key=shape_order)
     sections, per_shape = [], []
     for shape in shapes:
         members = [a for a in arms if a.shape == shape]
         base = baseline_of(members, baseline)
         rows = results(members, base)
         per_shape.append((rows[0].arm, rows))
-        image = f"val_loss_L{shape[0]}d{shape[1]}.png" if len(shapes) > 1 else "val_loss.png"
+        image = _curves_image(shape) if len(shapes) > 1 else "val_loss.png"
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
         sections.append(shape_section(shape, rows, image))
         sections.append(power_section(rows, sweep_dir, effect))
         if downstream := downstream_section([r.arm for r in rows], rows[0].arm):  # runs left out of the rows stay out
             sections.append(downstream)
-    if len(shapes) > 1:
+    if len({s[:3] for s in shapes}) > 1:
         plot_ladder(ladder_gaps(per_shape), out_dir / "ladder.png")
         sections.append(ladder_section(per_shape))
+    if len({s[3] for s in shapes}) > 1:
+        sections.append(blocks_section(per_shape))
     uptrained = uptraining(arms)
     if any(a.uptrained for a in arms):
         sections.append(uptraining_section(arms, uptrained, out_dir))
@@ -165,6 +167,25 @@ def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
                      f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
                      f"{p_value(gap.comparison.p_value)} |")
     return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
+
+
+def blocks_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
+    """Each block's GQA/MQA differences to its own MHA baseline, the blocks side by side."""
+    gaps = ladder_gaps(per_shape)
+    seeds = {g.baseline.shape[3]: g.baseline.seeds for g in gaps}  # block -> its baseline's seeds
+    cells: dict[tuple[str, str], dict[str, Estimate]] = {}
+    for g in gaps:
+        cells.setdefault((size_name(g.baseline.shape), layout_name(g.arm.config)), {})[g.baseline.shape[3]] = \
+            g.comparison.difference
+    lines = ["## The blocks side by side", "",
+             "Each block's arms against its own MHA baseline, never against the other block's runs: the final "
+             "validation loss difference (nats) and its 95% CI over seeds, paired by seed. Seeds: "
+             + "; ".join(f"{block} {_seeds(s)}" for block, s in seeds.items()) + ".", "",
+             "| shape | layout - MHA | " + " | ".join(seeds) + " |", "|---|---|" + "---|" * len(seeds)]
+    for (size, layout), found in cells.items():
+        shown = [f"{found[b].mean:+.4f} ({ci(found[b], signed=True)})" if b in found else "not run" for b in seeds]
+        lines.append(f"| {size} | {layout} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
 
 
 def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -> str:
@@ -274,6 +295,11 @@ def threads() -> str:
 
 def _size(config) -> str:
     return f"{config.n_layer} layers x {config.n_embd}"
+
+
+def _curves_image(shape) -> str:
+    block = "" if shape[3] == "GPT-2 block" else "_" + "".join(c for c in shape[3].lower() if c.isalnum())
+    return f"val_loss_L{shape[0]}d{shape[1]}{block}.png"
 
 
 def _random_model(config) -> GPT:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ablation.fairness import check_against_baseline, check_seeds_alike
-from ablation.runs import Arm, Run
+from ablation.runs import GPT2_BLOCK, Arm, Run
 from ablation.stats import Comparison, Estimate, holm, mean_ci, paired_difference, verdict, welch_difference
 
 
@@ -192,7 +192,8 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
 
 @dataclass
 class Gap:
-    kind: str  # GQA or MQA
+    kind: str  # GQA or MQA, with the block when it is not GPT-2's ("MQA, Llama block")
+    arm: Arm
     baseline: Arm  # the shape's MHA arm
     non_embedding_params: int  # of the baseline model
     comparison: Comparison
@@ -205,10 +206,11 @@ def ladder_gaps(shapes: list[tuple[Arm, list[Result]]]) -> list[Gap]:
         size = baseline.params - _embedding_params(baseline)
         for row in rows:
             if row.comparison is not None and not row.arm.uptrained and row.arm.config.attention_kind != "MHA":
-                gaps.append(Gap(row.arm.config.attention_kind, baseline, size, row.comparison))
+                block = "" if baseline.shape[3] == GPT2_BLOCK else f", {baseline.shape[3]}"
+                gaps.append(Gap(row.arm.config.attention_kind + block, row.arm, baseline, size, row.comparison))
     return gaps
 
 
 def _embedding_params(arm: Arm) -> int:
     c = arm.config
-    return (c.vocab_size + c.block_size) * c.n_embd
+    return (c.vocab_size + (c.block_size if c.position == "learned" else 0)) * c.n_embd  # rotary has no table

@@ -2,9 +2,10 @@
 
 A run is a directory with checkpoints and metrics.jsonl, at any depth under the sweep
 directory; one without a checkpoint is named and left out. Runs sharing a model shape
-(layers, width, query heads) and an arm (the `arm` setting; the directory name without
-its `_seed<N>` suffix for runs that predate it) form an Arm; within a shape the arms are
-compared with a baseline, paired by seed.
+(layers, width, query heads, and the block: GPT-2's, Llama's, or the settings of
+another) and an arm (the `arm` setting; the directory name without its `_seed<N>`
+suffix for runs that predate it) form an Arm; within a shape the arms are compared with
+a baseline, paired by seed. Runs of different blocks are never compared with each other.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Arm:
         return [r.seed for r in self.runs]
 
     @property
-    def shape(self) -> tuple[int, int, int]:
+    def shape(self) -> Shape:
         return shape_of(self.config)
 
     @property
@@ -123,8 +124,29 @@ def layout_name(config: GPTConfig) -> str:
     return f"{config.attention_kind} ({config.n_kv_head} kv heads)"
 
 
-def shape_of(config: GPTConfig) -> tuple[int, int, int]:
-    return config.n_layer, config.n_embd, config.n_head
+Shape = tuple[int, int, int, str]  # layers, width, query heads, block
+GPT2_BLOCK, LLAMA_BLOCK = "GPT-2 block", "Llama block"
+BLOCK_SETTINGS = {  # position, norm, mlp (and bias, for Llama's) of the named blocks
+    GPT2_BLOCK: {"position": "learned", "norm": "layernorm", "mlp": "gelu"},
+    LLAMA_BLOCK: {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False},
+}
+
+
+def shape_of(config: GPTConfig) -> Shape:
+    return config.n_layer, config.n_embd, config.n_head, block_name(config)
+
+
+def block_name(config: GPTConfig) -> str:
+    """'GPT-2 block', 'Llama block', or another block's settings ('position=rope, norm=layernorm, ...')."""
+    for name, wanted in BLOCK_SETTINGS.items():
+        if all(getattr(config, key) == value for key, value in wanted.items()):
+            return name
+    return ", ".join(f"{key}={getattr(config, key)}" for key in BLOCK_SETTINGS[LLAMA_BLOCK])
+
+
+def shape_order(shape: Shape) -> tuple[int, bool, str]:
+    """Smallest first; at one size, GPT-2's block first."""
+    return shape[0] * shape[1], shape[3] != GPT2_BLOCK, shape[3]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -138,8 +160,12 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return leaves
 
 
-def shape_name(shape: tuple[int, int, int]) -> str:
-    n_layer, n_embd, n_head = shape
+def shape_name(shape: Shape) -> str:
+    return f"{size_name(shape)}, {shape[3]}"
+
+
+def size_name(shape: Shape) -> str:
+    n_layer, n_embd, n_head, _ = shape
     return f"{n_layer} layers x {n_embd} dims, {n_head} query heads"
 
 
@@ -200,8 +226,8 @@ def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:
-    """Arms ordered by shape (smallest first), then MHA first and fewer key/value heads
-    after, scratch before uptrained, then by name."""
+    """Arms ordered by shape (smallest first, GPT-2's block first), then MHA first and
+    fewer key/value heads after, scratch before uptrained, then by name."""
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
         by_key.setdefault((shape_of(run.model_config), run.arm), []).append(run)
@@ -212,7 +238,7 @@ def group_arms(runs: list[Run]) -> list[Arm]:
         if len(set(seeds)) != len(seeds):
             raise CheckpointError(f"arm {name} has two runs with one seed: {', '.join(str(r.path) for r in members)}")
         arms.append(Arm(name, members, pretraining_tokens=_source_tokens(members[0], runs)))
-    return sorted(arms, key=lambda a: (a.shape[0] * a.shape[1], -a.config.n_kv_head, a.uptrained, a.name))
+    return sorted(arms, key=lambda a: (shape_order(a.shape), -a.config.n_kv_head, a.uptrained, a.name))
 
 
 def _source_tokens(run: Run, runs: list[Run]) -> int:
