@@ -22,6 +22,11 @@ from .memory import huge_page_zeros
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 INT8_MAX = 127  # symmetric: -127..127, so a channel's scale is its largest |weight| / 127
+# torch's CPU int8 kernel reads each row in whole blocks: on an AVX2 CPU a row of 88 or 40
+# int8 weights gives wrong products, with no error. Int8Linear pads its rows with zeros to a
+# multiple of this (32 also covers AVX512's 16-lane vectors); GPT-2's widths need none,
+# a SwiGLU width such as mini's 344 does.
+INT8_ROW_MULTIPLE = 32
 
 
 def to_weight_format(model: GPT, weights: str) -> GPT:
@@ -108,13 +113,15 @@ class BF16Linear(nn.Module):
 
 class Int8Linear(nn.Module):
     """A Linear whose weight is stored as int8 with one bf16 scale per output channel;
-    the product is torch's int8 weight-pack matmul (CPU), which takes bf16 inputs."""
+    the product is torch's int8 weight-pack matmul (CPU), which takes bf16 inputs. Rows
+    are stored padded with zeros to a multiple of INT8_ROW_MULTIPLE, and inputs likewise."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.padding = -self.in_features % INT8_ROW_MULTIPLE
         values, scale = quantize_per_channel(linear.weight)
-        self.register_buffer("weight", _stored(values))  # (out, in) int8
+        self.register_buffer("weight", _stored(F.pad(values, (0, self.padding))))  # (out, in + padding) int8
         self.register_buffer("scale_bits", scale.view(torch.int16))  # (out,)
         self.bias = linear.bias
 
@@ -124,13 +131,15 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # the kernel takes (M, in)
+        if self.padding:
+            flat = F.pad(flat, (0, self.padding))
         y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)  # (M, out)
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def rows(self, idx: Tensor) -> Tensor:
         """Rows idx of the dequantized weight, in fp32 (exact): (*idx.shape, in)."""
-        return dequantize_per_channel(self.weight[idx], self.scale[idx])
+        return dequantize_per_channel(self.weight[idx, : self.in_features], self.scale[idx])
 
 
 class TiedEmbedding(nn.Module):

@@ -1,5 +1,5 @@
-"""What the attention tests run over: both code paths, and query/key-value head counts
-(as model overrides).
+"""What the attention tests run over: both code paths, query/key-value head counts and
+the two blocks (as model overrides).
 
 Four query heads cover MHA, GQA and MQA, but GQA there is 2 groups of 2, where the
 group and head axes of a (B, n_head, ...) tensor are interchangeable: a reshape with
@@ -9,6 +9,9 @@ layout keeps head_dim 8, so the models stay tiny (n_embd = 8 x n_head).
 """
 
 import pytest
+import yaml
+
+from conf import CONF_DIR
 
 IMPLS = ["sdpa", "manual"]  # torch's fused kernel, and the explicit one
 FOUR_HEADS = [(4, 4), (4, 2), (4, 1)]  # MHA, GQA, MQA
@@ -20,3 +23,7 @@ SHARED_KV = [p for p in LAYOUTS if p.values[1] < p.values[0]]  # GQA and MQA
 def heads(n_head: int, n_kv_head: int) -> dict[str, int]:
     """Model overrides for the layout."""
     return dict(n_head=n_head, n_kv_head=n_kv_head, n_embd=8 * n_head)
+
+
+LLAMA = yaml.safe_load((CONF_DIR / "model" / "block" / "llama.yaml").read_text())  # what model/block=llama sets
+BLOCKS = [pytest.param({}, id="gpt2"), pytest.param(LLAMA, id="llama")]  # model overrides

@@ -4,6 +4,7 @@ whole sequence (cropped to block_size) through the model for every new token."""
 import pytest
 import torch
 
+from attention_variants import BLOCKS
 from model import GPT, Sampling, generate, sample_next, stream, to_decode_layout
 
 GREEDY = Sampling(temperature=0)
@@ -40,16 +41,18 @@ def prompt(length: int, seed: int = 0) -> list[int]:
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 @pytest.mark.parametrize("prompt_len", [3, 16, 21])  # short, exactly block_size, longer
-def test_greedy_equals_uncached_reference_past_block_size(make_model, n_kv_head, prompt_len):
-    model = make_model(n_kv_head=n_kv_head)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_greedy_equals_uncached_reference_past_block_size(make_model, n_kv_head, prompt_len, block):
+    model = make_model(n_kv_head=n_kv_head, **block)
     start = prompt(prompt_len, seed=prompt_len)
     [tokens] = generate(model, [start], 30, GREEDY)  # ends far past block_size (16)
     assert tokens == reference_greedy(model, start, 30)
 
 
 @pytest.mark.parametrize("n_kv_head, attn_impl", [(4, "sdpa"), (2, "manual"), (1, "sdpa")])
-def test_batched_prompts_of_different_lengths_equal_each_prompt_alone(make_model, n_kv_head, attn_impl):
-    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_batched_prompts_of_different_lengths_equal_each_prompt_alone(make_model, n_kv_head, attn_impl, block):
+    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl, **block)
     prompts = [prompt(n, seed=n) for n in (1, 7, 12, 4)]
     batched = generate(model, prompts, 12, GREEDY)  # the longest row slides past block_size
     for start, tokens in zip(prompts, batched):
@@ -77,8 +80,9 @@ def test_seed_makes_sampling_reproducible(make_model):
 @pytest.mark.parametrize(
     "sampling", [Sampling(temperature=1.0, seed=3), Sampling(temperature=0.8, top_k=20, top_p=0.9, seed=4)]
 )
-def test_seeded_sampling_past_block_size_with_left_padded_rows_equals_reference(make_model, sampling):
-    model = make_model(block_size=16).double()  # float64: cached and uncached logits agree to ~1e-12
+@pytest.mark.parametrize("block", BLOCKS)
+def test_seeded_sampling_past_block_size_with_left_padded_rows_equals_reference(make_model, sampling, block):
+    model = make_model(block_size=16, **block).double()  # float64: cached and uncached logits agree to ~1e-12
     prompts = [prompt(n, seed=20 + n) for n in (3, 9, 14)]  # left padded by 11, 5 and 0
     out = generate(model, prompts, 40, sampling)  # every row slides far past block_size
     assert out == reference_sampled(model, prompts, 40, sampling)
@@ -170,8 +174,9 @@ def test_vocab_size_limits_the_sampled_ids(make_model):
         assert len(tokens) == 30 and all(t < 90 for t in tokens)
 
 
-def test_decode_layout_transposes_memory_but_not_the_model(make_model):
-    model = make_model(n_kv_head=2)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_decode_layout_transposes_memory_but_not_the_model(make_model, block):
+    model = make_model(n_kv_head=2, **block)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     params = dict(model.named_parameters())
     idx = torch.randint(0, 97, (2, 16))
@@ -183,9 +188,9 @@ def test_decode_layout_transposes_memory_but_not_the_model(make_model):
     assert model.lm_head.weight is model.transformer.wte.weight
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
-        if name.endswith("c_fc.weight"):  # (4 * n_embd, n_embd): column-major, rows strided
+        if name.endswith(("c_fc.weight", "c_gate.weight")):  # (mlp_hidden, n_embd): column-major, rows strided
             assert p.stride() == (1, p.size(0))
-        if name.endswith("mlp.c_proj.weight"):  # (n_embd, 4 * n_embd): stays row-major
+        if name.endswith("mlp.c_proj.weight"):  # (n_embd, mlp_hidden): stays row-major
             assert p.is_contiguous()
     torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)
     assert generate(model, [start], 24, GREEDY) == tokens

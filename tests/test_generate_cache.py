@@ -1,6 +1,7 @@
 """The KV cache computes exactly what a full forward pass computes, on every device present
 (tests/devices.py: the CPU always, CUDA when there is one), for MHA, GQA and MQA at
-realistic head counts on both attention paths (tests/attention_variants.py).
+realistic head counts on both attention paths, in GPT-2's block and in Llama's, whose
+rotary positions must be applied at each token's absolute position (tests/attention_variants.py).
 
 Reference: the model's own uncached forward over the whole (unpadded) sequence, on the
 same device in the same dtype. Tolerances: tests/devices.py. The cached path only
@@ -12,7 +13,7 @@ keys), so results agree to a few ulps; a wrong position, mask or head mapping is
 import pytest
 import torch
 
-from attention_variants import IMPLS, LAYOUTS, heads
+from attention_variants import BLOCKS, IMPLS, LAYOUTS, heads
 from devices import DEVICES, tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import KVCache
 
@@ -28,8 +29,9 @@ def tokens(*shape: int, seed: int = 0, device: torch.device = torch.device("cpu"
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attn_impl", IMPLS)
 @pytest.mark.parametrize("n_head, n_kv_head", LAYOUTS)
-def test_prefill_then_one_token_at_a_time_equals_full_forward(make_model, device, n_head, n_kv_head, attn_impl):
-    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl).to(device)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_prefill_then_one_token_at_a_time_equals_full_forward(make_model, device, n_head, n_kv_head, attn_impl, block):
+    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl, **block).to(device)
     idx = tokens(3, 16, device=device)
     full, _ = model(idx)
     cache = KVCache(model.config, batch_size=3, device=device)
@@ -44,9 +46,10 @@ def test_prefill_then_one_token_at_a_time_equals_full_forward(make_model, device
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attn_impl", IMPLS)
 @pytest.mark.parametrize("n_head, n_kv_head", LAYOUTS)
-def test_chunks_on_a_filled_cache_equal_full_forward(make_model, device, n_head, n_kv_head, attn_impl):
+@pytest.mark.parametrize("block", BLOCKS)
+def test_chunks_on_a_filled_cache_equal_full_forward(make_model, device, n_head, n_kv_head, attn_impl, block):
     """A multi-token chunk after cached positions needs a bottom-right causal mask."""
-    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl).to(device)
+    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl, **block).to(device)
     idx = tokens(2, 16, seed=1, device=device)
     full, _ = model(idx)
     cache = KVCache(model.config, batch_size=2, device=device)
@@ -58,8 +61,9 @@ def test_chunks_on_a_filled_cache_equal_full_forward(make_model, device, n_head,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("attn_impl", IMPLS)
 @pytest.mark.parametrize("n_head, n_kv_head", LAYOUTS)
-def test_left_padded_batch_equals_each_sequence_alone(make_model, device, dtype, n_head, n_kv_head, attn_impl):
-    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl).to(device, dtype)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_left_padded_batch_equals_each_sequence_alone(make_model, device, dtype, n_head, n_kv_head, attn_impl, block):
+    model = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl, **block).to(device, dtype)
     lengths = [16, 9, 3]  # prompt lengths 11, 4, 0 (the last rows padded), then 5 decoded tokens
     rows = [tokens(1, n, seed=10 + i, device=device)[0] for i, n in enumerate(lengths)]
     pad = [16 - n for n in lengths]  # 0, 7, 13: row 2's padding runs past the 11-wide prefill

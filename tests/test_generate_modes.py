@@ -7,6 +7,7 @@ seeded draw cannot fall on the other side of a rounding."""
 import pytest
 import torch
 
+from attention_variants import BLOCKS
 from model import KVCache, Sampling, generate
 from model.engine import StaticKVCache
 
@@ -18,9 +19,10 @@ SAMPLED = Sampling(temperature=1.0, top_k=30, seed=7)
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_static_cache_generates_what_the_eager_cache_generates(make_model, n_kv_head, sampling):
+@pytest.mark.parametrize("block", BLOCKS)
+def test_static_cache_generates_what_the_eager_cache_generates(make_model, n_kv_head, sampling, block):
     """Left-padded rows, and past block_size (16) so the window slides."""
-    model = make_model(n_kv_head=n_kv_head).double()
+    model = make_model(n_kv_head=n_kv_head, **block).double()
     prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 44]]
     eager = generate(model, prompts, 30, sampling)
     assert generate(model, prompts, 30, sampling, decode="static") == eager
@@ -29,8 +31,9 @@ def test_static_cache_generates_what_the_eager_cache_generates(make_model, n_kv_
     assert len({tuple(row) for row in eager}) == 3
 
 
-def test_static_cache_logits_equal_the_eager_cache_logits_step_by_step(make_model):
-    model = make_model(n_kv_head=2).double()
+@pytest.mark.parametrize("block", BLOCKS)
+def test_static_cache_logits_equal_the_eager_cache_logits_step_by_step(make_model, block):
+    model = make_model(n_kv_head=2, **block).double()
     idx = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(1))
     pad = torch.tensor([0, 3])
     logits = []

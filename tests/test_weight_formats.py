@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention_variants import BLOCKS
 from model import KVCache, Sampling, generate, to_decode_layout
 from model.decode_layout import DecodeLayoutGPT
 from model.weight_formats import (
@@ -70,8 +71,9 @@ def test_a_row_of_zeros_quantizes_to_zeros_with_scale_one():
 
 
 @pytest.mark.parametrize("rows", [1, 7])
-def test_int8_product_equals_the_float_product_of_its_dequantized_weight(rows):
-    linear = random_linear()
+@pytest.mark.parametrize("in_features", [96, 88, 40])  # 88, 40: rows the int8 kernel cannot read unpadded
+def test_int8_product_equals_the_float_product_of_its_dequantized_weight(rows, in_features):
+    linear = random_linear(in_features)
     x = torch.randn(rows, linear.in_features)
     values, scale = quantize_per_channel(linear.weight)
     dequantized = dequantize_per_channel(values, scale)
@@ -103,8 +105,9 @@ def test_bf16_product_equals_the_float_product_of_the_rounded_weight(path):
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
-def test_every_linear_is_converted_and_the_token_table_reads_the_head(make_model, weights):
-    model = make_model(n_kv_head=2)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_every_linear_is_converted_and_the_token_table_reads_the_head(make_model, weights, block):
+    model = make_model(n_kv_head=2, **block)
     reference = copy.deepcopy(model)
     to_weight_format(model, weights)
     assert weight_format(model) == weights
@@ -120,8 +123,9 @@ def test_every_linear_is_converted_and_the_token_table_reads_the_head(make_model
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
-def test_a_converted_model_decodes_with_its_cache_as_without(make_model, weights):
-    model = to_weight_format(make_model(n_kv_head=1).eval(), weights)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_a_converted_model_decodes_with_its_cache_as_without(make_model, weights, block):
+    model = to_weight_format(make_model(n_kv_head=1, **block).eval(), weights)
     idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
     cache = KVCache(model.config, 2)
     with torch.no_grad():
@@ -143,8 +147,9 @@ def test_a_later_dtype_change_keeps_the_stored_format(make_model, weights):
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
-def test_a_converted_model_computes_in_bf16_activations_too(make_model, weights):
-    model = to_weight_format(make_model(), weights).to(torch.bfloat16)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_a_converted_model_computes_in_bf16_activations_too(make_model, weights, block):
+    model = to_weight_format(make_model(**block), weights).to(torch.bfloat16)
     with torch.no_grad():
         logits, _ = model(torch.tensor([[5, 17, 3]]))
     assert logits.dtype == torch.bfloat16
