@@ -8,6 +8,9 @@ Arms under their default names (kv<n>, as the attention experiments name them) d
 from the baseline only in ARM_SETTINGS: the attention layout and the budget. An arm
 given a name of its own (arm=NAME) may change anything else, and the report lists
 what it changes. Anything else is refused, naming the runs, the settings and both values.
+The block (model.position, norm, mlp; ablation/runs.py's shape) is part of the group, as
+the model's size is: runs of two blocks are two groups, each with its own baseline, so
+their block settings are never a difference here.
 """
 
 from __future__ import annotations

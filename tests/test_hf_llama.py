@@ -8,14 +8,18 @@ from dataclasses import asdict
 import huggingface_hub
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import export
+from conf import CONF_DIR, load_config
+from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, build, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from training.checkpoint import CheckpointError, save_checkpoint
 from training.hf_io import load_hf_pretrained, save_hf
+from training.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
 SHAPE = dict(vocab_size=997, block_size=48, n_layer=3, n_head=6, n_embd=60)
@@ -138,3 +142,20 @@ def test_an_untied_head_is_refused(tmp_path):
     reference.save_pretrained(tmp_path / "hf")
     with pytest.raises(CheckpointError, match="tie_word_embeddings=False"):
         load_hf_pretrained(tmp_path / "hf")
+
+
+def test_init_from_hf_starts_a_run_from_llama_weights_pooled_to_fewer_kv_heads(tmp_path):
+    model = ours(n_kv_head=6, vocab_size=50257, n_layer=1)
+    save_hf(tmp_path / "hf", model.config, model.state_dict())
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=[
+            "init_from=hf", f"model_path={tmp_path / 'hf'}", "model.n_kv_head=3", "model.block_size=32",
+            "model.n_head=6", "model.n_embd=60"])  # the shape comes from the weights; these only validate
+    config, state = initial_model(load_config(cfg), load_tokenizer({"name": "gpt2"}))
+    assert (config.kv_heads, config.block_size, config.position, config.mlp, config.rope_base) == (3, 32, "rope",
+                                                                                                  "swiglu", 500.0)
+    k_proj = load_file(tmp_path / "hf" / "model.safetensors")["model.layers.0.self_attn.k_proj.weight"]
+    pooled_k = state["transformer.h.0.attn.c_attn.weight"][60:90]  # after the 60 query rows, 3 heads of 10
+    expected = torch.cat([(k_proj[20 * g:20 * g + 10] + k_proj[20 * g + 10:20 * g + 20]) / 2 for g in range(3)])
+    torch.testing.assert_close(pooled_k, expected)
+    build(config, state)(torch.zeros(1, 32, dtype=torch.long))  # the pooled, shorter model runs

@@ -34,15 +34,15 @@ HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 def load_hf_pretrained(
     model_path: str | Path, n_kv_head: int | None = None, block_size: int | None = None
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """GPT-2-family weights from Hugging Face as (GPTConfig, state dict), ready for
+    """GPT-2-family or Llama weights from Hugging Face as (GPTConfig, state dict), ready for
     `model = GPT(config); load_weights(model, state)`.
 
     model_path: a local transformers directory, or a Hub name such as "gpt2" (fetched
     through the Hugging Face cache; offline, only what is already cached).
     n_kv_head: fewer key/value heads than the weights have (e.g. 1 for MQA from GPT-2's
     MHA), made by mean-pooling heads (model.hf.pool_kv_heads); None keeps the weights'.
-    block_size: a shorter context than the weights' n_positions (the position table is
-    cropped); None keeps theirs.
+    block_size: a shorter context than the weights' n_positions or max_position_embeddings
+    (a position table is cropped); None keeps theirs.
 
     The config has dropout 0.0 and attn_impl "sdpa"; change those with
     dataclasses.replace. Raises CheckpointError with the reason on any failure.

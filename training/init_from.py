@@ -66,7 +66,8 @@ def _at_context(
     if block_size > source.block_size:
         raise ValueError(
             f"model.block_size ({block_size}) is longer than the context of {model_path} ({source.block_size}): "
-            f"learned positions cannot be extended; set model.block_size={source.block_size} or less"
+            f"{'learned positions cannot be extended' if source.position == 'learned' else 'it was trained no longer'}"
+            f"; set model.block_size={source.block_size} or less"
         )
     if block_size < source.block_size:
         return crop_block_size(state, source, block_size)
