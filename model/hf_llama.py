@@ -51,10 +51,10 @@ def block_family(config: GPTConfig) -> str:
     off = [f"model.{key}={getattr(config, key)!r}" for key, value in wanted.items() if getattr(config, key) != value]
     if off:
         needs = ", ".join(f"{key}={value!r}" for key, value in wanted.items())
+        target = ("LlamaForCausalLM", "llama") if family == LLAMA else ("GPT-2's classes", "gpt2")
         raise ValueError(
-            f"{', '.join(off)} with position={config.position!r} is a block no transformers class computes: "
-            f"{'LlamaForCausalLM' if family == LLAMA else 'GPT-2'} needs {needs}"
-            + (" (model/block=llama)" if family == LLAMA else " (model/block=gpt2)")
+            f"{', '.join(off)} with model.position={config.position!r} is a block no transformers class computes: "
+            f"{target[0]} needs {needs} (model/block={target[1]})"
         )
     return family
 

@@ -109,9 +109,9 @@ def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n
 
 
 @pytest.mark.parametrize("mixed, named", [
-    (dict(position="rope", norm="layernorm", mlp="swiglu", bias=False), "model.norm='layernorm' with position='rope'"),
+    (dict(position="rope", norm="layernorm", mlp="swiglu", bias=False), "model.norm='layernorm' with model.position='rope'"),
     (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
-    (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with position='learned'"),
+    (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with model.position='learned'"),
 ])
 def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path, mixed, named):
     model = randomized(GPT(GPTConfig(**SHAPE, **mixed)), 0)
