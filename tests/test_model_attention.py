@@ -1,4 +1,5 @@
-"""Properties of causal self-attention across MHA, GQA and MQA and both code paths."""
+"""Properties of causal self-attention across MHA, GQA and MQA, both code paths, and
+GPT-2's and Llama's blocks (rotary positions)."""
 
 import itertools
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from ablation.attention_plot import attention_maps
-from attention_variants import IMPLS, SHARED_KV, heads
+from attention_variants import BLOCKS, IMPLS, SHARED_KV, heads
 from model import GPT
 
 from conftest import tiny_config
@@ -15,8 +16,9 @@ KV_HEADS = [4, 2, 1]  # with n_head=4: MHA, GQA, MQA
 
 
 @pytest.mark.parametrize("n_kv_head, attn_impl", list(itertools.product(KV_HEADS, IMPLS)))
-def test_future_tokens_never_change_past_outputs(make_model, n_kv_head, attn_impl):
-    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_future_tokens_never_change_past_outputs(make_model, n_kv_head, attn_impl, block):
+    model = make_model(n_kv_head=n_kv_head, attn_impl=attn_impl, **block)
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 97, (3, 16), generator=gen)
     logits, _ = model(idx)
@@ -39,7 +41,7 @@ def replicate_kv_into_mha(grouped: GPT) -> GPT:
     group, hd, C = cfg.n_head // cfg.n_kv_head, cfg.head_dim, cfg.n_embd
     for i in range(cfg.n_layer):
         prefix = f"transformer.h.{i}.attn.c_attn."
-        for suffix in ("weight", "bias"):
+        for suffix in ("weight", "bias") if cfg.bias else ("weight",):
             q, k, v = state[prefix + suffix].split([C, cfg.n_kv_head * hd, cfg.n_kv_head * hd])
             # (n_kv_head * hd, ...) -> (n_kv_head, hd, ...) -> each head repeated `group` times.
             k, v = (t.unflatten(0, (cfg.n_kv_head, hd)).repeat_interleave(group, 0).flatten(0, 1) for t in (k, v))
@@ -50,8 +52,9 @@ def replicate_kv_into_mha(grouped: GPT) -> GPT:
 
 @pytest.mark.parametrize("attn_impl", IMPLS)
 @pytest.mark.parametrize("n_head, n_kv_head", SHARED_KV)
-def test_grouped_attention_equals_mha_with_replicated_kv_heads(make_model, n_head, n_kv_head, attn_impl):
-    grouped = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_grouped_attention_equals_mha_with_replicated_kv_heads(make_model, n_head, n_kv_head, attn_impl, block):
+    grouped = make_model(**heads(n_head, n_kv_head), attn_impl=attn_impl, **block)
     mha = replicate_kv_into_mha(grouped)
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
     logits, loss = grouped(idx, idx)
@@ -72,9 +75,10 @@ def test_grouped_attention_differs_from_mha_with_other_kv_heads(make_model):
 
 
 @pytest.mark.parametrize("n_kv_head", KV_HEADS)
-def test_sdpa_and_manual_paths_agree(make_model, n_kv_head):
-    sdpa = make_model(n_kv_head=n_kv_head, attn_impl="sdpa", dropout=0.2)
-    manual = make_model(n_kv_head=n_kv_head, attn_impl="manual", dropout=0.2)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_sdpa_and_manual_paths_agree(make_model, n_kv_head, block):
+    sdpa = make_model(n_kv_head=n_kv_head, attn_impl="sdpa", dropout=0.2, **block)
+    manual = make_model(n_kv_head=n_kv_head, attn_impl="manual", dropout=0.2, **block)
     manual.load_state_dict(sdpa.state_dict())
     idx = torch.randint(0, 97, (2, 16))
     torch.testing.assert_close(manual(idx)[0], sdpa(idx)[0], rtol=1e-5, atol=1e-5)
@@ -95,9 +99,10 @@ def test_attention_maps_are_causal_distributions(make_model, n_kv_head):
 
 
 @pytest.mark.parametrize("n_kv_head", KV_HEADS)
-def test_attention_maps_are_the_weights_torchs_fused_kernel_applied(make_model, n_kv_head):
+@pytest.mark.parametrize("block", BLOCKS)
+def test_attention_maps_are_the_weights_torchs_fused_kernel_applied(make_model, n_kv_head, block):
     """Each map, applied to the layer's values, gives what the layer's SDPA path computed."""
-    model = make_model(n_kv_head=n_kv_head, attn_impl="sdpa").eval()
+    model = make_model(n_kv_head=n_kv_head, attn_impl="sdpa", **block).eval()
     seen = []
     handles = [block.attn.register_forward_hook(lambda layer, inputs, out: seen.append((layer, inputs[0], out)))
                for block in model.transformer.h]

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attention_variants import BLOCKS
 from model import GPT, GPTConfig, IGNORE_INDEX
 
 from conftest import tiny_config
@@ -112,14 +113,17 @@ def test_gpt2_initialisation(make_model):
     assert torch.all(model.transformer.h[0].attn.c_attn.bias == 0)
 
 
-def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow():
+@pytest.mark.parametrize("block", BLOCKS)
+def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow(block):
     """Ablation arms paired by seed start alike except where the attention layout differs."""
     def build(**overrides):
         torch.manual_seed(7)
-        return dict(GPT(tiny_config(**overrides)).named_parameters())
+        return dict(GPT(tiny_config(**block, **overrides)).named_parameters())
 
     mha = build()
     C, d = 32, 8  # tiny_config: n_embd 32, 4 heads of 8
+    units = tiny_config(**block).mlp_hidden  # 4 * C for GELU, 88 for SwiGLU
+    inputs = [name for name in ("c_fc", "c_gate") if f"transformer.h.1.mlp.{name}.weight" in mha]
     for kv_heads, match in ((2, False), (1, True)):
         other = build(n_kv_head=kv_heads, match_mha_params=match)
         for name, weight in mha.items():
@@ -131,9 +135,10 @@ def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow
         assert torch.equal(attn[:C], attn_mha[:C])  # queries
         assert torch.equal(attn[C:C + kv], attn_mha[C:C + kv])  # the first key heads
         assert torch.equal(attn[C + kv:], attn_mha[2 * C:2 * C + kv])  # the first value heads
-        fc, fc_mha = other["transformer.h.1.mlp.c_fc.weight"], mha["transformer.h.1.mlp.c_fc.weight"]
-        assert torch.equal(fc[:4 * C], fc_mha) and fc.shape[0] == (4 * C if not match else fc.shape[0])
-        assert torch.equal(other["transformer.h.1.mlp.c_proj.weight"][:, :4 * C], mha["transformer.h.1.mlp.c_proj.weight"])
+        for part in inputs:
+            fc, fc_mha = other[f"transformer.h.1.mlp.{part}.weight"], mha[f"transformer.h.1.mlp.{part}.weight"]
+            assert torch.equal(fc[:units], fc_mha) and fc.shape[0] == (units if not match else fc.shape[0])
+        assert torch.equal(other["transformer.h.1.mlp.c_proj.weight"][:, :units], mha["transformer.h.1.mlp.c_proj.weight"])
     torch.manual_seed(8)
     assert not torch.equal(GPT(tiny_config()).transformer.wte.weight, mha["transformer.wte.weight"])
 
@@ -183,9 +188,10 @@ def test_fused_cpu_optimizer_updates_like_torchs_default(make_model):
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 1])
-def test_tiny_model_overfits_one_batch(n_kv_head):
+@pytest.mark.parametrize("block", BLOCKS)
+def test_tiny_model_overfits_one_batch(n_kv_head, block):
     torch.manual_seed(0)
-    model = GPT(tiny_config(n_kv_head=n_kv_head)).train()
+    model = GPT(tiny_config(n_kv_head=n_kv_head, **block)).train()
     idx = torch.randint(0, 97, (4, 16))
     x, y = idx[:, :-1], idx[:, 1:]
     opt = model.configure_optimizer(weight_decay=0.0, learning_rate=3e-3)
@@ -200,8 +206,9 @@ def test_tiny_model_overfits_one_batch(n_kv_head):
     assert losses[-1] < 0.2 * losses[0]
 
 
-def test_bf16_autocast_forward_and_backward_on_cpu(make_model):
-    model = make_model()
+@pytest.mark.parametrize("block", BLOCKS)
+def test_bf16_autocast_forward_and_backward_on_cpu(make_model, block):
+    model = make_model(**block)
     idx = torch.randint(0, 97, (2, 16))
     ref_logits, _ = model(idx)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -223,6 +230,11 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model):
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(dropout=-0.1), r"dropout must be in \[0, 1\)"),
         (dict(attn_impl="flash"), r"attn_impl must be one of"),
+        (dict(position="alibi"), r"^GPTConfig.position must be one of \('learned', 'rope'\), got 'alibi'$"),
+        (dict(norm="batchnorm"), r"^GPTConfig.norm must be one of \('layernorm', 'rmsnorm'\)"),
+        (dict(mlp="relu"), r"^GPTConfig.mlp must be one of \('gelu', 'swiglu'\)"),
+        (dict(rope_base=0.0), r"^GPTConfig.rope_base must be > 0"),
+        (dict(position="rope", n_embd=36), r"position=rope needs an even head_dim \(n_embd / n_head = 9\)"),
     ],
 )
 def test_invalid_configs_name_the_field_and_rule(overrides, message):
