@@ -203,14 +203,9 @@ def ladder_gaps(shapes: list[tuple[Arm, list[Result]]]) -> list[Gap]:
     """Per shape (its baseline and results), the difference of each scratch GQA/MQA arm to it."""
     gaps = []
     for baseline, rows in shapes:
-        size = baseline.params - _embedding_params(baseline)
+        size = baseline.non_embedding_params
         for row in rows:
             if row.comparison is not None and not row.arm.uptrained and row.arm.config.attention_kind != "MHA":
                 block = "" if baseline.shape[3] == GPT2_BLOCK else f", {baseline.shape[3]}"
                 gaps.append(Gap(row.arm.config.attention_kind + block, row.arm, baseline, size, row.comparison))
     return gaps
-
-
-def _embedding_params(arm: Arm) -> int:
-    c = arm.config
-    return (c.vocab_size + (c.block_size if c.position == "learned" else 0)) * c.n_embd  # rotary has no table

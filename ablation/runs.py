@@ -103,6 +103,10 @@ class Arm:
         return GPT.shapes_only(self.config).num_params()
 
     @cached_property
+    def non_embedding_params(self) -> int:
+        return GPT.shapes_only(self.config).num_params(exclude_embeddings=True)
+
+    @cached_property
     def flops_per_token(self) -> float:
         return GPT.shapes_only(self.config).flops_per_token()
 

@@ -42,6 +42,10 @@ def test_each_block_is_its_own_group_with_the_same_arms_and_seeds(sweep):
         (f"kv{kv}", block, list(SEEDS)) for block in ("GPT-2 block", "Llama block") for kv in KV_HEADS]
     assert all(run.path.parent.name == ("llama" if a.shape[3] == "Llama block" else "gpt2")
                for a in arms for run in a.runs)
+    embeddings = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")  # the ladder's x axis leaves out
+    for arm in arms:
+        state = arm.runs[0].checkpoint.model_state
+        assert arm.non_embedding_params == sum(t.numel() for name, t in state.items() if name not in embeddings)
 
 
 def test_the_report_shows_both_blocks_and_their_differences_side_by_side(sweep, tmp_path):
