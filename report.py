@@ -5,7 +5,8 @@
 
 Every number comes from the runs' own files (config.yaml, metrics.jsonl, checkpoints)
 or is measured now (decode speed); none is typed in. Runs are grouped into arms by model
-shape and `arm`; per shape, every arm is compared with the baseline (MHA from scratch
+shape (the block included: GPT-2's and Llama's are separate sections, side by side in
+one table) and `arm`; per shape, every arm is compared with the baseline (MHA from scratch
 unless --baseline names another), paired by seed when both ran the same seeds. Runs
 that stopped before their comparison point, or have no checkpoint, are named and left
 out; runs that differ in more than their arm are refused (ablation/fairness.py).
