@@ -3,7 +3,7 @@
 A batch-1 decode step reads every weight once, so it runs as fast as the weights
 arrive from memory: bf16 halves the bytes of fp32 and int8 quarters them. Only the
 Linear weights change format (and the token table, which is the LM head's weight);
-LayerNorms, biases, the position table, the residual stream and the KV cache keep
+the norms, biases, the position table, the residual stream and the KV cache keep
 the activation dtype. Each product rounds its input to bf16 and accumulates in fp32,
 as torch's CPU kernels for these formats do, and returns to the activation dtype.
 
