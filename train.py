@@ -57,10 +57,10 @@ from training.step import (
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> Path | None:
     with exits(out_of_memory="lower batch_size (and raise grad_accum_steps to keep the tokens per step), "
                              "model.block_size or the model's size", writing="writing the run"):
-        train(cfg)
+        return train(cfg)  # the run directory: Hydra hands it to callbacks (evaluation/after_training.py)
 
 
 def train(cfg: DictConfig) -> Path | None:

@@ -8,8 +8,8 @@ report.py shows the tasks beside the loss (conf/experiment/attention_ablation_gp
           _target_: evaluation.after_training.DownstreamAfterTraining
           tasks: [hellaswag]
 
-It runs downstream.py's evaluation on the run's latest checkpoint (a single run's: the
-newest under runs_root), on the run's device, in rank 0 alone (under torchrun the other
+It runs downstream.py's evaluation on the latest checkpoint of the run the job wrote, on
+the run's device, in rank 0 alone (under torchrun the other
 ranks end). A failure (the harness not installed, a task's data out of reach) costs no
 training: it is a warning with the command that evaluates the run later.
 """
@@ -22,7 +22,6 @@ from typing import Any, Optional
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from system import UserError
@@ -38,13 +37,15 @@ class DownstreamAfterTraining(Callback):
         from conf.downstream_config import DownstreamConfig  # imported here: train.py starts without them
         from downstream import evaluate
 
-        in_sweep = config.hydra.mode == RunMode.MULTIRUN
-        run = (config.out_dir or config.hydra.runtime.output_dir) if in_sweep else None
+        run = job_return.return_value  # the directory train.py wrote (None for max_iters=0)
+        if run is None:
+            return
         try:
             evaluate(DownstreamConfig(checkpoint=run, runs_root=config.runs_root, device=config.device,
                                       **self.settings))
         except (UserError, ValueError, OSError) as err:
-            where = f"checkpoint={run} " if run else ""
+            include = f" include_path={self.settings['include_path']}" if self.settings["include_path"] else ""
             print(f"warning: the downstream tasks were not evaluated: {err}\n"
-                  f"evaluate them later: python downstream.py {where}'tasks=[{','.join(self.settings['tasks'])}]'",
+                  f"evaluate them later: python downstream.py checkpoint={run}{include} "
+                  f"'tasks=[{','.join(self.settings['tasks'])}]'",
                   file=sys.stderr, flush=True)

@@ -211,18 +211,20 @@ def test_downstream_writes_each_tasks_figures_beside_the_checkpoint(runs, tasks,
     assert results[CHOICE]["items"] == len(DOCS) and results[CHOICE]["num_fewshot"] == 0
 
 
-def finished_job(run_dir, mode=RunMode.MULTIRUN):
-    """What Hydra hands a callback when a job of train.py ends: its config and return."""
+def finished_job(run_dir, mode):
+    """What Hydra hands a callback when a job of train.py ends: its config, and main's return
+    (the run directory)."""
     config = OmegaConf.create({"out_dir": None, "runs_root": str(run_dir.parent), "device": "cpu",
-                               "hydra": {"mode": mode, "runtime": {"output_dir": str(run_dir)}}})
-    return config, JobReturn(status=JobStatus.COMPLETED)
+                               "hydra": {"mode": mode, "runtime": {"output_dir": str(run_dir.parent)}}})
+    return config, JobReturn(status=JobStatus.COMPLETED, _return_value=run_dir)
 
 
-def test_a_sweeps_callback_scores_each_finished_run(runs, tasks, monkeypatch):
+@pytest.mark.parametrize("mode", [RunMode.MULTIRUN, RunMode.RUN])
+def test_the_callback_scores_the_run_its_job_wrote(runs, tasks, monkeypatch, mode):
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", partial(TaskManager, include_defaults=False))
     callback = DownstreamAfterTraining(tasks=[CHOICE], include_path=str(TASKS))
-    config, job = finished_job(runs["MQA"])  # not the newest run (MHA), which a single run would score
+    config, job = finished_job(runs["MQA"], mode)  # not the newest run under runs_root (MHA)
     callback.on_job_end(config=config, job_return=job)
     results = json.loads((runs["MQA"] / "checkpoints" / "latest" / "downstream.json").read_text())
     assert results[CHOICE]["items"] == 6

@@ -33,7 +33,7 @@ def test_a_run_whose_tasks_cannot_be_evaluated_ends_with_a_warning_and_the_comma
     config = OmegaConf.create({"out_dir": None, "runs_root": str(tmp_path), "device": "cpu",
                                "hydra": {"mode": RunMode.MULTIRUN, "runtime": {"output_dir": str(tmp_path / "kv1")}}})
     DownstreamAfterTraining(tasks=["hellaswag", "arc_easy"]).on_job_end(
-        config=config, job_return=JobReturn(status=JobStatus.COMPLETED))
+        config=config, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=tmp_path / "kv1"))
     err = capsys.readouterr().err
     assert 'pip install -e ".[eval]"' in err
     assert f"python downstream.py checkpoint={tmp_path / 'kv1'} 'tasks=[hellaswag,arc_easy]'" in err

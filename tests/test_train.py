@@ -71,6 +71,11 @@ def test_seed_scope_varies_only_the_weights_or_only_the_batches(train_overrides,
     data_weights_4, data_batches_4 = first_step(4, "data")
     assert data_weights_0 == data_weights_4 and data_batches_3 != data_batches_4
 
+def test_main_returns_the_run_directory_which_hydra_hands_to_callbacks(train_overrides, tmp_path):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=[*train_overrides, "max_iters=1", f"out_dir={tmp_path / 'run'}"])
+    assert Path(train.main(cfg)).resolve() == (tmp_path / "run").resolve()  # evaluation/after_training.py scores it
+
 def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
     # Dropout: the RNG state must resume too; accumulation: so must the micro-step batches.
     common = [*train_overrides, "max_iters=60", "model.dropout=0.1", "grad_accum_steps=2"]
