@@ -34,7 +34,7 @@ def hydra_refuses(config_name: str, arg: str) -> bool:
     ("train", arg) for arg in [
         "max_iters=5", "max_iters=abc", "max_iters='7'", "max_iters=2.5", "model.dropout=0", "model.dropout=high",
         "compile=true", "compile=maybe", "resume=true", "out_dir=null", "tokens_per_param=20", "tokens_per_param=many",
-        "seed=${max_iters}", "model=gpt2", "model=foo", "model=null", "model/attention=mqa", "model/attention=gqa",
+        "seed=${max_iters}", "model=gpt2", "model=foo", "model=null", "model/attention=mqa", "model/attention=foo",
         "data=shakespeare_char", "data=bar", "experiment=attention_base", "experiment=nope", "+uptraining=mqa",
         "+uptraining=nope", "optim.learning_rate=1e-3", "optim.learning_rate=fast", "optim=3",
         "logging.wandb.mode=offline", "data.val_fraction=half", "data.path=/some/where", "seed=x=1",
@@ -58,8 +58,8 @@ def test_an_override_is_refused_exactly_when_hydra_refuses_it(config_name, arg):
     ("sample", "seed=abc", "seed must be an integer or null, got 'abc'"),
     ("sample", "stop=abc", "stop must be a list of texts, e.g. [a,b], got 'abc'"),
     ("train", "model=foo", "model=foo: there is no preset conf/model/foo.yaml; presets: gpt2, micro, mini, nano, small"),
-    ("train", "model/attention=gqa", "model/attention=gqa: there is no preset conf/model/attention/gqa.yaml; "
-                                     "presets: mha, mqa"),
+    ("train", "model/attention=foo", "model/attention=foo: there is no preset conf/model/attention/foo.yaml; "
+                                     "presets: gqa, mha, mqa"),
     ("train", "+uptraining=nope", "uptraining=nope: there is no preset conf/uptraining/nope.yaml"),
     ("train", "model=null", "model=null: model takes one of its presets: gpt2, micro, mini, nano, small"),
     ("sample", "model=gpt2", "model is not a setting of SampleConfig; known: checkpoint, runs_root"),
