@@ -113,10 +113,12 @@ def fastest_seconds(fn, device: torch.device, repeats: int) -> float:
 
 def bytes_per_step(model: GPT, batch: int, context: int) -> int:
     """Bytes a decode step must read: every weight once in its format (the position
-    table: one row) and the cached keys and values of every row."""
-    wpe = model.transformer.wpe.weight
+    table, where the model has one: one row) and the cached keys and values of every row."""
     stored = list(model.parameters()) + list(model.buffers())
-    weights = sum(t.nbytes for t in stored) - wpe.nbytes + wpe[0].nbytes
+    weights = sum(t.nbytes for t in stored)
+    if "wpe" in model.transformer:  # rotary models have no table
+        wpe = model.transformer.wpe.weight
+        weights += wpe[0].nbytes - wpe.nbytes
     cache = KVCache(model.config, batch, max_len=context, device="meta")
     return weights + cache.nbytes
 

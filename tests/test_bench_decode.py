@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
-from conftest import training_overrides
+from attention_variants import BLOCKS
+from conftest import tiny_config, training_overrides
+from model import GPT, KVCache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +66,16 @@ def test_weight_quality_without_the_runs_data_says_what_is_missing(tmp_path):
     run = subprocess.run([sys.executable, "bench/weight_quality.py", "--runs-root", str(tmp_path / "none")],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 1 and run.stderr.startswith("error: ") and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_a_decode_step_reads_every_weight_once_and_one_row_of_the_position_table(block):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from decode import bytes_per_step
+
+    model = GPT(tiny_config(**block))
+    cache = KVCache(model.config, 2, max_len=16, device="meta").nbytes
+    weights = sum(p.nbytes for p in model.parameters())  # lm_head is wte: counted once
+    if "wpe" in model.transformer:
+        weights -= (model.config.block_size - 1) * model.config.n_embd * 4
+    assert bytes_per_step(model, batch=2, context=16) == weights + cache
