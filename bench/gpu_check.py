@@ -115,7 +115,7 @@ class Sizes:
         # estimates (docs/contributing.md says how they were made) until a GPU run replaces them;
         # --smoke's are this project's 2-core CPU under load.
         self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=40) if smoke
-                           else dict(environment=15, throughput=220, decode=60, train=90, cuda_tests=120))
+                           else dict(environment=15, throughput=230, decode=60, train=90, cuda_tests=120))
 
 
 def environment(device: torch.device, sizes: Sizes) -> dict:
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         "cuda_tests": lambda: cuda_tests(timeout("cuda_tests")),
     }
     for name in asked:
-        need = sizes.estimate_s[name] / (len(gpu_figures.ATTENTION) if name in ROW_STAGES else 1)
+        need = sizes.estimate_s[name] / len(gpu_figures.VARIANTS.get(name, [name]))
         run_stage(recorder, name, calls[name], need)
     print(recorder.save(), end="")
     failed = any(report[name]["ok"] is False for name in asked)

@@ -21,7 +21,11 @@ from model import GPT, KVCache
 from training.mfu import estimate_mfu, peak_flops
 from training.runtime import resolve_precision, synchronize
 
-ATTENTION = {"MHA": None, "GQA-4": 4, "MQA": 1}  # variant: n_kv_head of the gpt2 preset (12 heads)
+# variant: its overrides of the gpt2 preset (12 heads). Decode measures the attention layouts;
+# throughput also trains Llama's block (rotary, RMSNorm, SwiGLU), eagerly: no extra cold compile.
+ATTENTION = {"MHA": ("model.n_kv_head=null",), "GQA-4": ("model.n_kv_head=4",), "MQA": ("model.n_kv_head=1",)}
+TRAINING = {**ATTENTION, "Llama GQA-4": ("model/block=llama", "model.n_kv_head=4")}
+VARIANTS = {"throughput": TRAINING, "decode": ATTENTION}  # what a stage with a row per variant measures
 
 
 class Rows(Protocol):
@@ -52,14 +56,15 @@ def throughput(device: torch.device, sizes, rows: Rows) -> None:
     precision = resolve_precision(sizes.precision, device)
     peak = peak_flops(device, precision.name)
     measured, _ = _guarded(lambda: matmul_rate(device, precision.dtype, *sizes.matmul))  # None: no 'of matmul'
-    per_variant = sizes.estimate_s["throughput"] / len(ATTENTION)
-    for variant, n_kv_head in ATTENTION.items():
+    per_variant = sizes.estimate_s["throughput"] / len(TRAINING)
+    for variant, overrides in TRAINING.items():
         if rows.left() < per_variant:
             rows.add({"attention": variant, "skipped": f"needs ~{per_variant:.0f} s, {rows.left():.0f} s left"})
             continue
-        config = model_preset(sizes.preset, f"model.n_kv_head={n_kv_head or 'null'}")
-        names = ["gptlab-compiled", "gptlab-eager"] if n_kv_head is None or sizes.compile_every_variant else ["gptlab-eager"]
-        names += sizes.reference_variants if n_kv_head is None else []
+        config = model_preset(sizes.preset, *overrides)
+        compiled = variant == "MHA" or (sizes.compile_every_variant and variant in ATTENTION)
+        names = ["gptlab-compiled", "gptlab-eager"] if compiled else ["gptlab-eager"]
+        names += sizes.reference_variants if variant == "MHA" else []
         try:
             batch = largest_batch(config, sizes.batches, precision, device)
             measured_rows = _measure_variants(config, names, batch, precision, device, sizes)
@@ -163,13 +168,13 @@ def decode(device: torch.device, sizes, rows: Rows) -> None:
     dtype = torch.float32 if sizes.smoke else torch.bfloat16
     graph = "graph" if device.type == "cuda" else "static"
     per_variant = sizes.estimate_s["decode"] / len(ATTENTION)
-    for variant, n_kv_head in ATTENTION.items():
+    for variant, overrides in ATTENTION.items():
         if rows.left() < per_variant:
             rows.add({"attention": variant, "skipped": f"needs ~{per_variant:.0f} s, {rows.left():.0f} s left"})
             continue
         torch.manual_seed(0)
         with device:
-            model = GPT(model_preset(sizes.preset, f"model.n_kv_head={n_kv_head or 'null'}")).to(dtype).eval()
+            model = GPT(model_preset(sizes.preset, *overrides)).to(dtype).eval()
         for batch in sizes.decode_batches:
             cache_bytes = KVCache(model.config, batch, model.config.block_size, device="meta", dtype=dtype).nbytes
             for context in sizes.decode_contexts:

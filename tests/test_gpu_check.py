@@ -39,7 +39,7 @@ def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
     rows = report["throughput"]["result"]
     assert {(r["attention"], r["variant"]) for r in rows} == {
         ("MHA", "gptlab-compiled"), ("MHA", "gptlab-eager"), ("MHA", "reference-eager"),
-        ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")}
+        ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager"), ("Llama GQA-4", "gptlab-eager")}
     assert all(r["tokens_per_s"] > 0 and 0 < r["of_matmul"] for r in rows)
     assert set().union(*rows) == {  # nothing else in a row
         "attention", "variant", "batch", "context", "tokens_per_s", "mfu", "of_matmul", "matmul_flops",
@@ -79,13 +79,13 @@ def test_a_failed_variant_or_decode_mode_keeps_the_other_rows_on_disk(tmp_path, 
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = {(r["attention"], r["variant"]): r for r in report["throughput"]["result"]}
     assert "injected" in rows["MHA", "gptlab-compiled"]["error"] and "injected" in rows["MHA", "reference-eager"]["error"]
-    for kept in [("MHA", "gptlab-eager"), ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager")]:
+    for kept in [("MHA", "gptlab-eager"), ("GQA-4", "gptlab-eager"), ("MQA", "gptlab-eager"), ("Llama GQA-4", "gptlab-eager")]:
         assert rows[kept]["tokens_per_s"] > 0 and "error" not in rows[kept]
     decode = report["decode"]["result"]
     assert len(decode) == 12 and all(r["tokens_per_s"] > 0 and "injected" in r["graph_error"] for r in decode)
 
     markdown = (tmp_path / "gpu_check.md").read_text()
-    assert "| throughput | 2 of 5 rows FAILED |" in markdown and "| decode | 12 of 12 rows FAILED |" in markdown
+    assert "| throughput | 2 of 6 rows FAILED |" in markdown and "| decode | 12 of 12 rows FAILED |" in markdown
     assert "| MHA | gptlab-compiled | FAILED: RuntimeError: injected: the variant broke |" in markdown
     assert "| FAILED: RuntimeError: injected: graph capture failed | - |" in markdown
     assert "--stages throughput decode" in markdown  # the call that reruns them
@@ -93,7 +93,7 @@ def test_a_failed_variant_or_decode_mode_keeps_the_other_rows_on_disk(tmp_path, 
     # rows and the decode stage running on disk, the second one the first decode row too.
     (first_md, first_json), (second_md, second_json) = seen_on_disk[:2]
     assert "| MHA | gptlab-eager | 4 x 64 |" in first_md and "| decode | running" in first_md
-    assert len(json.loads(first_json)["throughput"]["result"]) == 5
+    assert len(json.loads(first_json)["throughput"]["result"]) == 6
     assert "| MHA | 1 | 8 |" in second_md and len(json.loads(second_json)["decode"]["result"]) == 1
 
 
@@ -121,11 +121,10 @@ def test_variants_the_budget_cannot_hold_are_recorded_as_skipped():
         def left(self):
             return 1.0
 
-    for stage in (throughput, decode):
+    for stage, variants in ((throughput, ["MHA", "GQA-4", "MQA", "Llama GQA-4"]), (decode, ["MHA", "GQA-4", "MQA"])):
         sink = NoTimeLeft()
         stage(torch.device("cpu"), Sizes(smoke=True), sink)
-        assert [(r["attention"], r["skipped"][:6]) for r in sink.rows] == [
-            ("MHA", "needs "), ("GQA-4", "needs "), ("MQA", "needs ")]
+        assert [(r["attention"], r["skipped"][:6]) for r in sink.rows] == [(v, "needs ") for v in variants]
 
 
 def test_a_budget_too_short_for_the_last_stages_skips_them_cleanly(tmp_path):
