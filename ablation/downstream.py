@@ -33,9 +33,19 @@ class TaskRow:
 
 
 def scores(arm: Arm) -> dict[int, dict[str, dict[str, float]]]:
-    """seed -> task -> metrics, for the arm's runs that downstream.py evaluated."""
-    return {run.seed: {task: entry["metrics"] for task, entry in read_results(run.checkpoint.path).items()}
+    """seed -> task -> metrics, for the arm's runs that downstream.py evaluated on a task's
+    every item (a score taken with limit= is a quick look, not comparable: left out)."""
+    return {run.seed: {task: entry["metrics"] for task, entry in read_results(run.checkpoint.path).items()
+                       if entry.get("limit") is None}
             for run in arm.runs}
+
+
+def partial_scores(arms: list[Arm]) -> list[str]:
+    """A line for each score left out because it was taken on part of its task (limit=)."""
+    return [f"{run.path.name}: {task} was scored on {entry.get('items', '?')} items (limit={entry['limit']}); "
+            f"left out: score it again without limit to compare it"
+            for arm in arms for run in arm.runs
+            for task, entry in read_results(run.checkpoint.path).items() if entry.get("limit") is not None]
 
 
 def task_rows(arms: list[Arm], baseline: Arm) -> dict[tuple[str, str], list[TaskRow]]:
@@ -66,8 +76,8 @@ def _rows(arms: list[Arm], baseline: Arm, values: dict[int, dict[int, float]]) -
 
 def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
     """A table per task, or None when the baseline's runs have no downstream results."""
-    tables = task_rows(arms, baseline)
-    if not tables:
+    tables, partial = task_rows(arms, baseline), partial_scores(arms)
+    if not tables and not partial:
         return None
     lines = ["### Downstream tasks", "",
              "Scored by `python downstream.py` on each run's final checkpoint: mean and 95% confidence interval "
@@ -79,6 +89,7 @@ def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
             lines.append(f"| {row.arm.label} | {', '.join(map(str, row.seeds))} | {_value(row.value, metric)} | "
                          f"{_difference(row.comparison, metric)} |")
         lines.append("")
+    lines += [f"- {line}" for line in partial]
     return "\n".join(lines).rstrip("\n")
 
 

@@ -113,7 +113,8 @@ def written(sweep_dir, tmp_path_factory):
     for r in read_sweep(sweep_dir).runs:  # what downstream.py would write, for the main shape's MHA and MQA
         if r.path.parent == sweep_dir and r.settings["arm"] in ("kv4", "kv1"):
             accuracy = 0.25 + 0.1 * r.seed + (0.02 * r.seed if r.settings["arm"] == "kv1" else 0)
-            write_results(r.checkpoint.path, {"toy": {"metrics": {"acc": accuracy}}})
+            quick = {"metrics": {"acc": 1.0}, "limit": 2, "items": 2}  # downstream.py ... limit=2
+            write_results(r.checkpoint.path, {"toy": {"metrics": {"acc": accuracy}}, "quick": quick})
     tiny_preset = lambda config: tiny_config(n_kv_head=config.n_kv_head, block_size=48)  # noqa: E731  # gpt2_sized, smaller
     path = report.write_report(sweep_dir, out, prompt="First Citizen:", frontier_preset=tiny_preset, decode_steps=2)
     return out, path.read_text()
@@ -282,6 +283,8 @@ def test_the_report_gives_each_downstream_task_with_its_paired_difference(writte
     assert "### Downstream tasks" in text and "| arm | seeds | toy acc | vs baseline (95% CI) | p | Holm p |" in text
     assert "| MHA (4 kv heads) | 1, 2, 3 | 45.00 ± 24.84 | baseline | |" in text  # 35, 45, 55 %: t(2) x 10 / sqrt(3)
     assert re.search(r"\| MQA \(1 kv heads\) \| 1, 2, 3 \| 49\.00 ± 29\.81 \| \+4\.00 \(-0\.97\.\.\+8\.97\) \|", text)
+    assert "quick acc" not in text  # a score on part of its task is not compared with anything
+    assert "- kv4_seed1: quick was scored on 2 items (limit=2); left out: score it again without limit" in text
 
 def test_report_on_a_directory_without_runs_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no run directories with checkpoints"):
