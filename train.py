@@ -134,7 +134,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
     step, best_val_loss, resumed = 0, math.inf, ""
     if resume_from:  # nothing draws from the random streams between this and the first step
         step, best_val_loss, resumed = restore(resume_from, model, optimizer, scaler, config, ranks, device)
-    elif ranks.is_main:
+    if ranks.is_main:  # a resume records its own overrides (max_iters=...) for the next one and for report.py
         save_run_config(run_dir, cfg)
     compiled = torch.compile(model) if config.compile else model
     train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import train
 from conf import CONF_DIR
@@ -75,6 +76,14 @@ def test_main_returns_the_run_directory_which_hydra_hands_to_callbacks(train_ove
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[*train_overrides, "max_iters=1", f"out_dir={tmp_path / 'run'}"])
     assert Path(train.main(cfg)).resolve() == (tmp_path / "run").resolve()  # evaluation/after_training.py scores it
+
+def test_a_resume_records_its_overrides_in_the_runs_config(train_overrides, tmp_path):
+    run_dir = run_in_process(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={tmp_path / 'run'}")
+    resumed = run_cli(f"resume={run_dir}", "max_iters=4", cwd=tmp_path)  # overrides come from the command line
+    assert resumed.returncode == 0, resumed.stderr
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert saved.max_iters == 4 and saved.resume is None  # report.py compares it with runs trained to 4 at once
+    assert [step for step, _ in losses(run_dir)] == [1, 2, 3, 4]
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
     # Dropout: the RNG state must resume too; accumulation: so must the micro-step batches.

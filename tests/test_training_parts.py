@@ -282,10 +282,12 @@ def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
     """A kill between the two leaves no config.yaml without groups.yaml, which would look foreign."""
     from omegaconf import OmegaConf
 
-    from training.run_dir import save_run_config
+    from training import run_dir
 
-    written, save = [], OmegaConf.save
+    written, save, write_atomic = [], OmegaConf.save, run_dir.write_atomic
     monkeypatch.setattr(OmegaConf, "save", lambda config, path, **kwargs: (written.append(Path(path).name),
                                                                           save(config, path, **kwargs)))
-    save_run_config(tmp_path, OmegaConf.create({"seed": 1}))
+    monkeypatch.setattr(run_dir, "write_atomic", lambda path, text: (written.append(path.name), write_atomic(path, text)))
+    run_dir.save_run_config(tmp_path, OmegaConf.create({"seed": 1, "resume": "somewhere"}))
     assert written == ["groups.yaml", "config.yaml"]
+    assert OmegaConf.load(tmp_path / "config.yaml") == {"seed": 1, "resume": None}  # replaced whole, resume cleared

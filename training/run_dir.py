@@ -24,6 +24,7 @@ from training.checkpoint import (
 from training.distributed import Ranks
 from training.logger import METRICS, read_metrics
 from training.runtime import reseed, seed_everything, set_rng_state
+from system import write_atomic
 
 RUN_CONFIG = "config.yaml"  # the resolved config the run started with
 LOCK = ".lock"  # held by the one process writing the run
@@ -132,7 +133,9 @@ def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     # groups.yaml first: a config.yaml without one is not a run's (see _take_over), even if a kill lands between.
     OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
-    OmegaConf.save(cfg, run_dir / RUN_CONFIG, resolve=True)  # as it ran: no interpolation left to re-resolve
+    as_run = OmegaConf.merge(cfg, {"resume": None})  # what it trains to, wherever it was resumed from
+    # As it ran (no interpolation left to re-resolve), replaced whole: a resume rewrites it.
+    write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml(as_run, resolve=True))
 
 
 def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
