@@ -54,7 +54,8 @@ def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iter
     except (UserError, ValueError) as err:
         sys.exit(f"error: {err}")
     except OSError as err:  # a full disk or a vanished directory, named
-        sys.exit(f"error: {err.strerror or err} ({err.filename or writing})")
+        where = err.filename or (writing if err.errno else None)  # errno-less: a library's own message
+        sys.exit(f"error: {err.strerror or err}" + (f" ({where})" if where else ""))
     except RuntimeError as err:
         message = describe_out_of_memory(err, out_of_memory) if out_of_memory else None
         if message is None:

@@ -9,6 +9,8 @@ Every option is lm-eval's (`python -m evaluation --help`).
 from lm_eval.__main__ import cli_evaluate
 
 import evaluation.lm  # noqa: F401  registers the gptlab model
+from system import exits
 
 if __name__ == "__main__":
-    cli_evaluate()
+    with exits(out_of_memory="lower --batch_size"):  # a bad checkpoint or setting: one line, no traceback
+        cli_evaluate()
