@@ -118,11 +118,13 @@ class CausalSelfAttention(nn.Module):
             )
             return y.reshape(B, self.n_head, 1, hd)
         # is_causal aligns its mask top-left, which is right only when T == S; a
-        # single query needs no mask, and other cases come with an explicit mask.
+        # single query needs no mask, and other cases come with an explicit mask. A branch,
+        # not an expression: under torch.compile's dynamic shapes T > 1 is symbolic, and the
+        # kernel takes a plain bool (the branch becomes a guard).
         return F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask,
             dropout_p=dropout_p,
-            is_causal=mask is None and T > 1,
+            is_causal=True if mask is None and T > 1 else False,
             enable_gqa=group > 1,
         )

@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
 
 # Test models are tiny: a second intra-op thread only adds synchronisation, and on a
 # busy machine OpenMP's barriers make a 2-thread step ~30x slower than a 1-thread one.
@@ -27,6 +28,14 @@ def tiny_config(**overrides) -> GPTConfig:
     base = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
     base.update(overrides)
     return GPTConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def no_hydra_job_left_over():
+    """A test that plays a sweep's job (HydraConfig set) must not leave it to the next test
+    in the same worker: resume would read that job's command-line overrides as its own."""
+    yield
+    HydraConfig.instance().cfg = None
 
 
 @pytest.fixture

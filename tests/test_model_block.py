@@ -202,13 +202,14 @@ def test_attention_heatmaps_see_the_weights_the_rotary_model_attends_with(monkey
         torch.testing.assert_close(drawn, used)
 
 
-def test_compiled_llama_block_traces_whole_and_computes_what_eager_computes():
+@pytest.mark.parametrize("dynamic", [False, True])  # dynamic: what a recompile for another shape makes
+def test_compiled_llama_block_traces_whole_and_computes_what_eager_computes(dynamic):
     """Dynamo captures the block in one graph and AOTAutograd differentiates it; Inductor's
     CPU code is train.py's compile test's (a cold CPU compile takes minutes), its GPU code
     test_compiled_llama_block_on_cuda's."""
     model = GPT(tiny_config(n_kv_head=2, **LLAMA))
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(3))
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=dynamic)
     _, loss = compiled(idx, idx)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
