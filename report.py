@@ -34,8 +34,8 @@ from ablation.downstream import downstream_section
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
 from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.fairness import changes, check_same_data
-from ablation.runs import Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
-from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, seeds_needed
+from ablation.runs import GPT2_BLOCK, Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
+from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, p_value, seeds_needed
 from model import GPT, to_decode_layout
 from system import exits
 from training.runtime import describe_machine
@@ -274,10 +274,6 @@ def estimate(e: Estimate) -> str:
     return f"{e.mean:.4f}" if e.n < 2 else f"{e.mean:.4f} ± {e.half_width:.4f}"
 
 
-def p_value(p: float) -> str:
-    return "n/a" if math.isnan(p) else f"{p:.2g}"
-
-
 def ci(e: Estimate, signed: bool = False) -> str:
     if math.isnan(e.low):  # one value on a side: no spread to build an interval from
         return "no CI"
@@ -299,7 +295,7 @@ def _size(config) -> str:
 
 
 def _curves_image(shape) -> str:
-    block = "" if shape[3] == "GPT-2 block" else "_" + "".join(c for c in shape[3].lower() if c.isalnum())
+    block = "" if shape[3] == GPT2_BLOCK else "_" + "".join(c for c in shape[3].lower() if c.isalnum())
     return f"val_loss_L{shape[0]}d{shape[1]}{block}.png"
 
 

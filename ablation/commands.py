@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from ablation.runs import Arm, flatten
 from conf import CONF_DIR
-from training.run_dir import RUN_GROUPS, read_run_yaml
+from training.run_dir import RUN_GROUPS, group_choices, read_run_yaml
 
 NOT_CARRIED = {"seed", "out_dir", "resume"}  # what differs from run to run, or would make a run anything but new
 
@@ -28,7 +28,7 @@ def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dic
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # ${hydra:sweep.dir} resolves as in a sweep's job
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra")}
+    choices = group_choices()
     settings = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     return (flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)),
             choices)

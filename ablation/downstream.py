@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ablation.compare import difference
 from ablation.runs import Arm
-from ablation.stats import Comparison, Estimate, holm, mean_ci
+from ablation.stats import Comparison, Estimate, holm, mean_ci, p_value
 from evaluation.results import read_results
 
 # The figure a task is summed up by, in order of preference: normalised accuracy (HellaSwag,
@@ -109,6 +109,4 @@ def _difference(c: Comparison | None, metric: str) -> str:
     signed = fmt.replace("{:", "{:+")
     d = c.difference
     interval = "no CI" if math.isnan(d.low) else f"{signed.format(d.low * scale)}..{signed.format(d.high * scale)}"
-    p = "n/a" if math.isnan(c.p_value) else f"{c.p_value:.2g}"
-    adjusted = "n/a" if math.isnan(c.deciding_p) else f"{c.deciding_p:.2g}"
-    return f"{signed.format(d.mean * scale)} ({interval}) | {p} | {adjusted}"
+    return f"{signed.format(d.mean * scale)} ({interval}) | {p_value(c.p_value)} | {p_value(c.deciding_p)}"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from data import Tokenizer
+import model.config
 from model import GPT, GPTConfig
 from training.checkpoint import (
     CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint, load_weights,
@@ -130,10 +131,7 @@ def layout_name(config: GPTConfig) -> str:
 
 Shape = tuple[int, int, int, str]  # layers, width, query heads, block
 GPT2_BLOCK, LLAMA_BLOCK = "GPT-2 block", "Llama block"
-BLOCK_SETTINGS = {  # position, norm, mlp (and bias, for Llama's) of the named blocks
-    GPT2_BLOCK: {"position": "learned", "norm": "layernorm", "mlp": "gelu"},
-    LLAMA_BLOCK: {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False},
-}
+BLOCK_SETTINGS = {GPT2_BLOCK: model.config.GPT2_BLOCK, LLAMA_BLOCK: model.config.LLAMA_BLOCK}  # by name
 
 
 def shape_of(config: GPTConfig) -> Shape:

@@ -246,3 +246,8 @@ def verdict(name: str, baseline_name: str, comparison: Comparison, unit: str = "
     holm_note = f", Holm {_format_p(comparison.deciding_p)} of {comparison.family} tests" if comparison.family > 1 else ""
     return (f"{head} ({LEVEL * 100:g}% CI {difference.low:+.3f}..{difference.high:+.3f}, "
             f"{_format_p(comparison.p_value)}{holm_note}, {comparison.test}, {seeds}): {_conclusion(comparison, unit)}")
+
+
+def p_value(p: float) -> str:
+    """A p-value as the report prints it (n/a where no test could be made)."""
+    return "n/a" if math.isnan(p) else f"{p:.2g}"

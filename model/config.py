@@ -12,6 +12,10 @@ POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps
+# The block settings of the two families (conf/model/block/*.yaml choose them): what
+# GPT-2's transformers classes compute, and what LlamaForCausalLM does.
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu"}
+LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
 
 
 @dataclass

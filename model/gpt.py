@@ -157,7 +157,9 @@ class GPT(nn.Module):
         """Rotary's angles at positions pos, computed once for every layer; None without rotary."""
         if self.config.position != "rope":
             return None
-        return rotary_angles(pos, self.config.head_dim, self.config.rope_base)
+        cos, sin = rotary_angles(pos, self.config.head_dim, self.config.rope_base)
+        dtype = self.transformer.ln_f.weight.dtype  # the activations' (as in _embed): cast once, not per layer
+        return cos.to(dtype), sin.to(dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (the tied head counted once). exclude_embeddings drops

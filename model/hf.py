@@ -26,12 +26,13 @@ from torch import Tensor
 
 from .config import GPTConfig
 from .gpt import GPT
-from .hf_llama import LLAMA, block_family, config_from_llama, config_to_llama, from_llama, to_llama
+from .hf_llama import (
+    LLAMA, TIED_HEAD, block_family, config_from_llama, config_to_llama, from_llama, to_llama, unsupported,
+)
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
 PREFIX = "transformer."
-TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
 EMBEDDINGS = (PREFIX + "wte.weight", PREFIX + "wpe.weight")
 FUSED_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -65,17 +66,7 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
             f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}), "
             f"GPTBigCode ({BIGCODE!r}) and Llama ({LLAMA!r}) models only"
         )
-    missing = [key for key in SHAPE_KEYS if key not in hf_config]
-    if missing:
-        raise ValueError(f"config.json lacks {', '.join(missing)}")
-    not_counts = [f"{key}={hf_config[key]!r}" for key in SHAPE_KEYS if type(hf_config[key]) is not int]
-    if not_counts:  # GPTConfig trusts its types: they are checked where they are read
-        raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
-    problems = [
-        f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
-        for key, (default, allowed) in SAME_FUNCTION.items()
-        if hf_config.get(key, default) not in allowed
-    ]
+    problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
     if kind == BIGCODE and hf_config.get("multi_query", True) is not True:
         problems.append("multi_query=False (GPTBigCode imports only as multi-query attention)")
     if problems:

@@ -12,13 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import NORM_EPS, GPTConfig
+from .config import GPT2_BLOCK, LLAMA_BLOCK, NORM_EPS, GPTConfig
 
 LLAMA = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
-# The settings of our block that LlamaForCausalLM computes, and those GPT-2's classes do.
-LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
-GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu"}
 SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
 # Llama settings under which it computes our function: key -> (transformers' default, allowed values).
 SAME_FUNCTION = {
@@ -41,7 +38,7 @@ LAYER_NAMES = {
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
-TIED_HEAD = "lm_head.weight"
+TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
 
 
 def block_family(config: GPTConfig) -> str:
@@ -84,20 +81,24 @@ def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
     }
 
 
+def unsupported(hf_config: dict, shape_keys: tuple[str, ...], same_function: dict) -> list[str]:
+    """For any family's config.json: ValueError when a size in shape_keys is missing or not
+    an integer (GPTConfig trusts its types: they are checked where they are read), else a
+    line for each setting under which the model computes another function than ours."""
+    missing = [key for key in shape_keys if key not in hf_config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    not_counts = [f"{key}={hf_config[key]!r}" for key in shape_keys if type(hf_config[key]) is not int]
+    if not_counts:
+        raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
+    return [f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
+            for key, (default, allowed) in same_function.items() if hf_config.get(key, default) not in allowed]
+
+
 def config_from_llama(hf_config: dict) -> GPTConfig:
     """The GPTConfig of a Llama config.json (model_type "llama"); ValueError for one
     gptlab's block cannot reproduce, naming the settings."""
-    missing = [key for key in SHAPE_KEYS if key not in hf_config]
-    if missing:
-        raise ValueError(f"config.json lacks {', '.join(missing)}")
-    not_counts = [f"{key}={hf_config[key]!r}" for key in SHAPE_KEYS if type(hf_config[key]) is not int]
-    if not_counts:
-        raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
-    problems = [
-        f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
-        for key, (default, allowed) in SAME_FUNCTION.items()
-        if hf_config.get(key, default) not in allowed
-    ]
+    problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
     rope = _rope(hf_config)
     if rope.get("rope_type", "default") != "default":
         problems.append(f"rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")

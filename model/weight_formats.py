@@ -151,7 +151,7 @@ class TiedEmbedding(nn.Module):
         self.__dict__["head"] = head
 
     def forward(self, idx: Tensor) -> Tensor:
-        return self.head.rows(idx)  # GPT casts it to the position table's dtype
+        return self.head.rows(idx)  # GPT casts it to the activations' dtype (ln_f's)
 
 
 def _onednn_packed(weight: Tensor) -> Tensor | None:
