@@ -258,7 +258,8 @@ METHOD = """## How this was measured
 - Val loss is a run's evaluation in nats per token: the mean over windows that are the same for every
   run and seed on the same data (eval_iters batches, or with eval_whole_val the whole val split); bits
   per byte divide the same total by the UTF-8 bytes the evaluated tokens stand for, so it compares
-  across tokenizers.
+  across tokenizers. Every run here has the same tokenizer (the report refuses others): models on
+  different tokenizers compare in bits per byte, never in nats per token.
 - ± is a 95% Student t confidence interval over seeds. "vs baseline" is the mean of per-seed
   differences (arm minus baseline) with its 95% CI and a two-sided paired t-test p-value when both arms
   ran the same seeds, else a Welch t-test; a positive difference means a higher (worse) loss. Holm p

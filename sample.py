@@ -6,12 +6,14 @@
     python sample.py checkpoint=runs/<run> prompt=FILE:prompt.txt max_new_tokens=500
     python sample.py 'stop=["\\n\\n"]' json=true             # one JSON object, for scripts
     python sample.py "def main(" weights=int8               # int8 weights: fewer bytes per token on a CPU
+    python sample.py init_from=hf model_path=gpt2 "Hello, I'm a language model,"   # OpenAI's GPT-2
 
-The story: check the settings, find the checkpoint and load it (weights through
-safetensors only, nothing unpickled), rebuild its model (its Linear weights in the
-`weights` format) and the tokenizer it was trained with, encode the prompt, then
-generate every sample in one batch with the KV-cached engine (one prefill for all of
-them), printing the first sample as it grows and the others at the end.
+The story: check the settings, load a checkpoint (weights through safetensors only,
+nothing unpickled) and the tokenizer it was trained with, or import a Hugging Face model
+as train.py's init_from=hf does, with GPT-2's tokenizer; rebuild the model (its Linear weights
+in the `weights` format), encode the prompt, then generate every sample in one batch
+with the KV-cached engine (one prefill for all of them), printing the first sample as it
+grows and the others at the end.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from omegaconf import DictConfig
 from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import Tokenizer
-from model import GPT, KVCache, stream, to_decode_layout, to_weight_format
+from model import GPT, GPTConfig, KVCache, stream, to_decode_layout, to_weight_format
 from model.engine import StopCheck
 from system import exits
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.hf_io import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
 from training.runtime import available_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
@@ -68,14 +71,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     if config.decode == "graph" and device.type != "cuda":
         raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
                          "(use decode=eager there)")
-    checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
-    if config.checkpoint is None:
-        print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
-    tokenizer = checkpoint.tokenizer()
-    model = checkpoint_model(checkpoint, device, dtype, config.weights)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
-                              f"only {model.config.vocab_size}: the checkpoint is mismatched")
+    source, tokenizer, model = load_model(config, device, dtype)
     prompt = read_prompt(config.prompt)
     prompt_ids = encode_prompt(tokenizer, prompt)
     check_memory(model, config, len(prompt_ids), dtype, device)
@@ -104,7 +100,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
         out.write("\n")
         out.flush()
     return {
-        "checkpoint": str(checkpoint.path),
+        "checkpoint": str(source),  # init_from=hf: the transformers directory read
         "prompt": prompt,
         "settings": {**{name: getattr(config, name) for name in
                         ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")},
@@ -113,12 +109,38 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     }
 
 
+def load_model(config: SampleConfig, device: torch.device, dtype: torch.dtype) -> tuple[Path, Tokenizer, GPT]:
+    """Where the weights were read from, their tokenizer and the model ready to generate:
+    a gptlab checkpoint, or (init_from=hf) a Hugging Face model imported as train.py imports it."""
+    if config.init_from == "hf":
+        source = resolve_hf_dir(config.model_path)
+        tokenizer = hf_tokenizer(source)  # before the weights: a refusal reads no gigabytes
+        model = inference_model(*load_hf_pretrained(source), device, dtype, config.weights)
+    else:
+        checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
+        if config.checkpoint is None:
+            print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
+        source, tokenizer = checkpoint.path, checkpoint.tokenizer()
+        model = checkpoint_model(checkpoint, device, dtype, config.weights)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"{source}: its tokenizer has {tokenizer.vocab_size} ids but its model "
+                              f"only {model.config.vocab_size}: the two do not belong together")
+    return source, tokenizer, model
+
+
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
     """The checkpoint's model in eval mode on device, computing in dtype, its Linear
     weights converted to the `weights` format (in memory only)."""
     checkpoint.check_finite()
-    model = GPT(checkpoint.model_config)
-    load_weights(model, checkpoint.model_state)
+    return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
+
+
+def inference_model(model_config: GPTConfig, state: dict[str, torch.Tensor], device: torch.device,
+                    dtype: torch.dtype, weights: str = "fp32") -> GPT:
+    """GPT(model_config) holding `state`, in eval mode on device, computing in dtype, its
+    Linear weights in the `weights` format and laid out for decoding."""
+    model = GPT(model_config)
+    load_weights(model, state)
     model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
     return to_decode_layout(model)
 

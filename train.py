@@ -48,6 +48,7 @@ from training.evaluate import Evaluator
 from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
+from training.optim import build_optimizer, schedule_scale
 from training.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
@@ -111,6 +112,7 @@ class Session:
     evaluate: Evaluator
     logger: RunLogger
     checkpoint_config: dict
+    checkpoint_files: dict[str, str]  # the tokenizer's files (a trained BPE's tokenizer.json), beside config.yaml
     tokens_per_step: int
     flops_per_token: float
     peak: Peak | None
@@ -126,9 +128,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
                              match_mha_flops=config.match_mha_flops, model_config=model.config,
                              tokens_per_step=tokens_per_step)
     config = replace(config, max_iters=budget.max_iters)
-    optimizer = model.configure_optimizer(
-        config.optim.weight_decay, config.optim.learning_rate, (config.optim.beta1, config.optim.beta2), device.type
-    )
+    optimizer = build_optimizer(model, config.optim, device.type)
     scaler = precision.grad_scaler()
     peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
     step, best_val_loss, resumed = 0, math.inf, ""
@@ -153,6 +153,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
             enabled=ranks.is_main,
         ),
         checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
+        checkpoint_files=tokenizer.files(),
         tokens_per_step=tokens_per_step,
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
@@ -271,12 +272,14 @@ def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool 
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:
+    """Every param group's learning rate for this step: the schedule, scaled to the group's
+    own peak (Muon's muon_lr); returns the schedule's own (AdamW's), which the log records."""
     lr = learning_rate(
         step, max_lr=config.optim.learning_rate, min_lr=config.optim.min_lr, warmup_iters=config.optim.warmup_iters,
         decay_iters=config.optim.decay_iters or config.max_iters,
     )
     for param_group in optimizer.param_groups:
-        param_group["lr"] = lr
+        param_group["lr"] = lr * schedule_scale(param_group, config.optim)
     return lr
 
 
@@ -311,7 +314,7 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
         }
         try:
             checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last,
-                                         is_best, keep_state=s.config.keep_state)
+                                         is_best, keep_state=s.config.keep_state, files=s.checkpoint_files)
         except CheckpointError as err:
             failure = str(err)
     failure = broadcast_from_main(s.ranks, failure)  # a failed save stops every rank, not only rank 0

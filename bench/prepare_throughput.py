@@ -58,6 +58,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout: data.tokenizer for the reference
 
+from bench.provenance import git_state  # noqa: E402
 from bench.synthetic_corpus import (  # noqa: E402
     GB, KINDS, SEED, PoolDocument, corpus_path, document_stream, load_pool, prepare_corpora,
 )
@@ -292,7 +293,7 @@ def machine_description() -> dict:
                platform.processor() or platform.machine())
     memory = next((int(line.split()[1]) * 1024 for line in _lines("/proc/meminfo") if line.startswith("MemTotal:")), 0)
     return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "memory_bytes": memory,
-            "python": platform.python_version(), "platform": platform.platform(), "gptlab": _git_state(),
+            "python": platform.python_version(), "platform": platform.platform(), "gptlab": git_state(("data", "conf")),
             "load_average": os.getloadavg()[0]}
 
 
@@ -301,19 +302,6 @@ def _lines(path: str) -> list[str]:
         return Path(path).read_text().splitlines()
     except OSError:
         return []
-
-
-def _git_state() -> str:
-    """The commit, and whether data/ or conf/ differ from it (read-only: no index refresh)."""
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                env=env, check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "data", "conf"], cwd=ROOT,
-                                 capture_output=True, text=True, env=env, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{commit}{' + uncommitted changes in data/ or conf/' if changed else ''}"
 
 
 def print_header(machine: dict, args: argparse.Namespace, scratch: Path) -> None:

@@ -36,11 +36,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
-from conf import model_preset  # noqa: E402
+from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from train import Trainer, train_step  # noqa: E402
 from training.distributed import Ranks  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
+from training.optim import build_optimizer  # noqa: E402
 from training.runtime import (  # noqa: E402
     DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
 )
@@ -53,7 +54,7 @@ BASELINE = "reference-eager"  # what the issue's target compares gptlab against
 # Large enough that a matmul runs at the CPU's full rate: 1024 reads low on two
 # threads when another process holds a core.
 CPU_PEAK_MATMUL_SIZE = 2048
-LEARNING_RATE, WEIGHT_DECAY, BETAS, GRAD_CLIP = 6e-4, 0.1, (0.9, 0.95), 1.0
+OPTIM = OptimConfig(learning_rate=6e-4, min_lr=6e-5, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0)
 
 
 @dataclass
@@ -91,9 +92,13 @@ class FixedBatch:
 
 def variant_trainer(model: torch.nn.Module, compiled: bool, precision: Precision, device: torch.device) -> Trainer:
     """One variant: a model with its own optimizer, stepped exactly as train.py steps one."""
-    optimizer = model.configure_optimizer(WEIGHT_DECAY, LEARNING_RATE, BETAS, device.type)
+    if isinstance(model, GPT):  # train.py's AdamW; the reference builds its own, as nanoGPT does
+        optimizer = build_optimizer(model, OPTIM, device.type)
+    else:
+        optimizer = model.configure_optimizer(OPTIM.weight_decay, OPTIM.learning_rate, (OPTIM.beta1, OPTIM.beta2),
+                                              device.type)
     return Trainer(torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision.autocast(),
-                   accum_steps=1, grad_clip=GRAD_CLIP, ranks=Ranks())
+                   accum_steps=1, grad_clip=OPTIM.grad_clip, ranks=Ranks())
 
 
 def build_trainers(
@@ -219,7 +224,7 @@ def main() -> None:
                                for name, peak in peaks.items())
           + (f" (measured: {CPU_PEAK_MATMUL_SIZE}x{CPU_PEAK_MATMUL_SIZE} matmuls, best of 5)"
              if device.type == "cpu" else " (datasheet)"))
-    print(f"step: train.py's train_step (fused AdamW, clip {GRAD_CLIP}), the same batch every step; {args.warmup} "
+    print(f"step: train.py's train_step (fused AdamW, clip {OPTIM.grad_clip}), the same batch every step; {args.warmup} "
           f"warm-up + {args.steps} timed steps per variant, variants taking turns; the fastest step is reported")
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)

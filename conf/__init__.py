@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
@@ -33,16 +34,22 @@ CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
 WHOLE_VAL = ("never", "final", "always")
 SEED_SCOPES = ("all", "weights", "data")
+OPTIMIZERS = ("adamw", "muon")
+MUON_ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
+MUON_TORCH = "2.9"  # the first torch release with torch.optim.Muon
 
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warmup and cosine decay to min_lr."""
+    """AdamW, or Muon for the blocks' hidden matrices with AdamW for the rest (`name`), with linear
+    warmup and cosine decay: every learning rate follows the same schedule, scaled to its own peak."""
 
+    name: str = setting("adamw", one_of(*OPTIMIZERS))
+    """adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for embeddings, head, norms, biases."""
     learning_rate: float = setting(2e-3, above(0))
-    """Peak learning rate, reached after warmup_iters."""
+    """AdamW's peak learning rate, reached after warmup_iters."""
     min_lr: float = setting(2e-4, at_least(0))
-    """Learning rate at the end of the cosine decay (at most learning_rate)."""
+    """AdamW's learning rate at the end of the cosine decay (at most learning_rate); Muon's ends at the same fraction of muon_lr."""
     warmup_iters: int = setting(100, at_least(0))
     """Optimizer steps of linear warmup from 0."""
     decay_iters: Optional[int] = setting(None, at_least(1))
@@ -55,11 +62,22 @@ class OptimConfig:
     """AdamW's second-moment decay."""
     grad_clip: float = setting(1.0, at_least(0))
     """Largest global gradient norm; 0 turns clipping off."""
+    muon_lr: float = setting(0.02, above(0))
+    """name=muon: Muon's peak learning rate (before muon_adjust_lr's per-shape factor)."""
+    muon_momentum: float = setting(0.95, between(0, 1, "[)"))
+    """name=muon: Muon's momentum (Nesterov)."""
+    muon_weight_decay: float = setting(0.0, at_least(0))
+    """name=muon: Muon's decoupled weight decay on the hidden matrices (each step multiplies them by 1 - lr * this)."""
+    muon_adjust_lr: str = setting("original", one_of(*MUON_ADJUST_LR))
+    """name=muon: the update's per-shape scale: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))."""
 
     def __post_init__(self) -> None:
         check_rules(self, "optim.")
         if self.min_lr > self.learning_rate:
             raise ValueError(f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})")
+        if self.name == "muon" and not hasattr(torch.optim, "Muon"):
+            raise ValueError(f"optim.name=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is torch "
+                             f"{torch.__version__}: upgrade torch, or use optim.name=adamw")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from model.engine import TEMPERATURE, TOP_K, TOP_P
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for checking
+SOURCES = ("checkpoint", "hf")
 
 
 @dataclass
@@ -25,6 +26,10 @@ class SampleConfig:
     """A checkpoint or run directory; null: the newest run's latest checkpoint."""
     runs_root: str = setting("runs", NOT_EMPTY)
     """Where the newest run is looked for."""
+    init_from: str = setting("checkpoint", one_of(*SOURCES))
+    """Where the model comes from: checkpoint (a gptlab run) or hf (Hugging Face, model_path), as in train.py."""
+    model_path: Optional[str] = setting(None, NOT_EMPTY)
+    """init_from=hf: a transformers directory or a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)."""
     prompt: str = ""
     """The text to continue (\\n and \\t mean newline and tab), FILE:path to read it from a file, or - for standard input; empty: start from <|endoftext|> (a newline for a char tokenizer)."""
     num_samples: int = setting(1, at_least(1))
@@ -54,6 +59,14 @@ class SampleConfig:
 
     def __post_init__(self) -> None:
         check_rules(self)  # Sampling's four rules among them
+        if self.init_from == "hf" and self.checkpoint is not None:
+            raise ValueError(f"checkpoint={self.checkpoint} and init_from=hf name two models: sample a gptlab "
+                             "checkpoint with checkpoint=PATH, or a Hugging Face model with init_from=hf model_path=...")
+        if self.init_from == "hf" and not self.model_path:
+            raise ValueError("init_from=hf needs model_path: a transformers directory or a Hub name such as gpt2")
+        if self.init_from == "checkpoint" and self.model_path:  # it would be ignored without a word
+            raise ValueError(f"model_path={self.model_path} is read only with init_from=hf: set init_from=hf too, "
+                             "or name a gptlab checkpoint with checkpoint=PATH")
         self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
 

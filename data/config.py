@@ -11,7 +11,8 @@ from typing import NoReturn, Optional
 from model.rules import NOT_EMPTY, above, at_least, between, check_rules, matching, one_of, setting
 
 SOURCES = ("stdlib", "files", "hub")
-TOKENIZERS = ("gpt2", "char")
+TOKENIZERS = ("gpt2", "char", "bpe")
+MIN_BPE_VOCAB = 257  # the 256 bytes and <|endoftext|>
 VERIFY_MODES = ("sha256", "size")
 DEFAULT_DATA_ROOT = "data_cache"  # relative to the directory a command is started from
 NAME = matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "letters, digits, '_', '.' or '-' (it names a directory)")
@@ -26,7 +27,9 @@ class DataConfig:
     source: str = setting("stdlib", one_of(*SOURCES))
     """stdlib (this Python's own sources, offline), files (path or url) or hub (a Hugging Face dataset)."""
     tokenizer: str = setting("gpt2", one_of(*TOKENIZERS))
-    """gpt2 (tiktoken's BPE) or char (one token per character of the corpus)."""
+    """gpt2 (tiktoken's BPE), char (one token per character of the corpus) or bpe (a byte-level BPE trained on it)."""
+    vocab_size: Optional[int] = setting(None, at_least(MIN_BPE_VOCAB))
+    """tokenizer=bpe (and only then): its ids, the 256 bytes and <|endoftext|> included; a multiple of 64 pads nothing."""
     path: Optional[str] = setting(None, NOT_EMPTY)
     """source=files: a text, jsonl or parquet file, a directory of them, or a glob ("docs/**/*.md")."""
     url: Optional[str] = setting(None, NOT_EMPTY)
@@ -69,6 +72,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_rules(self, "DataConfig.")
         self._check_source_needs()
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            _fail("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
+        if self.tokenizer != "bpe" and self.vocab_size is not None:
+            _fail("vocab_size", f"is read only when tokenizer is 'bpe', and this tokenizer is '{self.tokenizer}' "
+                                "(set data.tokenizer=bpe, or leave it null)", self.vocab_size)
 
     def _check_source_needs(self) -> None:
         # A setting another source reads would be ignored, yet change the fingerprint (a rebuild).

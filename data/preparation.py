@@ -41,6 +41,7 @@ import filelock
 import numpy as np
 from tqdm import tqdm
 
+from data.bpe import TOKENIZER_FILE, TRAINING_SAMPLE_BYTES, train_on_sample
 from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
@@ -51,7 +52,7 @@ from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
 from data.sources import Corpus, open_corpus, source_signature
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
-from system import on_signals
+from system import on_signals, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class PreparedData:
         return shard_path(self.data_dir, split)
 
     def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.meta)
+        return load_tokenizer(self.meta, self.data_dir)
 
 
 def prepare(cfg: DataConfig) -> PreparedData:
@@ -91,6 +92,8 @@ def prepare(cfg: DataConfig) -> PreparedData:
 def fingerprint_of(cfg: DataConfig) -> str:
     """sha256 of everything that decides the tokens: the content settings and the source's file stats."""
     payload = {"format": FORMAT_VERSION, "settings": _settings(cfg), "source": source_signature(cfg)}
+    if cfg.tokenizer == "bpe":  # how much of the corpus the tokenizer learns from decides its merges
+        payload["bpe_sample_bytes"] = TRAINING_SAMPLE_BYTES
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -112,6 +115,7 @@ def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[di
         meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
         if meta.get("fingerprint") != fingerprint:
             return None
+        load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
         for split in SPLITS:
             path = check_shard(data_dir, meta, split)
             if verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
@@ -162,9 +166,11 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
     if progress is None:
         _remove_partials(data_dir)
         tokenizer = _new_tokenizer(cfg, corpus)
+        for name, content in tokenizer.files().items():  # before progress.json, which names them
+            write_atomic(data_dir / name, content)
         progress = _new_progress(fingerprint, tokenizer)
     else:
-        tokenizer = load_tokenizer(progress["tokenizer"])
+        tokenizer = load_tokenizer(progress["tokenizer"], data_dir)
         log.info("resuming the prepare of %s after block %d", data_dir, progress["blocks"])
     try:
         meta = _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars)
@@ -252,11 +258,16 @@ def _resumable_progress(data_dir: Path, fingerprint: str) -> Optional[dict]:
         return None
     if progress.get("resume") is None or any(sizes[s] < progress["bytes"][s] for s in SPLITS):
         return None
+    try:
+        load_tokenizer(progress["tokenizer"], data_dir)  # a trained tokenizer's file must be there, intact
+    except DataError:
+        return None
     return progress
 
 
 def _remove_partials(data_dir: Path) -> None:
-    for path in [data_dir / PROGRESS_FILE] + [partial_path(data_dir, split) for split in SPLITS]:
+    """What an unfinished prepare leaves: progress.json, the partial shards, a trained tokenizer."""
+    for path in [data_dir / PROGRESS_FILE, data_dir / TOKENIZER_FILE, *(partial_path(data_dir, s) for s in SPLITS)]:
         path.unlink(missing_ok=True)
 
 
@@ -284,14 +295,17 @@ def _numbered(pieces: Iterator[Piece], max_documents: Optional[int], counters: d
 
 
 def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
-    """The tokenizer for a new corpus; only `char` reads the corpus first (for its vocabulary)."""
+    """The tokenizer for a new corpus: `char` reads the whole corpus first (for its vocabulary),
+    `bpe` learns from its first TRAINING_SAMPLE_BYTES (memory and time bounded by that)."""
     if cfg.tokenizer == "gpt2":
         return Gpt2Tokenizer()
-    characters: set[str] = set()
     counters = _new_counters()
-    for piece, _, _ in tqdm(_numbered(corpus.reader.pieces(), cfg.max_documents, counters), desc="vocabulary",
-                            unit=" pieces"):
-        characters.update(piece.text)
+    texts = (piece.text for piece, _, _ in _numbered(corpus.reader.pieces(), cfg.max_documents, counters))
+    if cfg.tokenizer == "bpe":
+        return train_on_sample(tqdm(texts, desc="training the tokenizer", unit=" pieces"), cfg.vocab_size)
+    characters: set[str] = set()
+    for text in tqdm(texts, desc="vocabulary", unit=" pieces"):
+        characters.update(text)
     return CharTokenizer("".join(sorted(characters)), with_eot=counters["nonempty"] > 1)
 
 

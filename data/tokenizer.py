@@ -1,12 +1,14 @@
-"""Tokenizers: one small interface, two implementations.
+"""Tokenizers: one small interface, three implementations.
 
 - `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
 - `char`: one id per character of the training text, plus an end-of-text id when the
   corpus has more than one document (so tiny Shakespeare keeps its classic 65 ids).
+- `bpe`: a byte-level BPE trained on the corpus (data/bpe.py).
 
 A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json
-next to the shards; `load_tokenizer` turns that description back into a tokenizer, so
-sampling never has to be told which one a model was trained with.
+next to the shards and in each checkpoint's config.yaml, with the files it names (`files()`:
+a trained BPE's tokenizer.json) beside them; `load_tokenizer` turns that description back
+into a tokenizer, so sampling never has to be told which one a model was trained with.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class Tokenizer(ABC):
     def token_bytes(self) -> list[int]:
         """UTF-8 bytes of each id's text (0 for end-of-text): the bytes a run of tokens
         stands for is the sum over its ids, for losses in bits per byte."""
+
+    def files(self) -> dict[str, str]:
+        """The files describe() names, by file name: written beside meta.json, into every
+        checkpoint and into a Hugging Face export. None for gpt2 and char."""
+        return {}
 
     def encode_array(self, text: str) -> np.ndarray:
         """encode() as a uint32 array (what the prepare step writes, without a list per token)."""
@@ -147,7 +154,7 @@ def _verified_file(path: Path) -> bytes:
 
 def _bpe_ranks(vocab_bpe: str, encoder: dict[str, int]) -> dict[bytes, int]:
     """Token bytes -> rank (= id): the 256 single bytes, then one token per merge, in order."""
-    byte_of_char = _gpt2_byte_alphabet()
+    byte_of_char = gpt2_byte_alphabet()
     ranks = {bytes([byte]): rank for rank, byte in enumerate(byte_of_char.values())}
     merges = vocab_bpe.split("\n")[1:-1]  # a "#version" line first, a newline last
     for merge in merges:
@@ -160,8 +167,9 @@ def _bpe_ranks(vocab_bpe: str, encoder: dict[str, int]) -> dict[bytes, int]:
     return ranks
 
 
-def _gpt2_byte_alphabet() -> dict[str, int]:
-    """How GPT-2's files spell bytes: printable ones as themselves, the rest as chr(256 + n).
+def gpt2_byte_alphabet() -> dict[str, int]:
+    """How GPT-2's files spell bytes: printable ones as themselves, the rest as chr(256 + n)
+    (also the `tokenizers` library's ByteLevel alphabet, which data/bpe.py reads).
 
     The dict's order (printable bytes first) is also the order of the 256 byte ranks.
     """
@@ -229,16 +237,22 @@ def _codepoints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def load_tokenizer(source: dict | str | Path) -> Tokenizer:
+def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
     """The tokenizer a data or run directory was made with.
 
     `source` is a directory holding meta.json, a meta.json path, a parsed meta.json, or
-    a tokenizer description (`Tokenizer.describe()`).
+    a tokenizer description (`Tokenizer.describe()`). `directory` holds the files the
+    description names (a data or checkpoint directory); a path `source` is its own.
     """
     if isinstance(source, (str, Path)):
         path = Path(source)
-        source = read_meta(path.parent if path.name == META_FILE else path)
+        directory = path.parent if path.name == META_FILE else path
+        source = read_meta(directory)
     description = source.get("tokenizer", source)
+    if isinstance(description, dict) and description.get("name") == "bpe":
+        from data.bpe import load_bpe  # data/bpe.py builds on this module's Tokenizer
+
+        return load_bpe(description, Path(directory) if directory is not None else None)
     return _tokenizer_from_json(json.dumps(description, sort_keys=True))
 
 
@@ -250,4 +264,5 @@ def _tokenizer_from_json(description_json: str) -> Tokenizer:
         return Gpt2Tokenizer()
     if description.get("name") == "char" and isinstance(description.get("chars"), str):
         return CharTokenizer(description["chars"], with_eot=bool(description.get("eot")))
-    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot')")
+    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot'), "
+                    "bpe (with 'file', 'sha256')")

@@ -8,11 +8,12 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from conf import Config
+from conf import Config, OptimConfig
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from training.distributed import Ranks
 from training.logger import read_metrics
+from training.optim import build_optimizer
 from training.run_dir import restore
 from training.runtime import Precision, resolve_precision, rng_state
 
@@ -361,7 +362,7 @@ def moved_loss_scale() -> torch.amp.GradScaler:
 
 def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
     model = make_model()
-    optimizer = model.configure_optimizer(0.1, 1e-3)
+    optimizer = build_optimizer(model, Config().optim, "cpu")
     scaler = moved_loss_scale()
     assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == (32768.0, 2)
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
@@ -370,10 +371,25 @@ def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
     path = save_checkpoint(tmp_path, 5, model, config, state)
     fresh = resolve_precision("fp16", CPU).grad_scaler()
     assert fresh.get_scale() == 65536.0
-    step, _, _ = restore(load_checkpoint(path), make_model(seed=1), make_model(seed=1).configure_optimizer(0.1, 1e-3),
+    twin = make_model(seed=1)
+    step, _, _ = restore(load_checkpoint(path), twin, build_optimizer(twin, Config().optim, "cpu"),
                          fresh, Config(), Ranks(), CPU)
     assert step == 5 and fresh.get_scale() == 32768.0
     assert fresh.state_dict() == scaler.state_dict()
+
+
+@pytest.mark.parametrize("saved, resumed", [("muon", "adamw"), ("adamw", "muon")])
+def test_resuming_under_another_optimizer_is_refused_in_one_line(tmp_path, make_model, saved, resumed):
+    model = make_model()
+    state = {"step": 5, "best_val_loss": 2.0, "rng": [rng_state(CPU)], "scaler": {},
+             "optimizer": build_optimizer(model, OptimConfig(name=saved), "cpu").state_dict()}
+    config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
+    path = save_checkpoint(tmp_path, 5, model, config, state)
+    run = Config(optim=OptimConfig(name=resumed))
+    with pytest.raises(CheckpointError, match=rf"^checkpoint {path} holds another optimizer's state than "
+                                              rf"optim.name={resumed}'s: resume with the optim.name the run was started with$"):
+        restore(load_checkpoint(path), model, build_optimizer(model, run.optim, "cpu"),
+                resolve_precision("fp32", CPU).grad_scaler(), run, Ranks(), CPU)
 
 
 @pytest.mark.cuda

@@ -109,14 +109,16 @@ def test_torchrun_with_nccl_through_train_py(tmp_path):
 
 
 def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
+    from conf import OptimConfig
     from train import Trainer, train_step
     from training.distributed import Ranks
+    from training.optim import build_optimizer
     from training.runtime import resolve_precision
 
     model = cuda_model().train()
     precision = resolve_precision("fp16", CUDA)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**120)
-    trainer = Trainer(model, model.configure_optimizer(0.1, 1e-3, device_type="cuda"), scaler, precision.autocast(),
+    trainer = Trainer(model, build_optimizer(model, OptimConfig(), "cuda"), scaler, precision.autocast(),
                       accum_steps=1, grad_clip=1.0, ranks=Ranks())
 
     class Batches:

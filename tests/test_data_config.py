@@ -24,7 +24,11 @@ def test_defaults_are_the_offline_stdlib_corpus():
     "overrides, message",
     [
         (dict(source="web"), r"DataConfig.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
-        (dict(tokenizer="bpe"), r"DataConfig.tokenizer must be one of \('gpt2', 'char'\)"),
+        (dict(tokenizer="sentencepiece"), r"DataConfig.tokenizer must be one of \('gpt2', 'char', 'bpe'\)"),
+        (dict(tokenizer="bpe"), r"DataConfig.vocab_size must be set when tokenizer is 'bpe' \(e.g. data.vocab_size=8192\)"),
+        (dict(tokenizer="bpe", vocab_size=256), r"DataConfig.vocab_size must be >= 257, got 256"),
+        (dict(tokenizer="char", vocab_size=512), r"DataConfig.vocab_size is read only when tokenizer is 'bpe', and this "
+                                                 r"tokenizer is 'char' \(set data.tokenizer=bpe, or leave it null\), got 512"),
         (dict(name="../escape"), r"DataConfig.name must be letters, digits"),
         (dict(name=""), r"DataConfig.name must be letters, digits, '_', '.' or '-' \(it names a directory\), got ''"),
         (dict(text_column=""), r"DataConfig.text_column must be a non-empty text, got ''"),

@@ -27,6 +27,7 @@ import export  # noqa: E402
 from conf import CONF_DIR  # noqa: E402
 from conf.downstream_config import DownstreamConfig  # noqa: E402
 from data import load_tokenizer  # noqa: E402
+from data.bpe import train_bpe  # noqa: E402
 from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402
@@ -103,6 +104,15 @@ def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(ru
     assert responses(ours, PASSAGES) == pytest.approx(responses(theirs, PASSAGES), abs=1e-3, rel=1e-6)
     for metric in ("acc,none", "acc_norm,none"):
         assert ours["results"][CHOICE][metric] == theirs["results"][CHOICE][metric]
+
+
+def test_a_checkpoint_trained_on_its_own_bpe_is_read_with_that_tokenizer(tmp_path):
+    tokenizer = train_bpe([LONG_TEXT], 320)
+    model = randomized(GPT(GPTConfig(**{**SHAPE, "vocab_size": 320})), seed=3)
+    save_checkpoint(tmp_path, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer.describe()},
+                    state={}, files=tokenizer.files())
+    lm = GptlabLM(checkpoint=str(tmp_path), device="cpu")
+    assert lm.tok_encode(LONG_TEXT) == tokenizer.encode(LONG_TEXT) and lm.eot_token_id == tokenizer.eot_id == 319
 
 
 def test_grouped_query_loglikelihoods_equal_the_full_forward_pass(runs, gqa):

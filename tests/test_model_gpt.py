@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from attention_variants import BLOCKS
+from conf import OptimConfig
 from model import GPT, GPTConfig, IGNORE_INDEX
+from training.optim import build_optimizer
 
 from conftest import tiny_config
 
@@ -151,42 +153,6 @@ def test_flops_per_token_formula():
     assert model.flops_per_token() == model.flops_per_token(cfg.block_size)
 
 
-def test_optimizer_decays_only_matrices(make_model):
-    model = make_model()
-    opt = model.configure_optimizer(weight_decay=0.1, learning_rate=1e-3, device_type="cpu")
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"])
-    assert all(p.dim() < 2 for p in no_decay["params"])
-    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
-
-
-def test_fused_cpu_optimizer_updates_like_torchs_default(make_model):
-    """configure_optimizer's fused kernel (chosen on CPU for speed) is the same AdamW
-    as torch's default foreach implementation, up to float rounding."""
-    # Without biases: the key bias's true gradient is zero (softmax ignores a shift shared
-    # by all keys), so Adam would amplify the two kernels' rounding noise there.
-    fused_model, default_model = make_model(bias=False).train(), make_model(bias=False).train()
-    fused = fused_model.configure_optimizer(weight_decay=0.1, learning_rate=1e-2, device_type="cpu")
-    assert fused.defaults["fused"]
-    default = torch.optim.AdamW(
-        [
-            {"params": [p for p in default_model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in default_model.parameters() if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=1e-2, betas=(0.9, 0.95),
-    )
-    assert not default.defaults["fused"]
-    idx = torch.randint(0, 97, (4, 16))
-    for model, opt in ((fused_model, fused), (default_model, default)):
-        for _ in range(5):
-            model(idx, idx)[1].backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    for a, b in zip(fused_model.parameters(), default_model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 @pytest.mark.parametrize("block", BLOCKS)
 def test_tiny_model_overfits_one_batch(n_kv_head, block):
@@ -194,7 +160,7 @@ def test_tiny_model_overfits_one_batch(n_kv_head, block):
     model = GPT(tiny_config(n_kv_head=n_kv_head, **block)).train()
     idx = torch.randint(0, 97, (4, 16))
     x, y = idx[:, :-1], idx[:, 1:]
-    opt = model.configure_optimizer(weight_decay=0.0, learning_rate=3e-3)
+    opt = build_optimizer(model, OptimConfig(weight_decay=0.0, learning_rate=3e-3), "cpu")
     losses = []
     for _ in range(60):
         _, loss = model(x, y)

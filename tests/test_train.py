@@ -105,6 +105,20 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overri
     assert len(losses(straight)) == 60
 
 
+def test_a_muon_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(train_overrides):
+    """optim.name=muon: Muon's momentum and AdamW's moments come back with the schedule's
+    learning rates (the same resume path as above, in process: seconds)."""
+    overrides = [*train_overrides, "optim.name=muon", "model.dropout=0.1", "grad_accum_steps=2", "max_iters=8",
+                 "eval_interval=4"]
+    run_dir = run_in_process(*overrides)
+    straight, final = losses(run_dir), run_dir / "checkpoints" / "step_000008"
+    straight_weights = load_checkpoint(final).model_state
+    run_in_process(*overrides, f"resume={run_dir / 'checkpoints' / 'step_000004'}")  # steps 5-8 again, in place
+    assert losses(run_dir) == straight  # step by step, bit for bit
+    for name, weight in load_checkpoint(final).model_state.items():
+        assert torch.equal(weight, straight_weights[name]), name
+
+
 def test_sigterm_finishes_the_step_saves_and_exits_cleanly(train_overrides, tmp_path):
     run_dir = tmp_path / "run"
     process = start_train(*train_overrides, "max_iters=100000", "eval_interval=100000", f"out_dir={run_dir}", cwd=tmp_path)

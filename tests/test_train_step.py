@@ -12,9 +12,11 @@ import functools
 import pytest
 import torch
 
+from conf import OptimConfig
 from model import GPT
 from train import Trainer, train_step
 from training.distributed import Ranks
+from training.optim import build_optimizer
 from training.runtime import resolve_precision
 from training.step import Prefetcher, StepResult, TrainWindow
 
@@ -39,11 +41,11 @@ class Batches:
         pass
 
 
-def make_step(precision="fp32", accum=1, grad_clip=1.0, seed=0, scaler=None, device=CPU, dropout=0.0):
+def make_step(precision="fp32", accum=1, grad_clip=1.0, seed=0, scaler=None, device=CPU, dropout=0.0, optim="adamw"):
     torch.manual_seed(seed)
     model = GPT(tiny_config(dropout=dropout)).to(device)
     prec = resolve_precision(precision, device)
-    optimizer = model.configure_optimizer(0.1, 1e-2, device_type=device.type)
+    optimizer = build_optimizer(model, OptimConfig(name=optim, weight_decay=0.1, learning_rate=1e-2), device.type)
     return model, optimizer, stepper(Trainer(model, optimizer, scaler or prec.grad_scaler(), prec.autocast(),
                                              accum_steps=accum, grad_clip=grad_clip, ranks=Ranks()))
 
@@ -76,18 +78,21 @@ def poison_gradient_once(model):
     handle = model.transformer.wpe.weight.register_hook(hook)
 
 
-def test_an_inf_gradient_with_a_finite_loss_applies_no_update_and_leaves_no_trace():
-    model, optimizer, step = make_step()
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_an_inf_gradient_with_a_finite_loss_applies_no_update_and_leaves_no_trace(optim):
+    model, optimizer, step = make_step(optim=optim)
     before = weights(model)
     poison_gradient_once(model)
     skipped = step(Batches(), 0)
     assert torch.isfinite(skipped.loss) and not torch.isfinite(skipped.grad_norm)
     assert bool(skipped.skipped) and bool(skipped.nonfinite)
     assert_same(weights(model), before)  # neither the update nor weight decay touched a weight
-    assert all(state["step"] == 0 for state in optimizer.state.values())  # Adam's bias correction unmoved
+    parts = optimizer.parts.values() if optim == "muon" else [optimizer]
+    # Adam's bias correction unmoved, Muon's momentum not started
+    assert all(state.get("step", 0) == 0 and "momentum_buffer" not in state for part in parts for state in part.state.values())
 
     applied = step(Batches(), 1)
-    twin, _, twin_step = make_step()  # the same initial weights, never saw the bad step
+    twin, _, twin_step = make_step(optim=optim)  # the same initial weights, never saw the bad step
     twin_step(Batches(), 1)
     assert not bool(applied.skipped)
     assert_same(weights(model), weights(twin))  # no stale gradient carried into step 1

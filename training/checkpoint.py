@@ -3,6 +3,7 @@
     <run_dir>/checkpoints/
         step_000250/  model.safetensors  weights only (safe to load from anyone)
                       config.yaml        model + data + tokenizer: enough to rebuild the model
+                      tokenizer.json     a trained tokenizer (data.tokenizer=bpe), which config.yaml names
                       state.pt           optimizer, scaler, step, RNG states (tensors and plain
                                          containers only, loaded with weights_only=True)
                       SHA256SUMS         the sha256 of each file above (`sha256sum -c` reads it),
@@ -73,7 +74,7 @@ class Checkpoint:
         description = self.config.get("tokenizer")
         if not isinstance(description, dict):
             raise CheckpointError(f"{self.path / CONFIG} does not describe a tokenizer (no `tokenizer` section)")
-        return load_tokenizer(description)
+        return load_tokenizer(description, self.path)
 
     @property
     def run_dir(self) -> Path:
@@ -120,10 +121,12 @@ def save_checkpoint(
     keep_last: int = 3,
     is_best: bool = False,
     keep_state: str = "all",
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Write checkpoint `step` under run_dir/checkpoints, point `latest` (and `best`
     if is_best) at it, and delete all but the newest keep_last others. keep_state="latest"
-    also drops state.pt from every checkpoint but the newest (weights stay). Returns its path."""
+    also drops state.pt from every checkpoint but the newest (weights stay). `files` are
+    written beside config.yaml by name (the tokenizer's, Tokenizer.files()). Returns its path."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:06d}"
     weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
@@ -131,7 +134,7 @@ def save_checkpoint(
     tmp = root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _write_files(tmp, weights, config, state)
+        _write_files(tmp, weights, config, state, files or {})
         _move_into_place(tmp, final, is_best)
         _prune(root, keep_last)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
@@ -164,16 +167,19 @@ def _move_into_place(tmp: Path, final: Path, is_best: bool) -> None:
     _fsync(root)
 
 
-def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any]) -> None:
+def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any],
+                 files: dict[str, str]) -> None:
     """The checkpoint's files in `tmp`, fsynced, with their digests written last."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file(weights, tmp / WEIGHTS)
     OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
     torch.save(state, tmp / STATE)
+    for name, content in files.items():
+        (tmp / name).write_text(content, encoding="utf-8")
     write_digests(tmp)
-    for name in (WEIGHTS, CONFIG, STATE, DIGESTS):
-        _fsync(tmp / name)
+    for path in tmp.iterdir():
+        _fsync(path)
     _fsync(tmp)
 
 
@@ -187,6 +193,7 @@ def _write_failure(err: Exception, root: Path) -> str:
 def write_digests(path: Path) -> None:
     """Record the sha256 of checkpoint `path`'s files in its SHA256SUMS."""
     names = [name for name in (WEIGHTS, CONFIG, STATE) if (path / name).is_file()]
+    names += sorted(p.name for p in path.iterdir() if p.is_file() and p.name not in (*names, DIGESTS))  # tokenizer.json
     (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
 
 
@@ -373,8 +380,8 @@ def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> N
     stale = final.with_name(f".stale_{final.name}_{os.getpid()}")
     final.rename(stale)
     shutil.copytree(new, final, copy_function=_link_or_copy)
-    for name in (WEIGHTS, CONFIG, STATE, DIGESTS):
-        _fsync(final / name)
+    for path in final.iterdir():
+        _fsync(path)
     _fsync(final.parent)
     for link in links:
         _point(link, final)

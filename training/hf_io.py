@@ -2,11 +2,12 @@
 
 Import: `load_hf_pretrained` reads a transformers directory (config.json plus
 model.safetensors or pytorch_model.bin) or, when the network allows, a Hub name,
-into a GPTConfig and a state dict for GPT(config).
+into a GPTConfig and a state dict for GPT(config); `hf_tokenizer` gives the gptlab
+tokenizer that reads its text.
 
 Export: `export_checkpoint` writes a gptlab checkpoint as a directory that
-transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer,
-its tokenizer files. The conversions themselves are in model/hf.py.
+transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer
+and a trained bpe one, the tokenizer's files. The conversions themselves are in model/hf.py.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Tokenizer, load_tokenizer
+from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
 from model.hf import crop_block_size, from_hf, pool_kv_heads, to_hf
+from model.hf_llama import LLAMA
 from training.checkpoint import CheckpointError, load_checkpoint
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
+HF_TOKENIZER = "tokenizer.json"  # the `tokenizers` library's one-file form
 # A Hub repository id: "name" or "owner/name".
 HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
@@ -47,7 +50,7 @@ def load_hf_pretrained(
     The config has dropout 0.0 and attn_impl "sdpa"; change those with
     dataclasses.replace. Raises CheckpointError with the reason on any failure.
     """
-    directory = _resolve_hf_dir(str(model_path))
+    directory = resolve_hf_dir(str(model_path))
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
     try:
         config, state = from_hf(hf_config, hf_state)
@@ -60,7 +63,7 @@ def load_hf_pretrained(
     return config, state
 
 
-def _resolve_hf_dir(model_path: str) -> Path:
+def resolve_hf_dir(model_path: str) -> Path:
     """A local directory as it is; anything shaped like a Hub name that is not a local
     path is fetched from the Hub (or its local cache) into the cache."""
     return local_hf_dir(model_path) or _download(model_path)
@@ -91,6 +94,10 @@ def _download(repo_id: str) -> Path:
             hf_hub_download(repo_id, HF_SAFETENSORS)
         except EntryNotFoundError:
             hf_hub_download(repo_id, HF_PICKLE)
+        try:  # what hf_tokenizer reads; a model without one still imports
+            hf_hub_download(repo_id, HF_TOKENIZER)
+        except EntryNotFoundError:
+            pass
     except LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE or no network) and not cached
         raise CheckpointError(
             f"{where}, which cannot be reached (offline), and it is not in the local cache: download it "
@@ -140,13 +147,38 @@ def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
     return state
 
 
+def hf_tokenizer(directory: Path) -> Tokenizer:
+    """The gptlab tokenizer of the transformers model in `directory`: GPT-2's for the
+    GPT-2 family (OpenAI's releases and gptlab's exports), and for a Llama-layout model
+    whose tokenizer.json is GPT-2's byte-level BPE (gptlab's Llama-block exports). gptlab
+    reads no other tokenizer.json: anything else is refused in one line (CheckpointError)."""
+    if _read_hf_config(directory).get("model_type") != LLAMA:
+        return Gpt2Tokenizer()  # another model_type than gpt2 or gpt_bigcode is refused by the import
+    path = directory / HF_TOKENIZER
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from "
+                              "there (GPT-2's is the only one gptlab reads)")
+    try:
+        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from err
+    bpe = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    bpe = bpe if isinstance(bpe, dict) else {}
+    # tokenizers writes a merge as "a b" or, since 0.20, as ["a", "b"]
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in bpe.get("merges") or []]
+    gpt2 = _gpt2_tokenizer_json()["model"]
+    if bpe.get("vocab") != gpt2["vocab"] or merges != gpt2["merges"]:
+        raise CheckpointError(f"{path} is not GPT-2's tokenizer, and gptlab has no reader for another "
+                              "tokenizer.json: its tokenizers are GPT-2's BPE and char")
+    return Gpt2Tokenizer()
+
+
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
     """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
     (new or empty). Returns one line per thing written, for the user."""
     loaded = load_checkpoint(checkpoint)
     loaded.check_finite()
-    description = loaded.config.get("tokenizer")
-    tokenizer = load_tokenizer(description) if description else None
+    tokenizer = loaded.tokenizer() if loaded.config.get("tokenizer") else None
     return save_hf(out_dir, loaded.model_config, loaded.model_state, tokenizer)
 
 
@@ -154,7 +186,7 @@ def save_hf(
     out_dir: str | Path, config: GPTConfig, state: dict[str, Tensor], tokenizer: Tokenizer | None = None
 ) -> list[str]:
     """Write (config, state) as a transformers model in out_dir (new or empty), with the
-    tokenizer's files when it is gpt2. Returns one line per thing written."""
+    tokenizer's files when it is gpt2 or a trained bpe. Returns one line per thing written."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or "
@@ -193,9 +225,12 @@ def _write_hf(out_dir: Path, hf_config: dict, hf_state: dict[str, Tensor], block
     if tokenizer is not None and tokenizer.name == "gpt2":
         written = _save_gpt2_tokenizer(out_dir, block_size)
         lines.append(f"{out_dir}: gpt2 tokenizer ({', '.join(written)})")
+    elif tokenizer is not None and tokenizer.name == "bpe":
+        written = _save_trained_tokenizer(out_dir, tokenizer, block_size)
+        lines.append(f"{out_dir}: the trained bpe tokenizer ({', '.join(written)})")
     else:
         name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
-        lines.append(f"tokenizer ({name}) not exported: only gpt2 has a transformers equivalent; weights only")
+        lines.append(f"tokenizer ({name}) not exported: only gpt2 and bpe have a transformers equivalent; weights only")
     return lines
 
 
@@ -217,6 +252,17 @@ def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> list[str]:
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     (out_dir / "tokenizer.json").write_text(json.dumps(_gpt2_tokenizer_json(), ensure_ascii=False) + "\n")
     return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def _save_trained_tokenizer(out_dir: Path, tokenizer: Tokenizer, model_max_length: int) -> list[str]:
+    """A trained BPE's tokenizer.json as it is, and a tokenizer_config.json for transformers'
+    fast tokenizer (<|endoftext|> as its bos and eos token). Returns the names written."""
+    for name, content in tokenizer.files().items():
+        (out_dir / name).write_text(content, encoding="utf-8")
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+                        "bos_token": EOT_TEXT, "eos_token": EOT_TEXT}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    return [*tokenizer.files(), "tokenizer_config.json"]
 
 
 def _gpt2_tokenizer_json() -> dict:

@@ -218,7 +218,11 @@ def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer
     checkpoint.check_finite()
     load_weights(model, checkpoint.model_state)
     state = checkpoint.training_state()
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {checkpoint.path} holds another optimizer's state than "
+                              f"optim.name={config.optim.name}'s: resume with the optim.name the run was started with") from err
     if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
         scaler.load_state_dict(state["scaler"])
     step, rng_states = state["step"], state["rng"]

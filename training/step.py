@@ -7,6 +7,8 @@ asks (TrainWindow.read, at log, evaluation and checkpoint boundaries). A step wh
 loss or gradients are not finite applies no update at all: the fused AdamW kernel
 takes the flag as its `found_inf` (as GradScaler passes it), leaving weights,
 moments and step count untouched, and the gradients are cleared as after any step.
+Muon has no such kernel: with optim.name=muon the host reads the flag before the
+update, the one wait per step of that optimizer.
 
 Under DDP a step runs one small all-reduce besides the gradients' own: the loss,
 the non-finite flag and the stop request of every rank, fused into one tensor, so
@@ -116,8 +118,8 @@ def update_unless_skipped(optimizer: torch.optim.Optimizer, skip: Tensor) -> Non
     """optimizer.step(), unless `skip` (a device bool): then weights, moments and step
     counts stay as they were."""
     if not optimizer.defaults.get("fused"):
-        # Other optimizers (the benchmark's reference on a CPU) have no device-side
-        # skip: the host reads the flag, one sync per step.
+        # Other optimizers (Muon with AdamW, the benchmark's reference on a CPU) have no
+        # device-side skip: the host reads the flag, one sync per step.
         if not skip.item():
             optimizer.step()
         return

@@ -1,0 +1,41 @@
+"""Where a figure came from: the machine, the software and the gptlab commit, for every result file."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from training.runtime import describe_machine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def provenance(device: torch.device | None = None) -> dict:
+    """The facts a benchmark's JSON records beside its figures."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": describe_machine(device or torch.device("cpu")),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gptlab": git_state(),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+
+
+def git_state(paths: tuple[str, ...] = ()) -> str:
+    """The commit, and whether the tree (or `paths` in it) differs from it (read-only: no index refresh)."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                env=env, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths], cwd=ROOT,
+                                 capture_output=True, text=True, env=env, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    where = f" in {' or '.join(p + '/' for p in paths)}" if paths else ""
+    return f"{commit}{f' + uncommitted changes{where}' if changed else ''}"

@@ -1,0 +1,227 @@
+"""Time to quality: the GPT-2 recipe against the modern one, for the same wall-clock, over seeds.
+
+    python bench/time_to_loss.py                                  # the stdlib corpus, 2 recipes x 3 seeds
+    python bench/time_to_loss.py --leave-one-out --seeds 1,2      # and the modern recipe without each piece
+    python bench/time_to_loss.py --corpus shakespeare_char --budget-s 120
+
+How it is measured. Every arm is `python train.py recipe=<recipe> <overrides>` run as a
+child process on the same corpus, one after another, seeds outermost and arms interleaved
+within a seed, so a change in the machine's load hits every arm alike. First each arm
+trains a few calibration steps; its seconds per step set its max_iters so that every arm
+gets the same training wall-clock budget, and each decays its own schedule to its own
+end (as a speedrun does). A run's training seconds are read from its metrics.jsonl: each
+train record's window of steps took tokens / tok_per_s seconds, so evaluation, saving
+and start-up are not counted. Losses are compared in bits per byte of validation text,
+the one unit that stays fair across tokenizers.
+
+The target is the GPT-2 recipe's final validation bits per byte (mean over seeds). For
+every run the time and tokens to reach it are read off its evaluation curve (linear
+between evaluations; none if it never gets there). The table gives means with 95%
+Student's t intervals over seeds; with --leave-one-out, each piece's row is the modern
+recipe without it, and its paired difference to the full recipe says what it buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runnable from a checkout
+
+from ablation.stats import mean_ci, paired_difference  # noqa: E402
+from bench.provenance import provenance  # noqa: E402
+
+# What each corpus needs on top of the recipes (the char corpus has its own tokenizer).
+CORPORA = {
+    "stdlib": [],
+    "shakespeare_char": ["data=shakespeare_char", f"data.path={ROOT.parent / 'shared/data/tinyshakespeare.txt'}",
+                         "pad_vocab_to=1", "model.block_size=128"],
+}
+# The modern recipe's pieces, each the overrides that turn it back into GPT-2's choice.
+PIECES = {
+    "bpe": ["data.tokenizer=gpt2", "data.vocab_size=null"],
+    "rope": ["model.position=learned"],
+    "rmsnorm": ["model.norm=layernorm"],
+    "relu2": ["model.mlp=gelu"],
+    "qk_norm": ["model.qk_norm=false"],
+    "zero_init": ["model.zero_init_proj=false"],
+    "untied": ["model.tie_embeddings=true"],
+    "softcap": ["model.logit_softcap=null"],
+    "muon": ["optim.name=adamw"],
+}
+CHAR_ONLY_SKIPS = {"bpe"}  # a character corpus keeps its character tokenizer
+CALIBRATION_STEPS = 30
+
+
+@dataclass
+class Run:
+    arm: str
+    seed: int
+    max_iters: int
+    train_seconds: float = 0.0
+    tokens: int = 0
+    final_bpb: float = float("nan")
+    curve: list[tuple[float, int, float]] = field(default_factory=list)  # (train seconds, tokens, val bpb)
+
+
+def arms(corpus: str, leave_one_out: bool) -> dict[str, list[str]]:
+    """Each arm's overrides: the two recipes, and the modern one without each piece."""
+    base = CORPORA[corpus]
+    table = {"gpt2": ["recipe=gpt2", *base], "modern": ["recipe=modern", *base]}
+    if leave_one_out:
+        for piece, undo in PIECES.items():
+            if not (corpus != "stdlib" and piece in CHAR_ONLY_SKIPS):
+                table[f"modern - {piece}"] = ["recipe=modern", *base, *undo]
+    return table
+
+
+def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int) -> list[dict]:
+    """One training run as a child process; its metrics.jsonl records."""
+    command = [sys.executable, "train.py", *overrides, f"seed={seed}", f"max_iters={max_iters}",
+               f"eval_interval={eval_interval}", "eval_iters=20", f"out_dir={out_dir}", "logging.progress=false",
+               "keep_last=1", "keep_state=latest"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "WANDB_MODE": "disabled"})
+    if done.returncode != 0:
+        raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_run(arm: str, seed: int, max_iters: int, records: list[dict]) -> Run:
+    """Training seconds, tokens and the val curve of one run's records."""
+    run = Run(arm, seed, max_iters)
+    for seconds, record in zip(_train_seconds(records), records):
+        if record["kind"] == "eval" and record.get("val_bpb") is not None:
+            run.curve.append((seconds, record["tokens"], record["val_bpb"]))
+    run.train_seconds, run.tokens, run.final_bpb = run.curve[-1]
+    return run
+
+
+def _train_seconds(records: list[dict]) -> list[float]:
+    """The training seconds up to each record: a train record's window of tokens took tokens / tok_per_s."""
+    seconds, tokens, out = 0.0, 0, []
+    for record in records:
+        if record["kind"] == "train":
+            seconds += (record["tokens"] - tokens) / record["tok_per_s"]
+            tokens = record["tokens"]
+        out.append(seconds)
+    return out
+
+
+def seconds_per_step(overrides: list[str], out_dir: Path) -> float:
+    """A short run's training seconds per step, its first log window (warm-up of the machinery) left out."""
+    records = [r for r in train(overrides, out_dir, seed=1, max_iters=CALIBRATION_STEPS,
+                                eval_interval=CALIBRATION_STEPS) if r["kind"] == "train"]
+    seconds = _train_seconds(records)
+    return (seconds[-1] - seconds[0]) / (records[-1]["step"] - records[0]["step"])
+
+
+def reach(run: Run, target: float) -> tuple[float, float] | None:
+    """Training seconds and tokens at which the run's val curve first reaches target (linear between evaluations)."""
+    for (s0, t0, b0), (s1, t1, b1) in zip(run.curve, run.curve[1:]):
+        if b1 <= target:
+            share = 1.0 if b0 == b1 else (b0 - target) / (b0 - b1)
+            return s0 + share * (s1 - s0), t0 + share * (t1 - t0)
+    return None
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
+    table = arms(args.corpus, args.leave_one_out)
+    steps = {}
+    for arm, overrides in table.items():
+        steps[arm] = max(CALIBRATION_STEPS, round(args.budget_s / seconds_per_step(overrides, scratch / _slug(arm, "calibration"))))
+        print(f"calibrated {arm}: {steps[arm]} steps in {args.budget_s:.0f} s", flush=True)
+    runs = []
+    for seed in args.seeds:
+        for arm, overrides in table.items():
+            records = train(overrides, scratch / _slug(arm, seed), seed, steps[arm],
+                            eval_interval=max(1, steps[arm] // args.evaluations))
+            runs.append(read_run(arm, seed, steps[arm], records))
+            print(f"{arm} seed {seed}: {runs[-1].final_bpb:.4f} bits/byte after {runs[-1].train_seconds:.0f} s, "
+                  f"{runs[-1].max_iters} steps", flush=True)
+    return runs
+
+
+def summarise(runs: list[Run]) -> list[dict]:
+    """One row per arm: final bpb, the time and tokens to reach the GPT-2 recipe's final bpb, and the paired
+    difference of the final bpb to the modern recipe."""
+    by_arm: dict[str, list[Run]] = {}
+    for run in runs:
+        by_arm.setdefault(run.arm, []).append(run)
+    target = mean_ci([r.final_bpb for r in by_arm["gpt2"]]).mean
+    modern = [r.final_bpb for r in by_arm["modern"]]
+    rows = []
+    for arm, arm_runs in by_arm.items():
+        reached = [reach(r, target) for r in arm_runs]
+        hit = [x for x in reached if x is not None]
+        rows.append({
+            "arm": arm, "seeds": [r.seed for r in arm_runs], "steps": arm_runs[0].max_iters,
+            "train_seconds": mean_ci([r.train_seconds for r in arm_runs]).__dict__,
+            "final_bpb": mean_ci([r.final_bpb for r in arm_runs]).__dict__,
+            "vs_modern": None if arm == "modern" else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
+            "reached": f"{len(hit)}/{len(reached)}", "target_bpb": target,
+            "seconds_to_target": mean_ci([s for s, _ in hit]).__dict__ if hit else None,
+            "tokens_to_target": mean_ci([t for _, t in hit]).__dict__ if hit else None,
+        })
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    gpt2_seconds = next(r for r in rows if r["arm"] == "gpt2")["train_seconds"]["mean"]
+    lines = ["| arm | steps | train s | final val bits/byte | vs modern | reached target | s to target "
+             "(share of GPT-2's) | tokens to target |", "|---|--:|--:|---|---|--:|---|--:|"]
+    for r in rows:
+        to = r["seconds_to_target"]
+        vs = r["vs_modern"]
+        lines.append(
+            f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
+            f"{'' if vs is None else _diff(vs['estimate'])} | {r['reached']} | "
+            f"{'' if to is None else f'{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})'} | "
+            f"{'' if r['tokens_to_target'] is None else format(round(r['tokens_to_target']['mean']), ',')} |")
+    return "\n".join(lines)
+
+
+def _slug(arm: str, suffix: object) -> str:
+    return f"{arm.replace(' - ', '_minus_')}_{suffix}"
+
+
+def _ci(e: dict, digits: int = 4) -> str:
+    spread = "" if e["n"] < 2 else f" ± {(e['high'] - e['low']) / 2:.{digits}f}"
+    return f"{e['mean']:.{digits}f}{spread}"
+
+
+def _diff(e: dict) -> str:
+    if e["n"] < 2:
+        return f"{e['mean']:+.4f}"
+    return f"{e['mean']:+.4f} ({e['low']:+.4f}..{e['high']:+.4f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", choices=tuple(CORPORA), default="stdlib")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="training seconds per run (default: 300)")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
+    parser.add_argument("--leave-one-out", action="store_true", help="also the modern recipe without each piece")
+    parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
+    parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
+    args = parser.parse_args()
+    record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds}
+    print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
+        runs = measure(args, Path(scratch))
+    rows = summarise(runs)
+    print(markdown(rows))
+    out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
+    out.write_text(json.dumps({**record, "rows": rows, "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

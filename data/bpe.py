@@ -1,0 +1,161 @@
+"""A byte-level BPE trained on the corpus (data.tokenizer=bpe), trained and run by `tokenizers`.
+
+Ids: 0-255 are the 256 bytes (ordered by the characters GPT-2's byte alphabet spells them
+with), then one id per merge in the order they were learned, and <|endoftext|> last
+(vocab_size - 1). Text is first split about as GPT-2 splits it (words with their leading
+space, runs of digits, of punctuation, of whitespace), so no token spans two words; every
+byte sequence encodes, since each byte has its own id.
+
+The trained tokenizer is tokenizers' own JSON (tokenizer.json): data, never code. It lives
+as a file beside meta.json and in every checkpoint, and `describe()` names that file with its
+sha256, so config.yaml stays short and a damaged or swapped file is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HfTokenizer
+
+from data.config import MIN_BPE_VOCAB
+from data.errors import DataError
+from data.tokenizer import EOT_TEXT, Tokenizer, gpt2_byte_alphabet
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+# The tokenizer learns from the corpus's first 64 MiB of text: its merges are the sample's most
+# frequent pairs, and three times the sample compresses held-out text only 0.1-0.25% better at
+# 8192-32768 ids (docs/data.md). Training time and memory grow with the sample, not the corpus.
+TRAINING_SAMPLE_BYTES = 64 << 20
+MIN_PAIR_COUNT = 2  # a pair seen once in the sample is noise, never a merge
+# GPT-2's pre-tokenisation, except that a run of whitespace stays whole where GPT-2 gives its
+# last space to the next word: Python's newline and indentation are one piece. Held-out
+# standard library text then takes 0.3-1.5% fewer tokens at 512-16384 ids (docs/data.md).
+SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+"""
+
+
+class BpeTokenizer(Tokenizer):
+    name = "bpe"
+
+    def __init__(self, tokenizer_json: str):
+        """`tokenizer_json`: a byte-level BPE in tokenizers' JSON form, as train_bpe() makes it."""
+        self.json = tokenizer_json
+        self._tokenizer = HfTokenizer.from_str(tokenizer_json)
+        self._tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" is text (see Tokenizer.encode)
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        self.eot_id = self._tokenizer.token_to_id(EOT_TEXT)
+        self._bytes = _bytes_of_ids(self._tokenizer, self.vocab_size, self.eot_id)  # (vocab_size,) list of bytes
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_array(self, text: str) -> np.ndarray:
+        try:  # the batch call lets go of the GIL: prepare's threads encode in parallel
+            encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0]
+        except TypeError:  # lone surrogates have no UTF-8: U+FFFD for each, as tiktoken does
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0]
+        return np.asarray(encoded.ids, dtype=np.uint32)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return b"".join(self._bytes[i] for i in ids)
+
+    def describe(self) -> dict:
+        digest = hashlib.sha256(self.json.encode("utf-8")).hexdigest()
+        return {"name": self.name, "vocab_size": self.vocab_size, "file": TOKENIZER_FILE, "sha256": digest}
+
+    def files(self) -> dict[str, str]:
+        return {TOKENIZER_FILE: self.json}
+
+    def token_bytes(self) -> list[int]:
+        return [0 if i == self.eot_id else len(piece) for i, piece in enumerate(self._bytes)]
+
+
+def _bytes_of_ids(tokenizer: HfTokenizer, vocab_size: int, eot_id: Optional[int]) -> list[bytes]:
+    """The bytes each id stands for (<|endoftext|>'s own text for it); DataError unless the
+    tokenizer is a byte-level BPE with an end-of-text token."""
+    byte_of_char = gpt2_byte_alphabet()
+    pieces = [tokenizer.id_to_token(i) for i in range(vocab_size)]
+    if eot_id is None or any(p is None or (i != eot_id and set(p) - byte_of_char.keys()) for i, p in enumerate(pieces)):
+        raise DataError(f"not a byte-level BPE with {EOT_TEXT}, as data.tokenizer=bpe trains: train it again")
+    return [EOT_TEXT.encode() if i == eot_id else bytes(byte_of_char[c] for c in p) for i, p in enumerate(pieces)]
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
+    """A byte-level BPE of at most vocab_size ids learned from `texts`; fewer when the texts
+    run out of pairs seen at least MIN_PAIR_COUNT times. The same texts give the same ids on
+    any machine: tokenizers' trainer counts in parallel but picks merges by count, ties by pair
+    (checked with 1, 2 and 7 threads)."""
+    if vocab_size < MIN_BPE_VOCAB:
+        raise ValueError(f"vocab_size must be at least {MIN_BPE_VOCAB} (256 bytes and {EOT_TEXT}), got {vocab_size}")
+    tokenizer = HfTokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's byte characters
+    ])
+    tokenizer.decoder = decoders.ByteLevel()  # for transformers' decode; BpeTokenizer decodes by its own table
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, min_frequency=MIN_PAIR_COUNT, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.add_special_tokens([EOT_TEXT])  # after training: the last id, as in GPT-2
+    return BpeTokenizer(tokenizer.to_str())
+
+
+def train_on_sample(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
+    """train_bpe on the first TRAINING_SAMPLE_BYTES of `texts`, warning when it learns fewer ids than asked."""
+    tokenizer = train_bpe(_leading_bytes(texts, TRAINING_SAMPLE_BYTES), vocab_size)
+    if tokenizer.vocab_size < vocab_size:
+        log.warning("the tokenizer's training stopped at %d ids, short of data.vocab_size=%d: a small training text "
+                    "runs out of pairs seen %d times or more", tokenizer.vocab_size, vocab_size, MIN_PAIR_COUNT)
+    return tokenizer
+
+
+def _leading_bytes(texts: Iterable[str], limit: int) -> Iterator[str]:
+    """The texts up to and including the one that brings their UTF-8 total to `limit` bytes."""
+    total = 0
+    for text in texts:
+        if total >= limit:
+            return
+        total += len(text.encode("utf-8"))
+        yield text
+
+
+def load_bpe(description: dict, directory: Optional[Path]) -> BpeTokenizer:
+    """The trained tokenizer that `description` names, read from `directory` (a data or
+    checkpoint directory) and checked against the sha256 the description records."""
+    if description.get("file") != TOKENIZER_FILE or not isinstance(description.get("sha256"), str):
+        raise DataError(f"a bpe tokenizer's description names its {TOKENIZER_FILE} and sha256; got {description!r}")
+    if directory is None:
+        raise DataError(f"the bpe tokenizer is in a {TOKENIZER_FILE} file: load it from the data or checkpoint "
+                        "directory that holds it")
+    path = Path(directory) / TOKENIZER_FILE
+    try:
+        content = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {path}, the trained tokenizer its directory was made with: "
+                        f"{err.strerror}") from err
+    if hashlib.sha256(content).hexdigest() != description["sha256"]:
+        raise DataError(f"{path} does not match the sha256 recorded with it (it was edited, damaged or replaced): "
+                        "use a copy of the directory it came from, or prepare the data again")
+    return _bpe_from_json(content.decode("utf-8"))
+
+
+@functools.lru_cache(maxsize=4)
+def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
+    try:
+        return BpeTokenizer(tokenizer_json)
+    except DataError:
+        raise
+    except Exception as err:  # tokenizers raises its own exception for JSON it cannot read
+        raise DataError(f"{TOKENIZER_FILE} is not a tokenizers JSON file ({err}): prepare the data again") from err
