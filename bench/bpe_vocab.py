@@ -3,6 +3,7 @@ size, split pattern and training sample, against GPT-2's tokenizer on the same t
 
     python bench/bpe_vocab.py                                            # the stdlib corpus
     python bench/bpe_vocab.py --corpus /path/to/site-packages --vocab 8192 32768 --sample-mb 4 16 64 192
+    python bench/bpe_vocab.py --corpus /path/to/site-packages --vocab 8192 --sample-mb 64 192 --repeat 3
 
 Corpus: `stdlib` is the default data corpus (the standard library's .py files and pydoc
 topics, as data/sources.py reads them); a directory means its .py files. Its documents are
@@ -13,12 +14,15 @@ training runs in a fresh process, so its peak RSS is its own.
 Figures per row: held-out UTF-8 bytes per token (more is better: shorter sequences for the
 same text), the training's seconds, and that process's peak RSS, of which the imports alone
 take the `baseline` printed first. Patterns: `gptlab` is data/bpe.py's SPLIT_PATTERN,
-`gpt2` GPT-2's own (whitespace runs give their last space to the next word).
+`gpt2` GPT-2's own (whitespace runs give their last space to the next word). With --repeat N
+each tokenizer is trained N times, each in its own process, and the sha256 of its
+tokenizer.json shows whether the runs agree.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import random
@@ -76,7 +80,8 @@ def measure(corpus: str, vocab: int, pattern: str, sample_bytes: int) -> dict:
     held_bytes = sum(len(d.encode("utf-8")) for d in held)
     tokens = sum(len(tokenizer.encode_array(d)) for d in held)
     return {"vocab": vocab, "pattern": pattern, "sample_mib": min(sample_bytes, _bytes(train)) / 2**20,
-            "ids": tokenizer.vocab_size, "bytes_per_token": held_bytes / tokens, "train_seconds": seconds,
+            "ids": tokenizer.vocab_size, "sha256": hashlib.sha256(tokenizer.json.encode("utf-8")).hexdigest(),
+            "bytes_per_token": held_bytes / tokens, "train_seconds": seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -105,21 +110,24 @@ def main() -> None:
     parser.add_argument("--patterns", nargs="+", choices=sorted(PATTERNS), default=["gptlab", "gpt2"])
     parser.add_argument("--sample-mb", type=float, nargs="+", default=[bpe.TRAINING_SAMPLE_BYTES / 2**20],
                         help="MiB of training text each tokenizer learns from (default: data/bpe.py's)")
+    parser.add_argument("--repeat", type=int, default=1, help="trainings of each tokenizer, to compare")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     reference = in_child(baseline, args.corpus)
     print(f"{args.corpus}: {reference['train_mib']:.1f} MiB to train on, {reference['held_out_mib']:.1f} MiB held out; "
           f"GPT-2's tokenizer: {reference['gpt2_bytes_per_token']:.3f} bytes/token; baseline RSS "
           f"{reference['peak_rss_mib']:.0f} MiB")
-    print(f"{'vocab':>6} {'pattern':<7} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} {'peak RSS MiB':>12}")
+    print(f"{'vocab':>6} {'pattern':<7} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} "
+          f"{'peak RSS MiB':>12}  sha256")
     rows = []
     for vocab in args.vocab:
         for sample_mb in args.sample_mb:
             for pattern in args.patterns:
-                rows.append(in_child(measure, args.corpus, vocab, pattern, int(sample_mb * 2**20)))
-                r = rows[-1]
-                print(f"{vocab:>6} {pattern:<7} {r['sample_mib']:>10.1f} {r['ids']:>6} {r['bytes_per_token']:>11.3f} "
-                      f"{r['train_seconds']:>8.1f} {r['peak_rss_mib']:>12.0f}", flush=True)
+                for _ in range(args.repeat):
+                    rows.append(in_child(measure, args.corpus, vocab, pattern, int(sample_mb * 2**20)))
+                    r = rows[-1]
+                    print(f"{vocab:>6} {pattern:<7} {r['sample_mib']:>10.1f} {r['ids']:>6} {r['bytes_per_token']:>11.3f} "
+                          f"{r['train_seconds']:>8.1f} {r['peak_rss_mib']:>12.0f}  {r['sha256'][:12]}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"provenance": provenance() | {"tokenizers": tokenizers.__version__},
                                          "settings": vars(args) | {"json": str(args.json)},

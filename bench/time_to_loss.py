@@ -38,11 +38,12 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout
 from ablation.stats import mean_ci, paired_difference  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 
-# What each corpus needs on top of the recipes (the char corpus has its own tokenizer).
+# What each corpus needs on top of the recipes, and the tokenizer the modern arms train on it
+# (a character corpus keeps its characters).
 CORPORA = {
-    "stdlib": [],
-    "shakespeare_char": ["data=shakespeare_char", f"data.path={ROOT.parent / 'shared/data/tinyshakespeare.txt'}",
-                         "pad_vocab_to=1", "model.block_size=128"],
+    "stdlib": ([], ["data.tokenizer=bpe", "data.vocab_size=4096"]),
+    "shakespeare_char": (["data=shakespeare_char", f"data.path={ROOT.parent / 'shared/data/tinyshakespeare.txt'}",
+                          "pad_vocab_to=1"], []),
 }
 # The modern recipe's pieces, each the overrides that turn it back into GPT-2's choice.
 PIECES = {
@@ -56,7 +57,6 @@ PIECES = {
     "softcap": ["model.logit_softcap=null"],
     "muon": ["optim.name=adamw"],
 }
-CHAR_ONLY_SKIPS = {"bpe"}  # a character corpus keeps its character tokenizer
 CALIBRATION_STEPS = 30
 
 
@@ -71,14 +71,15 @@ class Run:
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (train seconds, tokens, val bpb)
 
 
-def arms(corpus: str, leave_one_out: bool) -> dict[str, list[str]]:
+def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[str]]:
     """Each arm's overrides: the two recipes, and the modern one without each piece."""
-    base = CORPORA[corpus]
-    table = {"gpt2": ["recipe=gpt2", *base], "modern": ["recipe=modern", *base]}
+    base, modern_data = CORPORA[corpus]
+    modern_data = [o.replace("4096", str(vocab_size)) for o in modern_data]
+    table = {"gpt2": ["recipe=gpt2", *base], "modern": ["recipe=modern", *base, *modern_data]}
     if leave_one_out:
         for piece, undo in PIECES.items():
-            if not (corpus != "stdlib" and piece in CHAR_ONLY_SKIPS):
-                table[f"modern - {piece}"] = ["recipe=modern", *base, *undo]
+            if piece != "bpe" or modern_data:
+                table[f"modern - {piece}"] = [*table["modern"], *undo]
     return table
 
 
@@ -133,10 +134,12 @@ def reach(run: Run, target: float) -> tuple[float, float] | None:
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
-    table = arms(args.corpus, args.leave_one_out)
+    table = arms(args.corpus, args.leave_one_out, args.vocab_size)
+    table = {arm: overrides for arm, overrides in table.items() if not args.arms or arm in args.arms}
     steps = {}
     for arm, overrides in table.items():
-        steps[arm] = max(CALIBRATION_STEPS, round(args.budget_s / seconds_per_step(overrides, scratch / _slug(arm, "calibration"))))
+        per_step = seconds_per_step(overrides, scratch / _slug(arm, "calibration"))
+        steps[arm] = max(CALIBRATION_STEPS, round(args.budget_s / per_step))
         print(f"calibrated {arm}: {steps[arm]} steps in {args.budget_s:.0f} s", flush=True)
     runs = []
     for seed in args.seeds:
@@ -156,7 +159,7 @@ def summarise(runs: list[Run]) -> list[dict]:
     for run in runs:
         by_arm.setdefault(run.arm, []).append(run)
     target = mean_ci([r.final_bpb for r in by_arm["gpt2"]]).mean
-    modern = [r.final_bpb for r in by_arm["modern"]]
+    modern = [r.final_bpb for r in by_arm.get("modern", [])]
     rows = []
     for arm, arm_runs in by_arm.items():
         reached = [reach(r, target) for r in arm_runs]
@@ -165,7 +168,7 @@ def summarise(runs: list[Run]) -> list[dict]:
             "arm": arm, "seeds": [r.seed for r in arm_runs], "steps": arm_runs[0].max_iters,
             "train_seconds": mean_ci([r.train_seconds for r in arm_runs]).__dict__,
             "final_bpb": mean_ci([r.final_bpb for r in arm_runs]).__dict__,
-            "vs_modern": None if arm == "modern" else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
+            "vs_modern": None if arm == "modern" or not modern else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
             "reached": f"{len(hit)}/{len(reached)}", "target_bpb": target,
             "seconds_to_target": mean_ci([s for s, _ in hit]).__dict__ if hit else None,
             "tokens_to_target": mean_ci([t for _, t in hit]).__dict__ if hit else None,
@@ -177,15 +180,17 @@ def markdown(rows: list[dict]) -> str:
     gpt2_seconds = next(r for r in rows if r["arm"] == "gpt2")["train_seconds"]["mean"]
     lines = ["| arm | steps | train s | final val bits/byte | vs modern | reached target | s to target "
              "(share of GPT-2's) | tokens to target |", "|---|--:|--:|---|---|--:|---|--:|"]
-    for r in rows:
-        to = r["seconds_to_target"]
-        vs = r["vs_modern"]
-        lines.append(
-            f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
-            f"{'' if vs is None else _diff(vs['estimate'])} | {r['reached']} | "
-            f"{'' if to is None else f'{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})'} | "
-            f"{'' if r['tokens_to_target'] is None else format(round(r['tokens_to_target']['mean']), ',')} |")
+    lines += [_row(r, gpt2_seconds) for r in rows]
     return "\n".join(lines)
+
+
+def _row(r: dict, gpt2_seconds: float) -> str:
+    to, vs, tokens = r["seconds_to_target"], r["vs_modern"], r["tokens_to_target"]
+    vs_text = "" if vs is None else _diff(vs["estimate"])
+    to_text = "" if to is None else f"{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})"
+    tokens_text = "" if tokens is None else f"{round(tokens['mean']):,}"
+    return (f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
+            f"{vs_text} | {r['reached']} | {to_text} | {tokens_text} |")
 
 
 def _slug(arm: str, suffix: object) -> str:
@@ -209,10 +214,13 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0, help="training seconds per run (default: 300)")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--leave-one-out", action="store_true", help="also the modern recipe without each piece")
+    parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
+    parser.add_argument("--arms", type=lambda s: s.split(","), help="only these arms (gpt2 is the target's)")
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
     args = parser.parse_args()
-    record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds}
+    record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,
+              "arms": arms(args.corpus, args.leave_one_out, args.vocab_size)}
     print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
         runs = measure(args, Path(scratch))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import GPTConfig
+from .config import NORM_EPS, GPTConfig
 from .rotary import apply_rotary, rotary_angles
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class CausalSelfAttention(nn.Module):
         self.impl = config.attn_impl
         self.dropout = config.dropout
         self.rope_base = config.rope_base if config.position == "rope" else None  # None: no rotary
+        self.qk_norm = config.qk_norm
         # One fused projection, laid out [q | k | v]: q is n_head heads wide, k and v
         # are n_kv_head heads wide each, so MQA/GQA really have fewer parameters.
         # With n_kv_head == n_head this is exactly GPT-2's c_attn.
@@ -91,14 +92,17 @@ class CausalSelfAttention(nn.Module):
 
     def heads(self, x: Tensor, rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C).
-        With rotary positions, q and k come rotated by rope (cos, sin from rotary_angles for
-        x's positions) or, without it, as at positions 0..T-1 (a whole sequence)."""
+        With qk_norm, q and k are RMS-normed per head (no weight) first. With rotary positions,
+        q and k come rotated by rope (cos, sin from rotary_angles for x's positions) or,
+        without it, as at positions 0..T-1 (a whole sequence). A KV cache stores k as returned."""
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,), eps=NORM_EPS), F.rms_norm(k, (self.head_dim,), eps=NORM_EPS)
         if self.rope_base is not None:
             cos, sin = rope or rotary_angles(torch.arange(T, device=x.device), self.head_dim, self.rope_base)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

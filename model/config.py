@@ -10,7 +10,7 @@ from .rules import above, at_least, between, check_rules, one_of, setting
 ATTENTION_IMPLS = ("sdpa", "manual")
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "relu2")
 NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps
 # The block settings of the two families (conf/model/block/*.yaml choose them): what
 # GPT-2's transformers classes compute, and what LlamaForCausalLM does.
@@ -49,7 +49,15 @@ class GPTConfig:
     norm: str = setting("layernorm", one_of(*NORMS))
     """layernorm: GPT-2's LayerNorm; rmsnorm: RMSNorm with a weight only, as in Llama."""
     mlp: str = setting("gelu", one_of(*MLPS))
-    """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide."""
+    """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide; relu2: GPT-2's two matrices with relu(x)**2 (modded-nanogpt)."""
+    qk_norm: bool = False
+    """RMSNorm (no weight) of each head's queries and keys before rotary, as in modded-nanogpt."""
+    zero_init_proj: bool = False
+    """Start attention's and the MLP's output projections (c_proj) at zero, so each block begins as the identity."""
+    tie_embeddings: bool = True
+    """The LM head reuses the token table's matrix, as in GPT-2; false gives the head its own weight."""
+    logit_softcap: Optional[float] = setting(None, above(0))
+    """Cap the logits smoothly at +-c: c * tanh(logits / c) (modded-nanogpt); null: no cap."""
 
     def __post_init__(self) -> None:
         check_rules(self, "GPTConfig.")

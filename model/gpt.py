@@ -1,5 +1,6 @@
-"""The GPT-2 architecture: embeddings, pre-norm blocks, tied LM head; the block's position
-encoding, norm and MLP are GPT-2's by default and Llama's as chosen (GPTConfig)."""
+"""The GPT-2 architecture: embeddings, pre-norm blocks, an LM head (tied to the token table
+by default); the block's position encoding, norm and MLP are GPT-2's by default and Llama's
+or modded-nanogpt's as chosen (GPTConfig)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import CausalSelfAttention, Rope
-from .config import NORM_EPS, GPTConfig
+from .blocks import make_mlp, make_norm
+from .config import GPTConfig
 from .init import draw_seed, init_weights
 from .rotary import rotary_angles
 
@@ -20,47 +22,13 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
 
 
-class MLP(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        # GPT-2 used the tanh approximation of GELU; keep it so imported weights agree.
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
-
-
-class SwiGLU(nn.Module):
-    """Llama's gated MLP: c_proj(silu(c_gate(x)) * c_fc(x)), c_gate and c_fc being its
-    gate_proj and up_proj, c_proj its down_proj."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))
-
-
-def make_norm(config: GPTConfig) -> nn.Module:
-    """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only)."""
-    if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=NORM_EPS)
-    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
-
-
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = make_norm(config)
-        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
+        self.mlp = make_mlp(config)
 
     def forward(
         self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None, rope: Rope | None = None
@@ -86,8 +54,8 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying: the output projection reuses the token embedding matrix.
-        self.transformer.wte.weight = self.lm_head.weight
+        if config.tie_embeddings:  # the output projection reuses the token embedding matrix
+            self.transformer.wte.weight = self.lm_head.weight
         init_weights(self, init_seed)
 
     @classmethod
@@ -125,6 +93,9 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(x)
+        if self.config.logit_softcap is not None:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
             if last_only:
@@ -162,7 +133,7 @@ class GPT(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Distinct parameters (the tied head counted once). exclude_embeddings drops
+        """Distinct parameters (a tied head counted once). exclude_embeddings drops
         the position table (if any) and the token table, leaving what scales with depth."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
@@ -177,11 +148,13 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         Every weight of a matmul costs 2 FLOPs per token forward and 4 backward
-        (the tied head counts, and SwiGLU's three matrices; the position lookup does
-        not, nor do rotary's and the norms' elementwise products). Attention adds
+        (the head counts, and SwiGLU's three matrices; the position lookup and an untied
+        token table's lookup do not, nor do rotary's and the norms' elementwise products). Attention adds
         QK^T and AV: 2 * 2 * T * n_embd forward per layer, times 3 with backward.
         """
         T = seq_len or self.config.block_size
         matmul_params = self.num_params() - self._position_params()
+        if not self.config.tie_embeddings:
+            matmul_params -= self.transformer.wte.weight.numel()
         attention = 12 * self.config.n_layer * self.config.n_embd * T
         return 6 * matmul_params + attention

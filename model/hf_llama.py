@@ -39,11 +39,17 @@ QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.w
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
 TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
+# Settings that GPT-2's and Llama's transformers classes have no layout for: name -> the value they compute.
+NO_LAYOUT = {"qk_norm": False, "logit_softcap": None, "tie_embeddings": True}
 
 
 def block_family(config: GPTConfig) -> str:
     """'gpt2' or 'llama': the transformers family that computes config's block. A mixed
-    block is refused, naming the settings that no class has (one line)."""
+    block, or a setting in NO_LAYOUT, is refused, naming the settings that no class has (one line)."""
+    extra = [f"model.{key}={getattr(config, key)!r}" for key, value in NO_LAYOUT.items() if getattr(config, key) != value]
+    if extra:
+        raise ValueError(f"{', '.join(extra)} has no layout in transformers' GPT-2 or Llama classes: "
+                         f"export a model trained without it ({', '.join(f'{k}={v!r}' for k, v in NO_LAYOUT.items())})")
     family, wanted = (LLAMA, LLAMA_BLOCK) if config.position == "rope" else ("gpt2", GPT2_BLOCK)
     off = [f"model.{key}={getattr(config, key)!r}" for key, value in wanted.items() if getattr(config, key) != value]
     if off:

@@ -34,10 +34,11 @@ def draw_seed() -> int:
 def init_weights(model: nn.Module, seed: int) -> None:
     """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, norms as
     built (gains of one, LayerNorm's biases zero); the projections that write into the residual stream get 0.02 / sqrt(2 * n_layer),
-    because each block adds two of them to the stream."""
+    because each block adds two of them to the stream; with zero_init_proj those two
+    (attn.c_proj, mlp.c_proj) start at zero instead."""
     config = model.config
     residual_std = STD / math.sqrt(2 * config.n_layer)
-    seen: set[int] = set()  # the tied head is the token table: initialise it once
+    seen: set[int] = set()  # a tied head is the token table: initialise it once
     for module_name, module in model.named_modules():
         if not isinstance(module, (nn.Linear, nn.Embedding)) or id(module.weight) in seen:
             continue
@@ -47,6 +48,8 @@ def init_weights(model: nn.Module, seed: int) -> None:
         std = residual_std if module_name.endswith("c_proj") else STD
         for label, index in _blocks(module_name, module.weight, config):
             _draw(module.weight, index, std, seed=zlib.crc32(f"{seed}:{module_name}:{label}".encode()))
+        if config.zero_init_proj and module_name.endswith(("attn.c_proj", "mlp.c_proj")):
+            nn.init.zeros_(module.weight)  # drawn first all the same: no other weight's stream moves
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

@@ -2,8 +2,8 @@
 
 A batch-1 decode step reads every weight once, so it runs as fast as the weights
 arrive from memory: bf16 halves the bytes of fp32 and int8 quarters them. Only the
-Linear weights change format (and the token table, which is the LM head's weight);
-the norms, biases, the position table, the residual stream and the KV cache keep
+Linear weights change format (and a tied token table, which is the LM head's weight; an
+untied one stays as it is, a lookup reading only its rows); the norms, biases, the position table, the residual stream and the KV cache keep
 the activation dtype. Each product rounds its input to bf16 and accumulates in fp32,
 as torch's CPU kernels for these formats do, and returns to the activation dtype.
 
@@ -30,7 +30,7 @@ INT8_ROW_MULTIPLE = 32
 
 
 def to_weight_format(model: GPT, weights: str) -> GPT:
-    """The model with every Linear weight (the tied token table with them) stored as
+    """The model with every Linear weight (a tied token table with them) stored as
     `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
     a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
     inference; call it after moving the model to its device."""
@@ -39,14 +39,13 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
         return model
     if weight_format(model) != "fp32":
         raise ValueError(f"the model's weights are already {weight_format(model)}: convert the fp32 model")
-    if model.transformer.wte.weight is not model.lm_head.weight:
-        raise ValueError("to_weight_format expects GPT's tied token table and LM head")
     packed = BF16Linear if weights == "bf16" else Int8Linear
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, packed(child))
-    model.transformer.wte = TiedEmbedding(model.lm_head)
+    if model.config.tie_embeddings:
+        model.transformer.wte = TiedEmbedding(model.lm_head)
     return model
 
 

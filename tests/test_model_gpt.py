@@ -198,7 +198,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model, block):
         (dict(attn_impl="flash"), r"attn_impl must be one of"),
         (dict(position="alibi"), r"^GPTConfig.position must be one of \('learned', 'rope'\), got 'alibi'$"),
         (dict(norm="batchnorm"), r"^GPTConfig.norm must be one of \('layernorm', 'rmsnorm'\)"),
-        (dict(mlp="relu"), r"^GPTConfig.mlp must be one of \('gelu', 'swiglu'\)"),
+        (dict(mlp="relu"), r"^GPTConfig.mlp must be one of \('gelu', 'swiglu', 'relu2'\)"),
         (dict(rope_base=0.0), r"^GPTConfig.rope_base must be > 0"),
         (dict(position="rope", n_embd=36), r"position=rope needs an even head_dim \(n_embd / n_head = 9\)"),
     ],

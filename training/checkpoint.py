@@ -46,7 +46,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
 # What state.pt holds, by key and type: anything else is not a training state of train.py.
 STATE_FIELDS = {"step": int, "best_val_loss": float, "optimizer": dict, "scaler": dict, "rng": list}
-# The head shares its matrix with the token embedding; only one copy is stored.
+# A tied head shares its matrix with the token embedding; only one copy is stored.
 TIED_WEIGHT = "lm_head.weight"
 # Key prefixes added by torch.compile (_orig_mod.) and DistributedDataParallel (module.).
 WRAPPER_PREFIXES = re.compile(r"^(?:(?:_orig_mod|module)\.)+")
@@ -129,7 +129,8 @@ def save_checkpoint(
     written beside config.yaml by name (the tokenizer's, Tokenizer.files()). Returns its path."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:06d}"
-    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k != TIED_WEIGHT}
+    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items()
+               if k not in _stored_once(model)}
     _check_finite(weights, final)
     tmp = root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
     try:
@@ -352,7 +353,7 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     target = unwrap_model(model)
     state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
     expected = target.state_dict()
-    missing = sorted(set(expected) - set(state) - {TIED_WEIGHT})
+    missing = sorted(set(expected) - set(state) - _stored_once(target))
     unexpected = sorted(set(state) - set(expected))
     wrong_shape = [
         f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -369,6 +370,12 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     if problems:
         raise CheckpointError("checkpoint does not fit this model (a different model shape?): " + "; ".join(problems))
     target.load_state_dict(state, strict=False)
+
+
+def _stored_once(model: nn.Module) -> set[str]:
+    """The tied head's name when the model ties it to the token table (its matrix is saved
+    as transformer.wte.weight), else none: an untied head is saved as itself."""
+    return {TIED_WEIGHT} if unwrap_model(model).config.tie_embeddings else set()
 
 
 def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> None:
