@@ -38,12 +38,13 @@ from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
 from system import GracefulStop, Interrupted, command_finished, exits
-from training.budget import grad_accum_steps, training_budget
+from training.budget import grad_accum_steps, run_budget
 from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
 from training.distributed import (
     Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, peers_watched, shutdown,
     wrap_model,
 )
+from training.estimate import WARMUP_STEPS, estimate_line, tokens_line
 from training.evaluate import Evaluator
 from training.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
@@ -66,7 +67,7 @@ def main(cfg: DictConfig) -> Path | None:
 
 def train(cfg: DictConfig) -> Path | None:
     """Run training for a composed config; returns the run directory (None for
-    max_iters=0, which evaluates the model and writes nothing)."""
+    max_iters=0, which evaluates the model, and for estimate=true: both write nothing)."""
     cfg, resume_from = resolve_resume(cfg)
     config = load_config(cfg)  # every rule checked here, before any heavy work
     ranks, device = init_distributed(config.device)
@@ -81,6 +82,8 @@ def train(cfg: DictConfig) -> Path | None:
         accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
                                  batch_size=config.batch_size, block_size=block_size,
                                  world_size=ranks.world_size)  # checked before any heavy work
+        if config.estimate:
+            return estimate_only(config, ranks, device, block_size=block_size, accum=accum)
         # Only rank 0 chooses (a timestamp read on each rank could differ) and locks: one writer.
         run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(config))
         with contextlib.ExitStack() as held:
@@ -123,10 +126,7 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
     precision, data = seed_and_prepare(config, ranks, device)
     tokenizer = data.tokenizer()
     model, origin = build_model(config, resume_from, tokenizer, device)
-    tokens_per_step = config.batch_size * block_size * accum * ranks.world_size
-    budget = training_budget(max_iters=config.max_iters, tokens_per_param=config.tokens_per_param,
-                             match_mha_flops=config.match_mha_flops, model_config=model.config,
-                             tokens_per_step=tokens_per_step)
+    tokens_per_step, budget = run_budget(config, model.config, block_size, accum, ranks.world_size)
     config = replace(config, max_iters=budget.max_iters)
     optimizer = build_optimizer(model, config.optim, device.type)
     scaler = precision.grad_scaler()
@@ -139,13 +139,11 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
     compiled = torch.compile(model) if config.compile else model
     train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
 
-    loader = BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.batches_seed,
-                         rank=ranks.rank, world_size=ranks.world_size, device=device, accum_steps=accum)
     session = Session(
         config=config, ranks=ranks, device=device, run_dir=run_dir, model=model, compiled=compiled,
         trainer=Trainer(train_model, optimizer, scaler, precision.autocast(), accum_steps=accum,
                         grad_clip=config.optim.grad_clip, ranks=ranks),
-        batches=Prefetcher(loader),
+        batches=train_batches(config, data, block_size, ranks, device, accum),
         evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
             run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
@@ -158,7 +156,8 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
-    session.logger.print(header(session, precision.name, accum, notes=(takeover, origin, budget.reason, resumed)))
+    session.logger.print(header(session, precision.name, accum, train_tokens=data.meta["tokens"]["train"],
+                                notes=(takeover, origin, budget.reason, resumed)))
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
     checkpoint, step = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
@@ -195,12 +194,55 @@ def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, de
                      ranks=ranks, device=device)
 
 
+def estimate_only(config: Config, ranks: Ranks, device: torch.device, *, block_size: int, accum: int) -> None:
+    """estimate=true: WARMUP_STEPS untimed, then estimate_steps timed optimizer steps of the run
+    this config describes (its model, data, precision, compile and processes); prints the run's
+    tokens, time and cost; no run directory is made."""
+    precision, data = seed_and_prepare(config, ranks, device)
+    model, _ = build_model(config, None, data.tokenizer(), device)
+    tokens_per_step, budget = run_budget(config, model.config, block_size, accum, ranks.world_size)
+    config = replace(config, max_iters=budget.max_iters)  # the run's own schedule
+    compiled = torch.compile(model) if config.compile else model
+    trainer = Trainer(wrap_model(compiled, ranks, device), build_optimizer(model, config.optim, device.type),
+                      precision.grad_scaler(), precision.autocast(), accum_steps=accum,
+                      grad_clip=config.optim.grad_clip, ranks=ranks)
+    batches = train_batches(config, data, block_size, ranks, device, accum)
+    timed = range(WARMUP_STEPS, WARMUP_STEPS + config.estimate_steps)
+    timed_steps(trainer, batches, config, range(WARMUP_STEPS))
+    seconds = timed_steps(trainer, batches, config, timed)
+    if ranks.is_main:
+        print(f"estimate=true (nothing written): {model.num_params():,} parameters | {device} {precision.name} x "
+              f"{ranks.world_size} process(es) | {accum} micro-batches of {config.batch_size} per process")
+        print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step,
+                          train_tokens=data.meta["tokens"]["train"]))
+        print(estimate_line(tok_per_s=tokens_per_step * len(timed) / seconds, measured=(timed[0] + 1, timed[-1] + 1),
+                            steps_to_go=config.max_iters, tokens_per_step=tokens_per_step,
+                            world_size=ranks.world_size, gpu_hour=config.cost.gpu_hour))
+
+
+def timed_steps(t: Trainer, batches: Prefetcher, config: Config, steps: range) -> float:
+    """Seconds these optimizer steps take, the device's work included."""
+    start = time.perf_counter()
+    for step in steps:
+        set_learning_rate(t.optimizer, step, config)
+        result = train_step(t, batches, step)
+    result.loss.item()  # waits for the device
+    return time.perf_counter() - start
+
+
+def train_batches(config: Config, data: PreparedData, block_size: int, ranks: Ranks, device: torch.device,
+                  accum: int) -> Prefetcher:
+    return Prefetcher(BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.batches_seed,
+                                  rank=ranks.rank, world_size=ranks.world_size, device=device, accum_steps=accum))
+
+
 def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> tuple[Path | None, int]:
     """Step to max_iters (or a stop); returns the last checkpoint and the step it ended at."""
     config = s.config
     if step == 0:
         log_eval(s, 0, s.evaluate(s.compiled))
     window, window_start = TrainWindow(s.device), time.perf_counter()
+    estimate_from = step + WARMUP_STEPS  # the first log window starting here or later times the estimate
     with GracefulStop(launcher=s.ranks.launcher) as stop:  # a launcher killed with -9 stops the run too
         while step < config.max_iters:
             lr = set_learning_rate(s.trainer.optimizer, step, config)
@@ -215,7 +257,10 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
                 continue
             summary = window.read()  # the host waits for the device here, and only here
             check_finite(summary, config.on_nonfinite, checkpoint, s.logger)
-            log_train(s, step, lr, summary, time.perf_counter() - window_start)
+            tok_per_s = log_train(s, step, lr, summary, time.perf_counter() - window_start)
+            if step - summary.steps >= estimate_from:
+                log_estimate(s, tok_per_s, measured=(step - summary.steps + 1, step))
+                estimate_from = math.inf
             if at_eval or summary.stop:
                 checkpoint, best_val_loss = evaluate_and_save(s, step, best_val_loss, evaluate=at_eval)
             if summary.stop:
@@ -283,7 +328,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
     return lr
 
 
-def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> None:
+def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> float:
+    """Logs the window's train record; returns its tokens/s."""
     tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
     mfu = estimate_mfu(s.flops_per_token, tok_per_s / s.ranks.world_size, s.peak.flops) if s.peak else None  # per device
     s.logger.log({
@@ -291,6 +337,14 @@ def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds:
         "tok_per_s": tok_per_s, "mfu": mfu,
         "grad_norm": summary.grad_norm, "skipped": summary.skipped,
     })
+    return tok_per_s
+
+
+def log_estimate(s: Session, tok_per_s: float, measured: tuple[int, int]) -> None:
+    """The time (and, with cost.gpu_hour, the cost) of the steps to max_iters at the measured rate."""
+    s.logger.print(estimate_line(tok_per_s=tok_per_s, measured=measured, steps_to_go=s.config.max_iters - measured[1],
+                                 tokens_per_step=s.tokens_per_step, world_size=s.ranks.world_size,
+                                 gpu_hour=s.config.cost.gpu_hour))
 
 
 def log_eval(s: Session, step: int, metrics: dict[str, float]) -> None:
@@ -323,13 +377,14 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     return checkpoint, best_val_loss
 
 
-def header(s: Session, precision: str, accum: int, notes: tuple[str, ...]) -> str:
+def header(s: Session, precision: str, accum: int, train_tokens: int, notes: tuple[str, ...]) -> str:
     c = s.model.config
     peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
     lines = [
         f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
         f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.ranks.world_size} "
         f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
+        tokens_line(max_iters=s.config.max_iters, tokens_per_step=s.tokens_per_step, train_tokens=train_tokens),
         *notes,
     ]
     return "\n".join(line for line in lines if line)

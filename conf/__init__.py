@@ -114,6 +114,17 @@ class LoggingConfig:
 
 
 @dataclass
+class CostConfig:
+    """What the run's GPUs cost, for the estimate line (docs/training.md#what-a-run-will-cost)."""
+
+    gpu_hour: Optional[float] = setting(None, above(0))
+    """The price of one GPU-hour (any currency): the estimate adds processes x hours x this; null: no cost."""
+
+    def __post_init__(self) -> None:
+        check_rules(self, "cost.")
+
+
+@dataclass
 class Config:
     """train.py's settings. `model` and `data` start from the presets train.yaml chooses."""
 
@@ -121,12 +132,17 @@ class Config:
     data: DataConfig = setting(factory=DataConfig)
     optim: OptimConfig = setting(factory=OptimConfig)
     logging: LoggingConfig = setting(factory=LoggingConfig)
+    cost: CostConfig = setting(factory=CostConfig)
     seed: int = setting(1337, SEED)
     """Seeds the weights, the batches' order and dropout: the same seed and settings give the same run."""
     seed_scope: str = setting("all", one_of(*SEED_SCOPES))
     """all, weights or data: what `seed` varies (the other part uses seed 0): weights and dropout, or the batches' order."""
     max_iters: int = setting(600, at_least(0))
     """Optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing."""
+    estimate: bool = False
+    """Time estimate_steps optimizer steps of this run, print its tokens, time and cost, and exit writing nothing."""
+    estimate_steps: int = setting(20, at_least(1))
+    """estimate=true: the optimizer steps timed, after 10 untimed ones (compilation, allocator warm-up)."""
     tokens_per_param: Optional[float] = setting(None, above(0))
     """Replaces max_iters: steps giving each non-embedding parameter of the MHA model of this shape this many tokens."""
     match_mha_flops: bool = False
@@ -179,6 +195,8 @@ class Config:
                              "(padded to a multiple of pad_vocab_to); leave it unset")
         if self.init_from != "scratch" and not self.model_path:
             raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
+        if self.estimate and (self.resume or self.max_iters == 0):
+            raise ValueError("estimate=true times the steps of a new run: leave resume unset and max_iters above 0")
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
             raise ValueError(f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
                              "init_from is scratch: set init_from too, or leave model_path unset")

@@ -39,7 +39,7 @@ those of the dataclasses, which a preset changes only where it says.
 def reference() -> str:
     """The whole of docs/configuration.md."""
     parts = [INTRO, "## train.py\n", table(Config, "")]
-    for name in ("optim", "logging", "logging.wandb", "model", "data"):
+    for name in ("optim", "logging", "logging.wandb", "cost", "model", "data"):
         schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
         parts += [presets(group) for group in ("model", "model/attention", "model/block", "data") if group.split("/")[0] == name]

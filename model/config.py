@@ -49,13 +49,18 @@ class GPTConfig:
     norm: str = setting("layernorm", one_of(*NORMS))
     """layernorm: GPT-2's LayerNorm; rmsnorm: RMSNorm with a weight only, as in Llama."""
     mlp: str = setting("gelu", one_of(*MLPS))
-    """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide; relu2: GPT-2's two matrices with relu(x)**2 (modded-nanogpt)."""
+    """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide;
+    relu2: GPT-2's two matrices with relu(x)**2 in place of GELU, as in modded-nanogpt."""
     qk_norm: bool = False
-    """RMSNorm (no weight) of each head's queries and keys before rotary, as in modded-nanogpt."""
+    """RMSNorm of each head's queries and keys, before rotary, as in modded-nanogpt: without a weight, since
+    a gain on q and k only rescales the attention logits, which W_q and W_k can do themselves."""
     zero_init_proj: bool = False
-    """Start attention's and the MLP's output projections (c_proj) at zero, so each block begins as the identity."""
+    """Start the projections into the residual stream (attn.c_proj, mlp.c_proj) at zero, as in modded-nanogpt:
+    each block begins as the identity; every other weight draws as without it."""
     tie_embeddings: bool = True
-    """The LM head reuses the token table's matrix, as in GPT-2; false gives the head its own weight."""
+    """The LM head reuses the token table's matrix, as in GPT-2; false gives the head its own weight, drawn
+    normal(0, 0.02) like every Linear (modded-nanogpt zeroes it; here zero starts are zero_init_proj's alone,
+    so each setting changes one thing)."""
     logit_softcap: Optional[float] = setting(None, above(0))
     """Cap the logits smoothly at +-c: c * tanh(logits / c) (modded-nanogpt); null: no cap."""
 

@@ -134,10 +134,12 @@ class GPT(nn.Module):
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (a tied head counted once). exclude_embeddings drops
-        the position table (if any) and the token table, leaving what scales with depth."""
+        the position table (if any), the token table and an untied head, leaving what
+        scales with depth (untying the head leaves this count as it is)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            n -= self._position_params() + self.transformer.wte.weight.numel()
+            vocab_matrices = 1 if self.config.tie_embeddings else 2
+            n -= self._position_params() + vocab_matrices * self.config.vocab_size * self.config.n_embd
         return n
 
     def _position_params(self) -> int:

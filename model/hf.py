@@ -10,7 +10,8 @@ compute exactly what our GPT computes:
   nn.Linear layouts and a fused c_attn laid out [q | k | v] with one k/v head,
   exactly ours with n_kv_head=1.
 
-Both always have biases and tie lm_head to wte. GQA (1 < n_kv_head < n_head) has no
+Both always have biases; lm_head is wte's matrix unless tie_word_embeddings is false, and
+activation_function "relu2" computes our mlp=relu2. GQA (1 < n_kv_head < n_head) has no
 equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
 Our Llama block (model/block=llama) goes to and from LlamaForCausalLM, any number of
 key/value heads included: model/hf_llama.py.
@@ -27,27 +28,30 @@ from torch import Tensor
 from .config import GPTConfig
 from .gpt import GPT
 from .hf_llama import (
-    LLAMA, TIED_HEAD, block_family, config_from_llama, config_to_llama, from_llama, to_llama, unsupported,
+    LLAMA, TIED_HEAD, block_family, config_from_llama, config_to_llama, from_llama, shared_names, tied, to_llama,
+    unsupported,
 )
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
 PREFIX = "transformer."
-EMBEDDINGS = (PREFIX + "wte.weight", PREFIX + "wpe.weight")
+NO_BIAS = (PREFIX + "wte.weight", PREFIX + "wpe.weight", TIED_HEAD)  # weights without a bias in any family
 FUSED_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Buffers that GPT-2 files written by older transformers carry: the causal mask and its fill value.
 GPT2_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
 SHAPE_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+# activation_function -> our mlp: gelu_new and gelu_pytorch_tanh are both the tanh GELU.
+ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu2": "relu2"}
 # Settings under which a GPT-2-family model computes our function: key -> (transformers'
 # default when config.json omits it, the values that keep the function ours).
 SAME_FUNCTION = {
-    "activation_function": ("gelu_new", ("gelu_new", "gelu_pytorch_tanh")),  # both the tanh GELU
+    "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
     "layer_norm_epsilon": (1e-5, (1e-5,)),  # nn.LayerNorm's eps
     "scale_attn_weights": (True, (True,)),
     "scale_attn_by_inverse_layer_idx": (False, (False,)),
     "add_cross_attention": (False, (False,)),
-    "tie_word_embeddings": (True, (True,)),
+    "tie_word_embeddings": (True, (True, False)),  # read into tie_embeddings
 }
 LAYER_NORM_EPS = 1e-5
 
@@ -80,6 +84,8 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
         n_embd=hf_config["n_embd"],
         dropout=0.0,
         bias=True,
+        mlp=ACTIVATIONS[hf_config.get("activation_function", SAME_FUNCTION["activation_function"][0])],
+        tie_embeddings=tied(hf_config, SAME_FUNCTION),
     )
     return _with_mlp_width(config, hf_config.get("n_inner"), "n_inner")
 
@@ -113,10 +119,10 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
             "model/block=llama, GQA exports as LlamaForCausalLM)"
         )
     kind = GPT2 if config.attention_kind == "MHA" else BIGCODE
-    specific = {"activation_function": "gelu_new"} if kind == GPT2 else {
-        "activation_function": "gelu_pytorch_tanh",
-        "multi_query": True,
-    }
+    gelu = "gelu_new" if kind == GPT2 else "gelu_pytorch_tanh"  # each class's own name for the tanh GELU
+    specific = {"activation_function": gelu if config.mlp == "gelu" else config.mlp}
+    if kind == BIGCODE:
+        specific["multi_query"] = True
     return {
         "architectures": [ARCHITECTURE_CLASS[kind]],
         "model_type": kind,
@@ -131,7 +137,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,
         "attn_pdrop": config.dropout,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
     }
@@ -140,20 +146,20 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
 def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
     """A transformers GPT-2 / GPTBigCode (MQA) / Llama model as our (GPTConfig, state dict).
 
-    The state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
+    A tied model's state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
     Raises ValueError when the weights do not fit the config.
     """
     config = config_from_hf(hf_config)
     if hf_config["model_type"] == LLAMA:
-        _check_fit({k: v for k, v in hf_state.items() if k != TIED_HEAD}, _llama_shapes(config), "the weights",
-                   "config.json")
+        _check_fit({k: v for k, v in hf_state.items() if k not in shared_names(config)}, _llama_shapes(config),
+                   "the weights", "config.json")
         return config, from_llama(config, hf_state)
     transposed = hf_config["model_type"] == GPT2
     named = {}
     for key, tensor in hf_state.items():
         # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
         name = key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key
-        if name != TIED_HEAD and not GPT2_BUFFERS.search(name):
+        if name not in shared_names(config) and not GPT2_BUFFERS.search(name):
             named[name] = tensor
     expected = {name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
                 for name, shape in parameter_shapes(config).items()}
@@ -168,7 +174,7 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     the GPT-2 family always has them. Raises ValueError for GQA or ill-fitting weights.
     """
     hf_config = config_to_hf(config, eos_token_id)
-    state = {name: tensor for name, tensor in state.items() if name != TIED_HEAD}
+    state = {name: tensor for name, tensor in state.items() if name not in shared_names(config)}
     _check_fit(state, parameter_shapes(config), "the weights", "the model config")
     if hf_config["model_type"] == LLAMA:
         return hf_config, to_llama(config, state)
@@ -219,12 +225,13 @@ def crop_block_size(
 
 
 def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
-    """Our parameter names and shapes for `config`, without the tied head."""
-    return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items() if name != TIED_HEAD}
+    """Our parameter names and shapes for `config`, without a tied head."""
+    return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items()
+            if name not in shared_names(config)}
 
 
 def _llama_shapes(config: GPTConfig) -> dict[str, torch.Size]:
-    """LlamaForCausalLM's tensor names and shapes for `config`, without the tied head."""
+    """LlamaForCausalLM's tensor names and shapes for `config`, without a tied head."""
     meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
     return {name: tensor.shape for name, tensor in to_llama(config, meta).items()}
 
@@ -236,11 +243,11 @@ def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:
 
 
 def _with_zero_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """state with a zero bias for every Linear and LayerNorm weight lacking one."""
+    """state with a zero bias for every Linear and LayerNorm weight lacking one (not the head's)."""
     biased = dict(state)
     for name, weight in state.items():
         bias = name.removesuffix(".weight") + ".bias"
-        if name.endswith(".weight") and name not in EMBEDDINGS and bias not in state:
+        if name.endswith(".weight") and name not in NO_BIAS and bias not in state:
             biased[bias] = weight.new_zeros(weight.shape[0])  # (out_features,) or (n_embd,)
     return biased
 

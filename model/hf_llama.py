@@ -1,8 +1,8 @@
 """Weights in and out of Hugging Face's LlamaForCausalLM, as plain dicts (no files here).
 
 Our Llama block (position=rope, norm=rmsnorm, mlp=swiglu, bias=false) computes what
-LlamaForCausalLM computes with tied embeddings, any number of key/value heads (MHA,
-GQA, MQA), rotary in the rotate-half layout and RMSNorm with eps 1e-5. Both use
+LlamaForCausalLM computes with tied or untied embeddings (tie_word_embeddings), any
+number of key/value heads (MHA, GQA, MQA), rotary in the rotate-half layout and RMSNorm with eps 1e-5. Both use
 nn.Linear, so the only changes are names and the split of our fused c_attn rows
 [q | k | v] into q_proj, k_proj and v_proj: no transposes, no permutations.
 """
@@ -23,7 +23,7 @@ SAME_FUNCTION = {
     "rms_norm_eps": (1e-6, (NORM_EPS,)),
     "attention_bias": (False, (False,)),
     "mlp_bias": (False, (False,)),
-    "tie_word_embeddings": (False, (True,)),
+    "tie_word_embeddings": (False, (True, False)),  # read into tie_embeddings
     "pretraining_tp": (1, (1,)),
 }
 # Our names after "transformer.h.<i>." -> Llama's after "model.layers.<i>." (c_attn is split apart).
@@ -38,28 +38,49 @@ LAYER_NAMES = {
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
-TIED_HEAD = "lm_head.weight"  # the same matrix as transformer.wte.weight, kept once
+TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transformer.wte.weight, kept once
 # Settings that GPT-2's and Llama's transformers classes have no layout for: name -> the value they compute.
-NO_LAYOUT = {"qk_norm": False, "logit_softcap": None, "tie_embeddings": True}
+NO_LAYOUT = {"qk_norm": (False,), "logit_softcap": (None,)}
+# The block settings each family computes, by setting: the values allowed. GPT-2's classes
+# take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU) only.
+FAMILY_BLOCKS = {
+    "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2")},
+    LLAMA: {key: (value,) for key, value in LLAMA_BLOCK.items()},
+}
+
+
+def shared_names(config: GPTConfig) -> set[str]:
+    """The state-dict names that are another's matrix: the head, when tied to the token table."""
+    return {TIED_HEAD} if config.tie_embeddings else set()
 
 
 def block_family(config: GPTConfig) -> str:
     """'gpt2' or 'llama': the transformers family that computes config's block. A mixed
     block, or a setting in NO_LAYOUT, is refused, naming the settings that no class has (one line)."""
-    extra = [f"model.{key}={getattr(config, key)!r}" for key, value in NO_LAYOUT.items() if getattr(config, key) != value]
+    extra = _settings_off(config, NO_LAYOUT)
     if extra:
         raise ValueError(f"{', '.join(extra)} has no layout in transformers' GPT-2 or Llama classes: "
-                         f"export a model trained without it ({', '.join(f'{k}={v!r}' for k, v in NO_LAYOUT.items())})")
-    family, wanted = (LLAMA, LLAMA_BLOCK) if config.position == "rope" else ("gpt2", GPT2_BLOCK)
-    off = [f"model.{key}={getattr(config, key)!r}" for key, value in wanted.items() if getattr(config, key) != value]
+                         f"export a model trained without it ({_needs(NO_LAYOUT)})")
+    family = LLAMA if config.position == "rope" else "gpt2"
+    off = _settings_off(config, FAMILY_BLOCKS[family])
     if off:
-        needs = ", ".join(f"{key}={value!r}" for key, value in wanted.items())
+        needs = _needs(FAMILY_BLOCKS[family])
         target = ("LlamaForCausalLM", "llama") if family == LLAMA else ("GPT-2's classes", "gpt2")
         raise ValueError(
             f"{', '.join(off)} with model.position={config.position!r} is a block no transformers class computes: "
             f"{target[0]} needs {needs} (model/block={target[1]})"
         )
     return family
+
+
+def _settings_off(config: GPTConfig, allowed: dict[str, tuple]) -> list[str]:
+    """'model.key=value' for each setting of config outside its allowed values."""
+    return [f"model.{key}={getattr(config, key)!r}" for key, values in allowed.items()
+            if getattr(config, key) not in values]
+
+
+def _needs(allowed: dict[str, tuple]) -> str:
+    return ", ".join(f"{key}={' or '.join(map(repr, values))}" for key, values in allowed.items())
 
 
 def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
@@ -81,7 +102,7 @@ def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": config.dropout,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
     }
@@ -99,6 +120,11 @@ def unsupported(hf_config: dict, shape_keys: tuple[str, ...], same_function: dic
         raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
     return [f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
             for key, (default, allowed) in same_function.items() if hf_config.get(key, default) not in allowed]
+
+
+def tied(hf_config: dict, same_function: dict) -> bool:
+    """config.json's tie_word_embeddings, or the family's default when it is left out."""
+    return bool(hf_config.get("tie_word_embeddings", same_function["tie_word_embeddings"][0]))
 
 
 def config_from_llama(hf_config: dict) -> GPTConfig:
@@ -123,6 +149,7 @@ def config_from_llama(hf_config: dict) -> GPTConfig:
         n_embd=n_embd,
         dropout=0.0,
         rope_base=float(rope.get("rope_theta", 10000.0)),
+        tie_embeddings=tied(hf_config, SAME_FUNCTION),
         **LLAMA_BLOCK,
     )
 
@@ -136,8 +163,10 @@ def _rope(hf_config: dict) -> dict:
 
 
 def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our Llama-block state dict (without the tied head) under LlamaForCausalLM's names."""
+    """Our Llama-block state dict (a tied head left out) under LlamaForCausalLM's names."""
     named = {llama: state[ours] for ours, llama in OUTSIDE.items()}
+    if not config.tie_embeddings:
+        named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
         named |= {theirs + llama: state[ours + name] for name, llama in LAYER_NAMES.items()}
@@ -146,11 +175,14 @@ def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """LlamaForCausalLM's state dict under our names, c_attn fused again. A stored
-    lm_head must be the embedding itself (our head is tied). The names are checked before."""
-    if TIED_HEAD in hf_state and not torch.equal(hf_state[TIED_HEAD], hf_state[OUTSIDE["transformer.wte.weight"]]):
-        raise ValueError("lm_head.weight differs from model.embed_tokens.weight: gptlab's head is tied to wte")
+    """LlamaForCausalLM's state dict under our names, c_attn fused again. A tied model's
+    stored lm_head must be the embedding itself. The names are checked before."""
+    embedding = hf_state[OUTSIDE["transformer.wte.weight"]]
+    if config.tie_embeddings and TIED_HEAD in hf_state and not torch.equal(hf_state[TIED_HEAD], embedding):
+        raise ValueError("lm_head.weight differs from model.embed_tokens.weight, but config.json ties them")
     named = {ours: hf_state[llama] for ours, llama in OUTSIDE.items()}
+    if not config.tie_embeddings:
+        named[TIED_HEAD] = hf_state[TIED_HEAD]
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
         named |= {ours + name: hf_state[theirs + llama] for name, llama in LAYER_NAMES.items()}

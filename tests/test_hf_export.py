@@ -56,6 +56,22 @@ def test_exported_model_loads_in_transformers_with_our_logits(
     assert reference.config.eos_token_id == 8  # the char tokenizer's end-of-text
 
 
+@pytest.mark.parametrize("bias", [True, False])  # False: zero biases are added, and none for the head
+@pytest.mark.parametrize("mlp", ["gelu", "relu2"])
+@pytest.mark.parametrize("n_kv_head, reference_class", [(4, GPT2LMHeadModel), (1, GPTBigCodeForCausalLM)])
+def test_relu2_and_an_untied_head_export_with_our_logits_and_import_back(tmp_path, n_kv_head, reference_class, mlp,
+                                                                        bias):
+    model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, mlp=mlp, bias=bias, tie_embeddings=False,
+                     **SMALL)
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    reference = reference_class.from_pretrained(tmp_path / "hf").eval()
+    assert reference.lm_head.weight.data_ptr() != reference.get_input_embeddings().weight.data_ptr()
+    assert_same_logits(model, reference)
+    config, state = load_hf_pretrained(tmp_path / "hf")
+    assert (config.mlp, config.tie_embeddings) == (mlp, False)
+    assert torch.equal(state["lm_head.weight"], model.lm_head.weight)
+
+
 def test_widened_multi_query_model_imports_back_as_itself(tmp_path):
     model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=1, match_mha_params=True, **SMALL)
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])

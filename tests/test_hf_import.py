@@ -154,7 +154,8 @@ def edit_config(directory, **changes):
         ({"vocab_size": 2000}, r"transformer\.wte\.weight is \(1000, 64\) in the weights, \(2000, 64\) by config.json"),
         ({"activation_function": "relu"}, "activation_function='relu'"),
         ({"n_inner": 128}, "n_inner=128"),
-        ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
+        ({"tie_word_embeddings": False}, r"missing lm_head\.weight"),  # untied, but the file holds no head
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no'"),
     ],
 )
 def test_configs_that_do_not_describe_these_weights_are_refused(gpt2_dir, changes, reason):

@@ -112,6 +112,9 @@ def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n
     (dict(position="rope", norm="layernorm", mlp="swiglu", bias=False), "model.norm='layernorm' with model.position='rope'"),
     (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
     (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with model.position='learned'"),
+    ({**LLAMA_BLOCK, "mlp": "relu2"}, "model.mlp='relu2' with model.position='rope'"),  # Llama's MLP is gated only
+    (dict(qk_norm=True), "model.qk_norm=True has no layout in transformers' GPT-2 or Llama classes"),
+    ({**LLAMA_BLOCK, "logit_softcap": 30.0}, "model.logit_softcap=30.0 has no layout in transformers"),
 ])
 def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path, mixed, named):
     model = randomized(GPT(GPTConfig(**SHAPE, **mixed)), 0)
@@ -137,11 +140,17 @@ def test_llama_configs_gptlab_cannot_reproduce_are_refused(tmp_path, change, rea
         load_hf_pretrained(tmp_path / "hf")
 
 
-def test_an_untied_head_is_refused(tmp_path):
+def test_an_untied_head_imports_with_transformers_logits_and_exports_back_as_it_was(tmp_path):
     reference = hf_llama(2, tie_word_embeddings=False)
-    reference.save_pretrained(tmp_path / "hf")
-    with pytest.raises(CheckpointError, match="tie_word_embeddings=False"):
-        load_hf_pretrained(tmp_path / "hf")
+    reference.save_pretrained(tmp_path / "original")
+    config, state = load_hf_pretrained(tmp_path / "original")
+    assert not config.tie_embeddings and torch.equal(state["lm_head.weight"], reference.lm_head.weight)
+    assert_same_logits(build(config, state), reference, length=48)
+    save_hf(tmp_path / "exported", config, state)
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["tie_word_embeddings"] is False
+    original, exported = (load_file(tmp_path / d / "model.safetensors") for d in ("original", "exported"))
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[name], original[name]) for name in original)
 
 
 def test_init_from_hf_starts_a_run_from_llama_weights_pooled_to_fewer_kv_heads(tmp_path):

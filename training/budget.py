@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from conf import Config
 from model import GPT, GPTConfig
 
 
@@ -43,6 +44,16 @@ def training_budget(
         reasons.append(f"x {ratio:.4f} for the MHA model's training FLOPs per token")
     max_iters = max(1, math.ceil(steps))
     return Budget(max_iters, f"budget: {' '.join(reasons)} = {max_iters:,} steps of {tokens_per_step:,} tokens")
+
+
+def run_budget(config: Config, model_config: GPTConfig, block_size: int, accum: int,
+               world_size: int) -> tuple[int, Budget]:
+    """Tokens per optimizer step (all processes together) and the run's steps."""
+    tokens_per_step = config.batch_size * block_size * accum * world_size
+    return tokens_per_step, training_budget(
+        max_iters=config.max_iters, tokens_per_param=config.tokens_per_param, match_mha_flops=config.match_mha_flops,
+        model_config=model_config, tokens_per_step=tokens_per_step,
+    )
 
 
 def grad_accum_steps(*, tokens_per_step: int | None, grad_accum_steps: int, batch_size: int, block_size: int,

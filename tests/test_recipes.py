@@ -1,0 +1,50 @@
+"""The GPU recipes (conf/experiment/gpt2_*.yaml) hold the values their references publish,
+whatever the settings' defaults become."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conf import CONF_DIR, load_config
+from training.budget import grad_accum_steps
+
+# llm.c's GPT-2 (124M) run (github.com/karpathy/llm.c/discussions/481) and nanoGPT's
+# config/train_gpt2.py with its train.py's defaults, as the recipes' comments cite them.
+REFERENCES = {
+    "gpt2_fineweb": dict(learning_rate=6e-4, min_lr=0.0, warmup_iters=700, tokens_per_step=524_288,
+                         max_iters=19_073, dataset="HuggingFaceFW/fineweb-edu"),
+    "gpt2_openwebtext": dict(learning_rate=6e-4, min_lr=6e-5, warmup_iters=2_000, tokens_per_step=491_520,
+                             max_iters=20_000, dataset="Skylion007/openwebtext"),
+}
+
+
+def compose_recipe(name, hydra=False):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_a_gpu_recipe_holds_its_references_values(name):
+    config, ref = load_config(compose_recipe(name)), REFERENCES[name]
+    o, m = config.optim, config.model
+    assert (o.name, o.learning_rate, o.min_lr, o.warmup_iters, o.decay_iters) == (
+        "adamw", ref["learning_rate"], ref["min_lr"], ref["warmup_iters"], None)  # decay over the whole run
+    assert (o.weight_decay, o.beta1, o.beta2, o.grad_clip) == (0.1, 0.9, 0.95, 1.0)
+    assert (config.tokens_per_step, config.max_iters) == (ref["tokens_per_step"], ref["max_iters"])
+    assert (config.precision, config.compile, config.data.dataset) == ("bf16", True, ref["dataset"])
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.position, m.tie_embeddings) == (12, 12, 768, 1024,
+                                                                                            "learned", True)
+    assert list(compose_recipe(name, hydra=True).hydra.callbacks.downstream.tasks) == ["hellaswag"]  # scored when the run ends
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_one_gpu_accumulates_eight_times_what_eight_gpus_do(name):
+    config = load_config(compose_recipe(name))
+    accum = {n: grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=1,
+                                 batch_size=config.batch_size, block_size=config.model.block_size, world_size=n)
+             for n in (1, 2, 4, 8)}
+    assert accum == {1: 16, 2: 8, 4: 4, 8: 2}
+
+
+def test_the_fineweb_recipe_is_llm_cs_ten_billion_tokens():
+    config = load_config(compose_recipe("gpt2_fineweb"))
+    assert config.max_iters * config.tokens_per_step == 9_999_745_024  # llm.c: 19,073 steps of 2^19 tokens

@@ -1,0 +1,62 @@
+"""What a run will cost, said before it has spent much: its tokens against the prepared
+data, and, from a measured rate, its training time and its price.
+
+Pure arithmetic and formatting, so tests check it with known numbers; train.py measures
+the rate and prints the lines (in the run's header, after the first steps, and for
+estimate=true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARMUP_STEPS = 10
+"""Optimizer steps left out of a measured rate: the first compiles the model (compile=true)
+and the first few settle the CUDA allocator and the kernels' autotuning; the steps after
+run at the rate the run keeps."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float  # training steps only: evaluations and checkpoints come on top
+    gpu_hours: float  # seconds / 3600 x processes (one GPU each)
+    cost: float | None  # gpu_hours x the price of a GPU-hour; None without a price
+
+
+def estimate(*, steps: int, tokens_per_step: int, tok_per_s: float, world_size: int,
+             gpu_hour: float | None) -> Estimate:
+    """`steps` optimizer steps of `tokens_per_step` tokens at `tok_per_s` (all processes together)."""
+    seconds = steps * tokens_per_step / tok_per_s
+    gpu_hours = seconds / 3600 * world_size
+    return Estimate(seconds, gpu_hours, None if gpu_hour is None else gpu_hours * gpu_hour)
+
+
+def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int) -> str:
+    """The run's tokens, the prepared train split's, and how many passes over it they make
+    (batches are random windows: a pass is that many tokens drawn, not each token once)."""
+    total = max_iters * tokens_per_step
+    return (f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({total / 1e9:.2f}B) | prepared train "
+            f"split: {train_tokens:,} ({train_tokens / 1e9:.2f}B) | {total / train_tokens:.2f} epochs")
+
+
+def estimate_line(*, tok_per_s: float, measured: tuple[int, int], steps_to_go: int, tokens_per_step: int,
+                  world_size: int, gpu_hour: float | None) -> str:
+    """One line: the measured rate (over optimizer steps measured[0]..measured[1]), the
+    time the steps to go take at that rate and, with a price, what they cost."""
+    e = estimate(steps=steps_to_go, tokens_per_step=tokens_per_step, tok_per_s=tok_per_s, world_size=world_size,
+                 gpu_hour=gpu_hour)
+    cost = ("cost.gpu_hour=<price> adds the cost" if e.cost is None else
+            f"cost {e.cost:,.2f} ({e.gpu_hours:,.1f} GPU-hours x {gpu_hour:g}, {world_size} GPU(s))")
+    return (f"estimate: {tok_per_s:,.0f} tokens/s (steps {measured[0]}-{measured[1]}) | {steps_to_go:,} steps to "
+            f"max_iters: {duration(e.seconds)} of training, evaluations not included | {cost}")
+
+
+def duration(seconds: float) -> str:
+    """'2 d 3 h', '5 h 07 min', '4 min 09 s' or '12 s': the two largest units."""
+    whole = round(seconds)
+    days, hours, minutes, secs = whole // 86400, whole // 3600 % 24, whole // 60 % 60, whole % 60
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
