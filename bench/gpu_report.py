@@ -1,7 +1,9 @@
 """The markdown of a GPU acceptance run (bench/gpu_check.py): stages, figures, targets,
-and the call that runs what is missing. It renders a report at any point of the run."""
+and the command that runs what is missing. It renders a report at any point of the run."""
 
 from __future__ import annotations
+
+import shlex
 
 TARGET_SPEEDUP, TARGET_MFU = 1.1, 0.45  # compiled gptlab over the compiled reference; MFU at dense bf16
 GRAPH_SPEEDUP = 3  # batch-1 decode replayed as a CUDA graph over eager
@@ -56,7 +58,7 @@ def _missing(report: dict) -> list[str]:
     budget = f" --budget-s {report['budget_s']:g}" if report.get("budget_s") else ""
     smoke = " --smoke" if report["smoke"] else ""
     return ["## Missing", "", f"Stages without all their figures: {', '.join(names)}. To run only those:", "",
-            f"    python3 bench/gpu_check.py{smoke} --out $OUT{budget} --stages {' '.join(names)}"]
+            f"    python bench/gpu_check.py{smoke} --out {shlex.quote(report.get('out', 'DIR'))}{budget} --stages {' '.join(names)}"]
 
 
 def _result(report: dict, name: str):

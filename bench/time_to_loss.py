@@ -38,16 +38,18 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout
 from ablation.stats import mean_ci, paired_difference  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 
-# What each corpus needs on top of the recipes, and the tokenizer the modern arms train on it
+# What each corpus needs on top of the recipes, and whether the modern arms train a BPE on it
 # (a character corpus keeps its characters).
 CORPORA = {
-    "stdlib": ([], ["data.tokenizer=bpe", "data.vocab_size=4096"]),
+    "stdlib": ([], True),
     "shakespeare_char": (["data=shakespeare_char", f"data.path={ROOT.parent / 'shared/data/tinyshakespeare.txt'}",
-                          "pad_vocab_to=1"], []),
+                          "pad_vocab_to=1"], False),
 }
+# Each tokenizer prepares into a directory of its own: arms that alternate never rebuild each other's.
+GPT2_TOKENIZER = ["data.tokenizer=gpt2", "data.vocab_size=null", "data.name=stdlib_gpt2"]
 # The modern recipe's pieces, each the overrides that turn it back into GPT-2's choice.
 PIECES = {
-    "bpe": ["data.tokenizer=gpt2", "data.vocab_size=null"],
+    "bpe": GPT2_TOKENIZER,
     "rope": ["model.position=learned"],
     "rmsnorm": ["model.norm=layernorm"],
     "relu2": ["model.mlp=gelu"],
@@ -73,9 +75,11 @@ class Run:
 
 def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[str]]:
     """Each arm's overrides: the two recipes, and the modern one without each piece."""
-    base, modern_data = CORPORA[corpus]
-    modern_data = [o.replace("4096", str(vocab_size)) for o in modern_data]
-    table = {"gpt2": ["recipe=gpt2", *base], "modern": ["recipe=modern", *base, *modern_data]}
+    base, trains_bpe = CORPORA[corpus]
+    gpt2_data = GPT2_TOKENIZER if trains_bpe else []
+    modern_data = ["data.tokenizer=bpe", f"data.vocab_size={vocab_size}", f"data.name=stdlib_bpe{vocab_size}"] \
+        if trains_bpe else []
+    table = {"gpt2": ["recipe=gpt2", *base, *gpt2_data], "modern": ["recipe=modern", *base, *modern_data]}
     if leave_one_out:
         for piece, undo in PIECES.items():
             if piece != "bpe" or modern_data:
@@ -83,10 +87,11 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[st
     return table
 
 
-def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int) -> list[dict]:
+def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int,
+          eval_iters: int) -> list[dict]:
     """One training run as a child process; its metrics.jsonl records."""
     command = [sys.executable, "train.py", *overrides, f"seed={seed}", f"max_iters={max_iters}",
-               f"eval_interval={eval_interval}", "eval_iters=20", f"out_dir={out_dir}", "logging.progress=false",
+               f"eval_interval={eval_interval}", f"eval_iters={eval_iters}", f"out_dir={out_dir}", "logging.progress=false",
                "keep_last=1", "keep_state=latest"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "WANDB_MODE": "disabled"})
@@ -119,7 +124,7 @@ def _train_seconds(records: list[dict]) -> list[float]:
 def seconds_per_step(overrides: list[str], out_dir: Path) -> float:
     """A short run's training seconds per step, its first log window (warm-up of the machinery) left out."""
     records = [r for r in train(overrides, out_dir, seed=1, max_iters=CALIBRATION_STEPS,
-                                eval_interval=CALIBRATION_STEPS) if r["kind"] == "train"]
+                                eval_interval=CALIBRATION_STEPS, eval_iters=1) if r["kind"] == "train"]
     seconds = _train_seconds(records)
     return (seconds[-1] - seconds[0]) / (records[-1]["step"] - records[0]["step"])
 
@@ -145,7 +150,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
     for seed in args.seeds:
         for arm, overrides in table.items():
             records = train(overrides, scratch / _slug(arm, seed), seed, steps[arm],
-                            eval_interval=max(1, steps[arm] // args.evaluations))
+                            eval_interval=max(1, steps[arm] // args.evaluations), eval_iters=args.eval_iters)
             runs.append(read_run(arm, seed, steps[arm], records))
             print(f"{arm} seed {seed}: {runs[-1].final_bpb:.4f} bits/byte after {runs[-1].train_seconds:.0f} s, "
                   f"{runs[-1].max_iters} steps", flush=True)
@@ -217,6 +222,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
     parser.add_argument("--arms", type=lambda s: s.split(","), help="only these arms (gpt2 is the target's)")
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
+    parser.add_argument("--eval-iters", type=int, default=20, help="val batches per evaluation (default: 20)")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
     args = parser.parse_args()
     record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,

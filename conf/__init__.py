@@ -251,12 +251,14 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
     """A model preset from conf/model/ as a GPTConfig, without running an app.
 
     `model_preset("gpt2", "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`:
-    overrides use the same syntax as the command line.
+    overrides use the same syntax as the command line. The preset comes with GPT-2's block
+    (recipe=gpt2) unless an override chooses another recipe.
     """
     from hydra import compose, initialize_config_dir
 
+    recipe = [] if any(o.startswith("recipe=") for o in overrides) else ["recipe=gpt2"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=[f"model={name}", *overrides])
+        cfg = compose(config_name="train", overrides=[f"model={name}", *recipe, *overrides])
     return load_config(cfg.model, GPTConfig, prefix="model.")
 
 

@@ -71,3 +71,11 @@ def test_export_writes_a_tokenizer_json_that_transformers_reads_to_the_same_ids(
     for text in (TEXT, PYTHON[:2000]):
         assert fast.encode(text) == auto.encode(text) == tokenizer.encode(text)
     assert auto.eos_token_id == tokenizer.eot_id and auto.decode(tokenizer.encode(TEXT)) == TEXT
+
+
+def test_sample_init_from_hf_reads_the_exported_bpe_and_continues_as_the_run_does(run_dir, tmp_path):
+    export.main([str(run_dir), str(tmp_path / "hf")])
+    greedy = ("prompt=def", "temperature=0", "max_new_tokens=12")
+    from_run = sample.sample(settings(f"checkpoint={run_dir}", *greedy), out=io.StringIO())
+    from_hf = sample.sample(settings("init_from=hf", f"model_path={tmp_path / 'hf'}", *greedy), out=io.StringIO())
+    assert from_hf["samples"][0]["text"] == from_run["samples"][0]["text"]

@@ -2,14 +2,17 @@
 on the CPU at tiny sizes, through the same code; a failure in one variant or decode mode
 leaves the other rows' figures on disk, and a budget too short skips stages cleanly."""
 
+import ast
 import json
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
 import torch
+from packaging.utils import canonicalize_name
 
 from bench.gpu_report import render
 
@@ -138,12 +141,12 @@ def test_a_budget_too_short_for_the_last_stages_skips_them_cleanly(tmp_path):
         assert report[name]["ok"] is None and report[name]["skipped"].startswith("needs ~")
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert "| train | skipped: needs ~120 s," in markdown
-    assert "python3 bench/gpu_check.py --smoke --out $OUT --budget-s 38 --stages train cuda_tests" in markdown
+    assert f"python bench/gpu_check.py --smoke --out {tmp_path} --budget-s 38 --stages train cuda_tests" in markdown
 
 
 def test_a_failed_stage_is_reported_and_the_others_still_show():
     report = {
-        "date": "2026-12-01 10:00:00", "smoke": False, "budget_s": 540, "asked": STAGES,
+        "date": "2026-12-01 10:00:00", "smoke": False, "budget_s": 540, "out": "gpu/", "asked": STAGES,
         "environment": {"ok": True, "seconds": 1.0, "result": {
             "gpu": "NVIDIA H200", "torch": "2.11.0", "compute_mode": "Default", "versions": {"numpy": "2.5.2"}}},
         "train": {"ok": False, "seconds": 2.0, "error": "RuntimeError: train.py failed\nmore"},
@@ -163,7 +166,7 @@ def test_a_failed_stage_is_reported_and_the_others_still_show():
     assert "batch-64 MQA decode at context 1000 faster than MHA (cache 12x smaller): 2.00x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MHA): 3.50x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MQA): 2.00x (NOT met)" in markdown
-    assert markdown.endswith("--out $OUT --budget-s 540 --stages throughput train cuda_tests\n")
+    assert markdown.endswith("python bench/gpu_check.py --out gpu/ --budget-s 540 --stages throughput train cuda_tests\n")
 
 
 def fake_wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:
@@ -174,7 +177,7 @@ def fake_wheel(directory: Path, name: str, version: str, requires: list[str]) ->
     return wheel
 
 
-def test_gpu_wheels_checks_each_requirement_against_the_wheels_and_the_image(tmp_path):
+def test_gpu_wheels_checks_each_requirement_against_the_wheels_and_the_machine(tmp_path):
     from bench.gpu_wheels import check_requirements
 
     wheels = [
@@ -183,28 +186,59 @@ def test_gpu_wheels_checks_each_requirement_against_the_wheels_and_the_image(tmp
             "colorama; sys_platform == 'win32'", "pytest; extra == 'tests'", "typing; python_version < '3.5'"]),
         fake_wheel(tmp_path, "dill", "0.4.1", []),
     ]
-    image = {"numpy": "2.5.2", "huggingface_hub": "1.33.0", "pyarrow": None, "filelock": None}
-    problems, notes = check_requirements(wheels, image)
+    base = {"numpy": "2.5.2", "huggingface_hub": "1.33.0", "pyarrow": None, "filelock": None}
+    problems, notes = check_requirements(wheels, base)
     assert problems == [
-        "datasets needs huggingface-hub<1.0,>=0.23, but the GPU image has huggingface-hub 1.33.0",
+        "datasets needs huggingface-hub<1.0,>=0.23, but the GPU machine has huggingface-hub 1.33.0",
         "datasets needs dill<0.4, but .whl/ has dill 0.4.1",
-        "datasets needs xxhash-ng, which neither .whl/ nor the GPU image has",
+        "datasets needs xxhash-ng, which neither .whl/ nor the GPU machine has",
     ]
-    assert notes == ["datasets needs pyarrow>=24: the GPU image has pyarrow, its version undocumented"]
+    assert notes == ["datasets needs pyarrow>=24: the GPU machine has pyarrow, its version unchecked"]
 
 
-def test_gptlab_admits_the_gpu_images_documented_versions_and_the_torch_here():
-    """pyproject.toml's ranges hold the GPU image's torch 2.11, numpy, ... and this environment's torch."""
+def test_gptlab_admits_the_gpu_machines_expected_versions_and_the_torch_here():
+    """pyproject.toml's ranges hold the GPU machine's expected torch 2.11, numpy, ... and this
+    environment's torch; every test dependency is expected there or carried in .whl/."""
     tomllib = pytest.importorskip("tomllib")
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from bench.gpu_wheels import IMAGE
+    from bench.gpu_wheels import BASE, PACKAGES
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     requirements = [Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"]["dev"]]]
-    documented = {r.name: IMAGE[r.name] for r in requirements if IMAGE.get(r.name)}
+    documented = {r.name: BASE[r.name] for r in requirements if BASE.get(r.name)}
     assert {"torch", "numpy", "safetensors", "tiktoken", "transformers"} <= documented.keys()
     assert [r for r in requirements if r.name in documented and not r.specifier.contains(documented[r.name])] == []
     torch_range = next(r.specifier for r in requirements if r.name == "torch")
     assert Version(torch.__version__).base_version in torch_range
+    dev = {canonicalize_name(Requirement(line).name) for line in project["optional-dependencies"]["dev"]}
+    assert dev - {canonicalize_name(name) for name in [*BASE, *PACKAGES]} == set()
+
+
+def imported_top_level_names(files: list[Path]) -> set[str]:
+    names = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_package_tests_and_bench_import_is_declared_in_pyproject():
+    """A new venv with `pip install -e ".[dev,eval]"` has everything tests/ and bench/ import."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = [*project["dependencies"], *(line for extra in project["optional-dependencies"].values() for line in extra)]
+    declared = {canonicalize_name(Requirement(line).name) for line in lines}
+    files = [*(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    ours = {path.stem for path in [*REPO.glob("*.py"), *files]} | {path.parent.name for path in REPO.glob("*/__init__.py")}
+    third_party = imported_top_level_names(files) - set(sys.stdlib_module_names) - ours - {"tests", "bench"}
+    distributions = packages_distributions()
+    undeclared = {name: distributions.get(name) for name in third_party
+                  if not {canonicalize_name(d) for d in distributions.get(name, [])} & declared}
+    assert undeclared == {}

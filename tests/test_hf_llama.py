@@ -143,7 +143,9 @@ def test_llama_configs_gptlab_cannot_reproduce_are_refused(tmp_path, change, rea
 def test_an_untied_head_imports_with_transformers_logits_and_exports_back_as_it_was(tmp_path):
     reference = hf_llama(2, tie_word_embeddings=False)
     reference.save_pretrained(tmp_path / "original")
-    config, state = load_hf_pretrained(tmp_path / "original")
+    path = tmp_path / "original" / "config.json"
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "tie_word_embeddings"}))
+    config, state = load_hf_pretrained(tmp_path / "original")  # left out: LlamaConfig's default, untied
     assert not config.tie_embeddings and torch.equal(state["lm_head.weight"], reference.lm_head.weight)
     assert_same_logits(build(config, state), reference, length=48)
     save_hf(tmp_path / "exported", config, state)

@@ -60,11 +60,14 @@ def test_cached_decoding_equals_the_full_forward_with_every_modern_piece(make_mo
 
 @pytest.mark.parametrize("block", BLOCKS)
 def test_sampling_with_every_modern_piece_equals_the_uncached_reference(make_model, block):
-    model = make_model(n_kv_head=2, zero_init_proj=True, **{**block, **MODERN}).double()  # float64: see test_generate
-    with torch.no_grad():  # as if trained: zero projections would leave attention out of the logits
-        for layer in model.transformer.h:
+    settings = {**block, **MODERN, "logit_softcap": 1.0}
+    model = make_model(n_kv_head=2, zero_init_proj=True, **settings).double()  # float64: as in test_generate
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # as if trained: zero projections would leave attention out of the logits, and
+        for layer in model.transformer.h:  # logits of std ~2 meet the cap (sampling sees it; argmax would not)
             for proj in (layer.attn.c_proj, layer.mlp.c_proj):
-                proj.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(3))
+                proj.weight.normal_(0, 0.02, generator=generator)
+        model.lm_head.weight.normal_(0, 0.4, generator=generator)
     prompts = [tokens(n, seed=n).tolist() for n in (3, 9, 14)]  # left padded by 11, 5 and 0
     sampling = Sampling(temperature=1.0, seed=5)
     out = generate(model, prompts, 24, sampling)  # every row slides past block_size (16)
@@ -99,10 +102,13 @@ def test_softcap_is_c_tanh_of_the_uncapped_logits_and_bounds_them(make_model):
 @pytest.mark.parametrize("block", BLOCKS)
 def test_zero_init_proj_starts_every_block_as_the_identity_and_moves_no_other_weight(make_model, block):
     zeroed, plain = make_model(zero_init_proj=True, **block), make_model(**block)
-    x = torch.randn(2, 6, 32)
+    x, idx = torch.randn(2, 6, 32), tokens(2, 6)
     with torch.no_grad():
         for layer in zeroed.transformer.h:
             assert torch.equal(layer(x), x)
+        embedded = zeroed.transformer.wte(idx) + (zeroed.transformer.wpe(torch.arange(6)) if not block else 0)
+        embedding_path = zeroed.lm_head(zeroed.transformer.ln_f(embedded))  # no block adds anything
+        torch.testing.assert_close(zeroed(idx)[0], embedding_path, rtol=0, atol=0)
     for name, tensor in zeroed.state_dict().items():
         expected = torch.zeros_like(tensor) if name.endswith("c_proj.weight") else plain.state_dict()[name]
         assert torch.equal(tensor, expected), name

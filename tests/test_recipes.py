@@ -31,8 +31,10 @@ def test_a_gpu_recipe_holds_its_references_values(name):
     assert (o.weight_decay, o.beta1, o.beta2, o.grad_clip) == (0.1, 0.9, 0.95, 1.0)
     assert (config.tokens_per_step, config.max_iters) == (ref["tokens_per_step"], ref["max_iters"])
     assert (config.precision, config.compile, config.data.dataset) == ("bf16", True, ref["dataset"])
-    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.position, m.tie_embeddings) == (12, 12, 768, 1024,
-                                                                                            "learned", True)
+    assert (m.n_layer, m.n_head, m.kv_heads, m.n_embd, m.block_size, m.bias, m.dropout) == (
+        12, 12, 12, 768, 1024, True, 0.0)
+    assert (m.position, m.norm, m.mlp, m.tie_embeddings, m.qk_norm, m.zero_init_proj, m.logit_softcap) == (
+        "learned", "layernorm", "gelu", True, False, False, None)  # GPT-2's block, whatever recipe is the default
     assert list(compose_recipe(name, hydra=True).hydra.callbacks.downstream.tasks) == ["hellaswag"]  # scored when the run ends
 
 

@@ -147,7 +147,7 @@ def other_tokenizer(directory: Path) -> None:
 
 @pytest.mark.parametrize("tokenizer, message", [
     (lambda directory: None, "has no tokenizer.json: a Llama-layout model's tokenizer is read from there"),
-    (other_tokenizer, "tokenizer.json is not GPT-2's tokenizer, and gptlab has no reader for another tokenizer.json"),
+    (other_tokenizer, "tokenizer.json is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe trains"),
 ])
 def test_a_llama_tokenizer_gptlab_cannot_read_is_refused_before_the_weights(models, tmp_path, monkeypatch, tokenizer,
                                                                            message):

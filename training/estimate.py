@@ -35,8 +35,16 @@ def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int) -> s
     """The run's tokens, the prepared train split's, and how many passes over it they make
     (batches are random windows: a pass is that many tokens drawn, not each token once)."""
     total = max_iters * tokens_per_step
-    return (f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({total / 1e9:.2f}B) | prepared train "
-            f"split: {train_tokens:,} ({train_tokens / 1e9:.2f}B) | {total / train_tokens:.2f} epochs")
+    return (f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({rounded(total)}) | prepared train "
+            f"split: {train_tokens:,} ({rounded(train_tokens)}) | {total / train_tokens:.2f} epochs")
+
+
+def rounded(count: int) -> str:
+    """9,999,745,024 as '10.00B', 4,844,571 as '4.84M', 1,536 as '1.5k'."""
+    for scale, unit in ((1e9, "B"), (1e6, "M")):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return f"{count / 1e3:.1f}k"
 
 
 def estimate_line(*, tok_per_s: float, measured: tuple[int, int], steps_to_go: int, tokens_per_step: int,

@@ -22,6 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from data.bpe import BpeTokenizer
+from data.errors import DataError
 from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
 from model.hf import crop_block_size, from_hf, pool_kv_heads, to_hf
@@ -148,18 +150,18 @@ def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
 
 
 def hf_tokenizer(directory: Path) -> Tokenizer:
-    """The gptlab tokenizer of the transformers model in `directory`: GPT-2's for the
-    GPT-2 family (OpenAI's releases and gptlab's exports), and for a Llama-layout model
-    whose tokenizer.json is GPT-2's byte-level BPE (gptlab's Llama-block exports). gptlab
-    reads no other tokenizer.json: anything else is refused in one line (CheckpointError)."""
-    if _read_hf_config(directory).get("model_type") != LLAMA:
-        return Gpt2Tokenizer()  # another model_type than gpt2 or gpt_bigcode is refused by the import
+    """The gptlab tokenizer of the transformers model in `directory`, from its tokenizer.json:
+    GPT-2's byte-level BPE, or a byte-level BPE trained by data.tokenizer=bpe (gptlab's exports
+    of such runs). A GPT-2-family directory without the file gets GPT-2's; anything else is
+    refused in one line (CheckpointError)."""
     path = directory / HF_TOKENIZER
     if not path.is_file():
-        raise CheckpointError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from "
-                              "there (GPT-2's is the only one gptlab reads)")
+        if _read_hf_config(directory).get("model_type") != LLAMA:
+            return Gpt2Tokenizer()  # another model_type than gpt2 or gpt_bigcode is refused by the import
+        raise CheckpointError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from there")
     try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        tokenizer = json.loads(text)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
     bpe = tokenizer.get("model") if isinstance(tokenizer, dict) else None
@@ -167,10 +169,13 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
     # tokenizers writes a merge as "a b" or, since 0.20, as ["a", "b"]
     merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in bpe.get("merges") or []]
     gpt2 = _gpt2_tokenizer_json()["model"]
-    if bpe.get("vocab") != gpt2["vocab"] or merges != gpt2["merges"]:
-        raise CheckpointError(f"{path} is not GPT-2's tokenizer, and gptlab has no reader for another "
-                              "tokenizer.json: its tokenizers are GPT-2's BPE and char")
-    return Gpt2Tokenizer()
+    if bpe.get("vocab") == gpt2["vocab"] and merges == gpt2["merges"]:
+        return Gpt2Tokenizer()
+    try:
+        return BpeTokenizer(text)
+    except DataError as err:
+        raise CheckpointError(f"{path} is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe "
+                              f"trains, the two gptlab reads ({err})") from err
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
