@@ -4,7 +4,8 @@
     python train.py model=gpt2 data=openwebtext      # any preset, any corpus
     python train.py model/attention=mqa              # the same model with multi-query attention
     python train.py resume=true                      # continue the newest run exactly
-    torchrun --nproc_per_node=8 train.py model=gpt2  # data parallel over 8 GPUs (or CPU processes)
+    python train.py experiment=gpt2_fineweb          # GPT-2 small on a GPU: llm.c's recipe, cited
+    torchrun --nproc_per_node=8 train.py experiment=gpt2_fineweb  # data parallel over 8 GPUs (or CPU processes)
 
 The story of one run, top to bottom: validate the config, join the process group
 (under torchrun), find or create the run directory, prepare the data, build the
@@ -212,7 +213,7 @@ def estimate_only(config: Config, ranks: Ranks, device: torch.device, *, block_s
     seconds = timed_steps(trainer, batches, config, timed)
     if ranks.is_main:
         print(f"estimate=true (nothing written): {model.num_params():,} parameters | {device} {precision.name} x "
-              f"{ranks.world_size} process(es) | {accum} micro-batches of {config.batch_size} per process")
+              f"{ranks.world_size} process(es) | {accum} micro-batch(es) of {config.batch_size} per process")
         print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step,
                           train_tokens=data.meta["tokens"]["train"]))
         print(estimate_line(tok_per_s=tokens_per_step * len(timed) / seconds, measured=(timed[0] + 1, timed[-1] + 1),

@@ -62,8 +62,8 @@ class OptimConfig:
     """AdamW's second-moment decay."""
     grad_clip: float = setting(1.0, at_least(0))
     """Largest global gradient norm; 0 turns clipping off."""
-    muon_lr: float = setting(0.02, above(0))
-    """name=muon: Muon's peak learning rate (before muon_adjust_lr's per-shape factor)."""
+    muon_lr: float = setting(0.01, above(0))
+    """name=muon: Muon's peak learning rate (before muon_adjust_lr's factor); 0.01 was best for the mini model (docs/training.md)."""
     muon_momentum: float = setting(0.95, between(0, 1, "[)"))
     """name=muon: Muon's momentum (Nesterov)."""
     muon_weight_decay: float = setting(0.0, at_least(0))

@@ -59,8 +59,8 @@ def block_family(config: GPTConfig) -> str:
     block, or a setting in NO_LAYOUT, is refused, naming the settings that no class has (one line)."""
     extra = _settings_off(config, NO_LAYOUT)
     if extra:
-        raise ValueError(f"{', '.join(extra)} has no layout in transformers' GPT-2 or Llama classes: "
-                         f"export a model trained without it ({_needs(NO_LAYOUT)})")
+        raise ValueError(f"{', '.join(extra)}: transformers' GPT-2 and Llama classes have no layout for this; "
+                         f"export a model trained with {_needs(NO_LAYOUT)}")
     family = LLAMA if config.position == "rope" else "gpt2"
     off = _settings_off(config, FAMILY_BLOCKS[family])
     if off:

@@ -3,9 +3,10 @@
 A batch-1 decode step reads every weight once, so it runs as fast as the weights
 arrive from memory: bf16 halves the bytes of fp32 and int8 quarters them. Only the
 Linear weights change format (and a tied token table, which is the LM head's weight; an
-untied one stays as it is, a lookup reading only its rows); the norms, biases, the position table, the residual stream and the KV cache keep
-the activation dtype. Each product rounds its input to bf16 and accumulates in fp32,
-as torch's CPU kernels for these formats do, and returns to the activation dtype.
+untied one stays as it is, a lookup reading only its rows); the norms, biases, the
+position table, the residual stream and the KV cache keep the activation dtype. Each
+product rounds its input to bf16 and accumulates in fp32, as torch's CPU kernels for
+these formats do, and returns to the activation dtype.
 
 The stored weights are integer tensors (int8 values, and bf16 bit patterns kept as
 int16), so a later .to(dtype) or .half() changes the activations but never the format.

@@ -113,8 +113,8 @@ def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n
     (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
     (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with model.position='learned'"),
     ({**LLAMA_BLOCK, "mlp": "relu2"}, "model.mlp='relu2' with model.position='rope'"),  # Llama's MLP is gated only
-    (dict(qk_norm=True), "model.qk_norm=True has no layout in transformers' GPT-2 or Llama classes"),
-    ({**LLAMA_BLOCK, "logit_softcap": 30.0}, "model.logit_softcap=30.0 has no layout in transformers"),
+    (dict(qk_norm=True), "model.qk_norm=True: transformers' GPT-2 and Llama classes have no layout for this"),
+    ({**LLAMA_BLOCK, "logit_softcap": 30.0}, "model.logit_softcap=30.0: transformers' GPT-2 and Llama classes"),
 ])
 def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path, mixed, named):
     model = randomized(GPT(GPTConfig(**SHAPE, **mixed)), 0)

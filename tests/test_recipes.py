@@ -35,7 +35,8 @@ def test_a_gpu_recipe_holds_its_references_values(name):
         12, 12, 12, 768, 1024, True, 0.0)
     assert (m.position, m.norm, m.mlp, m.tie_embeddings, m.qk_norm, m.zero_init_proj, m.logit_softcap) == (
         "learned", "layernorm", "gelu", True, False, False, None)  # GPT-2's block, whatever recipe is the default
-    assert list(compose_recipe(name, hydra=True).hydra.callbacks.downstream.tasks) == ["hellaswag"]  # scored when the run ends
+    callbacks = compose_recipe(name, hydra=True).hydra.callbacks
+    assert list(callbacks.downstream.tasks) == ["hellaswag"]  # scored when the run ends
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
