@@ -191,7 +191,7 @@ def markdown(rows: list[dict]) -> str:
 
 def _row(r: dict, gpt2_seconds: float) -> str:
     to, vs, tokens = r["seconds_to_target"], r["vs_modern"], r["tokens_to_target"]
-    vs_text = "" if vs is None else _diff(vs["estimate"])
+    vs_text = "" if vs is None else _diff(vs["difference"])
     to_text = "" if to is None else f"{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})"
     tokens_text = "" if tokens is None else f"{round(tokens['mean']):,}"
     return (f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
@@ -231,9 +231,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
         runs = measure(args, Path(scratch))
     rows = summarise(runs)
-    print(markdown(rows))
     out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
     out.write_text(json.dumps({**record, "rows": rows, "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
+    print(markdown(rows))
     print(f"wrote {out}")
 
 
