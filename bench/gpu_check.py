@@ -107,7 +107,7 @@ class Sizes:
         self.sdpa_shape = (1, 4, 16, 8) if smoke else (4, 12, 1024, 64)  # (B, heads, T, head_dim)
         self.train_steps = (10, 20) if smoke else (200, 300)  # first run, then resumed to
         self.train_overrides = (
-            ["model=nano", "model.block_size=32", "data.tokenizer=char", "data.name=gpu_check_char",
+            ["model=nano", "model.block_size=32", "data.tokenizer=char", "data.vocab_size=null", "data.name=gpu_check_char",
              "data.max_documents=40", "batch_size=4", "device=cpu", "optim.learning_rate=1e-2"]
             if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
         )

@@ -131,6 +131,8 @@ def seconds_per_step(overrides: list[str], out_dir: Path) -> float:
 
 def reach(run: Run, target: float) -> tuple[float, float] | None:
     """Training seconds and tokens at which the run's val curve first reaches target (linear between evaluations)."""
+    if run.curve and run.curve[0][2] <= target:  # below it before training: a smaller vocabulary's start
+        return run.curve[0][0], run.curve[0][1]
     for (s0, t0, b0), (s1, t1, b1) in zip(run.curve, run.curve[1:]):
         if b1 <= target:
             share = 1.0 if b0 == b1 else (b0 - target) / (b0 - b1)

@@ -59,11 +59,12 @@ def training_overrides(directory) -> list[str]:
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS)
     return [
-        "recipe=gpt2", "model=nano", "model.block_size=32", "data=files", f"data.path={corpus}", "data.tokenizer=char",
+        "model=nano", "model.block_size=32", "data=files", f"data.path={corpus}", "data.tokenizer=char",
         f"data.data_dir={directory / 'data'}", "data.num_proc=1", f"runs_root={directory / 'runs'}",
         "batch_size=4", "max_iters=30", "eval_interval=10", "eval_iters=2", "optim.warmup_iters=5",
         "optim.learning_rate=1e-2", "optim.min_lr=1e-3",
         "logging.log_interval=1", "logging.progress=false", "logging.peak_flops=1e12", "device=cpu",
+        "recipe=gpt2",
     ]
 
 

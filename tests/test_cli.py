@@ -62,7 +62,7 @@ def test_an_override_is_refused_exactly_when_hydra_refuses_it(config_name, arg):
                                      "presets: gqa, mha, mqa"),
     ("train", "+uptraining=nope", "uptraining=nope: there is no preset conf/uptraining/nope.yaml"),
     ("train", "model=null", "model=null: model takes one of its presets: gpt2, micro, mini, nano, small"),
-    ("sample", "model=gpt2", "model is not a setting of SampleConfig; known: checkpoint, runs_root"),
+    ("sample", "model=gpt2", "model is not a setting of SampleConfig (did you mean model_path?); known: checkpoint, runs_root"),
     ("train", "seed=x=1", "seed=x=1: Hydra cannot read this value (mismatched input '=' expecting <EOF>); "
                           "quote it, e.g. \"seed='...'\""),
 ])

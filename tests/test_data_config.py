@@ -69,7 +69,7 @@ def test_presets_compose_into_valid_configs(preset):
 
 
 def test_default_composition_is_stdlib_and_overrides_apply():
-    assert OmegaConf.to_object(compose_data()) == DataConfig()
+    assert OmegaConf.to_object(compose_data()) == DataConfig(tokenizer="bpe", vocab_size=4096)
     cfg = OmegaConf.to_object(compose_data("data=files", "data.path=notes/*.md", "data.val_fraction=0.2"))
     assert (cfg.source, cfg.path, cfg.val_fraction) == ("files", "notes/*.md", 0.2)
 

@@ -368,7 +368,7 @@ def test_nested_and_section_names_are_checked_too():
     from conf import Config
     from conf.cli import unknown_setting
 
-    assert unknown_setting("optim.lr", Config).startswith("optim.lr is not a setting of OptimConfig; known: learning_rate")
+    assert unknown_setting("optim.lr", Config).startswith("optim.lr is not a setting of OptimConfig; known: name, learning_rate")
     assert unknown_setting("seed.x", Config) == "seed is a value, not a section: it has no x"
     assert unknown_setting("logging.wandb.mode", Config) is None and unknown_setting("model.n_kv_head", Config) is None
 
