@@ -44,7 +44,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 BASE = {"numpy": "2.5.2", "huggingface-hub": "1.33.0", "torch": "2.11.0", "triton": "3.6.0",
         "safetensors": "0.8.0", "tiktoken": "0.14.0", "tokenizers": "0.23.2", "transformers": "5.17.0",
         **dict.fromkeys(["pyarrow", "fsspec", "pandas", "filelock", "tqdm", "xxhash", "packaging", "pyyaml",
-                         "regex", "six", "requests", "aiohttp", "typing-extensions", "pytest"])}
+                         "regex", "six", "requests", "aiohttp", "typing-extensions", "pytest", "matplotlib"])}
 TARGET_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
                   "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
                   "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}

@@ -242,3 +242,21 @@ def test_every_package_tests_and_bench_import_is_declared_in_pyproject():
     undeclared = {name: distributions.get(name) for name in third_party
                   if not {canonicalize_name(d) for d in distributions.get(name, [])} & declared}
     assert undeclared == {}
+
+
+def test_the_gpu_check_installs_the_wheels_when_any_declared_package_they_carry_is_missing():
+    """bench/gpu_check.py installs .whl/ only when an import of NEEDED fails: each declared
+    package that gpu_wheels carries (hypothesis, pytest-xdist, hydra-core, ...) is one of them."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    from bench.gpu_check import NEEDED
+    from bench.gpu_wheels import PACKAGES
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {canonicalize_name(Requirement(line).name)
+                for line in [*project["dependencies"], *project["optional-dependencies"]["dev"]]}
+    carried = declared & {canonicalize_name(name) for name in PACKAGES}
+    distributions = packages_distributions()
+    checked = {canonicalize_name(d) for name in NEEDED for d in distributions.get(name, [])}
+    assert "hypothesis" in carried and carried - checked == set()
