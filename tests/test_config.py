@@ -87,7 +87,7 @@ def test_the_committed_reference_is_the_generated_one():
 def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
     config = load_config(compose_train())
     assert config == Config(model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096),
-                            optim=OptimConfig(name="muon"))
+                            optim=OptimConfig(name="muon", muon_lr=0.02))
     assert model_preset("mini", "recipe=modern") == replace(
         model_preset("mini"), position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, zero_init_proj=True,
         tie_embeddings=False, logit_softcap=15.0)
