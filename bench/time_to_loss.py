@@ -56,7 +56,6 @@ PIECES = {
     "qk_norm": ["model.qk_norm=false"],
     "zero_init": ["model.zero_init_proj=false"],
     "untied": ["model.tie_embeddings=true"],
-    "softcap": ["model.logit_softcap=null"],
     "muon": ["optim.name=adamw"],
 }
 CALIBRATION_STEPS = 30
@@ -85,6 +84,11 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[st
             if piece != "bpe" or modern_data:
                 table[f"modern - {piece}"] = [*table["modern"], *undo]
     return table
+
+
+def chosen_arms(args: argparse.Namespace) -> dict[str, list[str]]:
+    table = arms(args.corpus, args.leave_one_out, args.vocab_size)
+    return {arm: overrides for arm, overrides in table.items() if not args.arms or arm in args.arms}
 
 
 def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int,
@@ -141,8 +145,7 @@ def reach(run: Run, target: float) -> tuple[float, float] | None:
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
-    table = arms(args.corpus, args.leave_one_out, args.vocab_size)
-    table = {arm: overrides for arm, overrides in table.items() if not args.arms or arm in args.arms}
+    table = chosen_arms(args)
     steps = {}
     for arm, overrides in table.items():
         per_step = seconds_per_step(overrides, scratch / _slug(arm, "calibration"))
@@ -165,18 +168,18 @@ def summarise(runs: list[Run]) -> list[dict]:
     by_arm: dict[str, list[Run]] = {}
     for run in runs:
         by_arm.setdefault(run.arm, []).append(run)
-    target = mean_ci([r.final_bpb for r in by_arm["gpt2"]]).mean
+    target = mean_ci([r.final_bpb for r in by_arm["gpt2"]]).mean if "gpt2" in by_arm else None
     modern = [r.final_bpb for r in by_arm.get("modern", [])]
     rows = []
     for arm, arm_runs in by_arm.items():
-        reached = [reach(r, target) for r in arm_runs]
+        reached = [] if target is None else [reach(r, target) for r in arm_runs]
         hit = [x for x in reached if x is not None]
         rows.append({
             "arm": arm, "seeds": [r.seed for r in arm_runs], "steps": arm_runs[0].max_iters,
             "train_seconds": mean_ci([r.train_seconds for r in arm_runs]).__dict__,
             "final_bpb": mean_ci([r.final_bpb for r in arm_runs]).__dict__,
             "vs_modern": None if arm == "modern" or not modern else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
-            "reached": f"{len(hit)}/{len(reached)}", "target_bpb": target,
+            "reached": f"{len(hit)}/{len(reached)}" if reached else None, "target_bpb": target,
             "seconds_to_target": mean_ci([s for s, _ in hit]).__dict__ if hit else None,
             "tokens_to_target": mean_ci([t for _, t in hit]).__dict__ if hit else None,
         })
@@ -184,7 +187,7 @@ def summarise(runs: list[Run]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    gpt2_seconds = next(r for r in rows if r["arm"] == "gpt2")["train_seconds"]["mean"]
+    gpt2_seconds = next((r["train_seconds"]["mean"] for r in rows if r["arm"] == "gpt2"), None)
     lines = ["| arm | steps | train s | final val bits/byte | vs modern | reached target | s to target "
              "(share of GPT-2's) | tokens to target |", "|---|--:|--:|---|---|--:|---|--:|"]
     lines += [_row(r, gpt2_seconds) for r in rows]
@@ -197,7 +200,7 @@ def _row(r: dict, gpt2_seconds: float) -> str:
     to_text = "" if to is None else f"{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})"
     tokens_text = "" if tokens is None else f"{round(tokens['mean']):,}"
     return (f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
-            f"{vs_text} | {r['reached']} | {to_text} | {tokens_text} |")
+            f"{vs_text} | {r['reached'] or ''} | {to_text} | {tokens_text} |")
 
 
 def _slug(arm: str, suffix: object) -> str:
@@ -222,13 +225,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--leave-one-out", action="store_true", help="also the modern recipe without each piece")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
-    parser.add_argument("--arms", type=lambda s: s.split(","), help="only these arms (gpt2 is the target's)")
+    parser.add_argument("--arms", type=lambda s: s.split(","),
+                        help="only these arms (without gpt2, no target: the table compares final losses)")
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
     parser.add_argument("--eval-iters", type=int, default=20, help="val batches per evaluation (default: 20)")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
     args = parser.parse_args()
     record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,
-              "arms": arms(args.corpus, args.leave_one_out, args.vocab_size)}
+              "arms": chosen_arms(args)}
     print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
         runs = measure(args, Path(scratch))
