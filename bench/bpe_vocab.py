@@ -4,6 +4,7 @@ size, split pattern and training sample, against GPT-2's tokenizer on the same t
     python bench/bpe_vocab.py                                            # the stdlib corpus
     python bench/bpe_vocab.py --corpus /path/to/site-packages --vocab 8192 32768 --sample-mb 4 16 64 192
     python bench/bpe_vocab.py --corpus /path/to/site-packages --vocab 8192 --sample-mb 64 192 --repeat 3
+    python bench/bpe_vocab.py --vocab 4096 --patterns gptlab --seen no yes   # what seeing the held-out text is worth
 
 Corpus: `stdlib` is the default data corpus (the standard library's .py files and pydoc
 topics, as data/sources.py reads them); a directory means its .py files. Its documents are
@@ -16,13 +17,16 @@ same text), the training's seconds, and that process's peak RSS, of which the im
 take the `baseline` printed first. Patterns: `gptlab` is data/bpe.py's SPLIT_PATTERN,
 `gpt2` GPT-2's own (whitespace runs give their last space to the next word). With --repeat N
 each tokenizer is trained N times, each in its own process, and the sha256 of its
-tokenizer.json shows whether the runs agree.
+tokenizer.json shows whether the runs agree. With --seen yes a tokenizer also learns from the
+held-out documents (first), as `data.tokenizer=bpe` learns from the val split's documents too:
+its held-out figure against the `no` row's is what having seen the text is worth.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import multiprocessing
 import random
@@ -70,16 +74,17 @@ def split(docs: list[str]) -> tuple[list[str], list[str]]:
     return docs[len(held):], held
 
 
-def measure(corpus: str, vocab: int, pattern: str, sample_bytes: int) -> dict:
+def measure(corpus: str, vocab: int, pattern: str, sample_bytes: int, seen: bool = False) -> dict:
     """One tokenizer trained and measured; runs in a child process."""
     train, held = split(documents(corpus))
+    train = held + train if seen else train
     bpe.SPLIT_PATTERN = PATTERNS[pattern]
     start = time.perf_counter()
     tokenizer = bpe.train_bpe(bpe._leading_bytes(train, sample_bytes), vocab)
     seconds = time.perf_counter() - start
     held_bytes = sum(len(d.encode("utf-8")) for d in held)
     tokens = sum(len(tokenizer.encode_array(d)) for d in held)
-    return {"vocab": vocab, "pattern": pattern, "sample_mib": min(sample_bytes, _bytes(train)) / 2**20,
+    return {"vocab": vocab, "pattern": pattern, "seen": seen, "sample_mib": min(sample_bytes, _bytes(train)) / 2**20,
             "ids": tokenizer.vocab_size, "sha256": hashlib.sha256(tokenizer.json.encode("utf-8")).hexdigest(),
             "bytes_per_token": held_bytes / tokens, "train_seconds": seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -110,6 +115,8 @@ def main() -> None:
     parser.add_argument("--patterns", nargs="+", choices=sorted(PATTERNS), default=["gptlab", "gpt2"])
     parser.add_argument("--sample-mb", type=float, nargs="+", default=[bpe.TRAINING_SAMPLE_BYTES / 2**20],
                         help="MiB of training text each tokenizer learns from (default: data/bpe.py's)")
+    parser.add_argument("--seen", nargs="+", choices=("no", "yes"), default=["no"],
+                        help="whether tokenizers also learn from the held-out text (default: no)")
     parser.add_argument("--repeat", type=int, default=1, help="trainings of each tokenizer, to compare")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -117,16 +124,16 @@ def main() -> None:
     print(f"{args.corpus}: {reference['train_mib']:.1f} MiB to train on, {reference['held_out_mib']:.1f} MiB held out; "
           f"GPT-2's tokenizer: {reference['gpt2_bytes_per_token']:.3f} bytes/token; baseline RSS "
           f"{reference['peak_rss_mib']:.0f} MiB")
-    print(f"{'vocab':>6} {'pattern':<7} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} "
+    print(f"{'vocab':>6} {'pattern':<7} {'seen':<4} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} "
           f"{'peak RSS MiB':>12}  sha256")
     rows = []
     for vocab in args.vocab:
         for sample_mb in args.sample_mb:
-            for pattern in args.patterns:
+            for pattern, seen in itertools.product(args.patterns, args.seen):
                 for _ in range(args.repeat):
-                    rows.append(in_child(measure, args.corpus, vocab, pattern, int(sample_mb * 2**20)))
+                    rows.append(in_child(measure, args.corpus, vocab, pattern, int(sample_mb * 2**20), seen == "yes"))
                     r = rows[-1]
-                    print(f"{vocab:>6} {pattern:<7} {r['sample_mib']:>10.1f} {r['ids']:>6} {r['bytes_per_token']:>11.3f} "
+                    print(f"{vocab:>6} {pattern:<7} {seen:<4} {r['sample_mib']:>10.1f} {r['ids']:>6} {r['bytes_per_token']:>11.3f} "
                           f"{r['train_seconds']:>8.1f} {r['peak_rss_mib']:>12.0f}  {r['sha256'][:12]}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"provenance": provenance() | {"tokenizers": tokenizers.__version__},

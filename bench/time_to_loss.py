@@ -3,6 +3,7 @@
     python bench/time_to_loss.py                                  # the stdlib corpus, 2 recipes x 3 seeds
     python bench/time_to_loss.py --leave-one-out --seeds 1,2      # and the modern recipe without each piece
     python bench/time_to_loss.py --corpus shakespeare_char --budget-s 120
+    python bench/time_to_loss.py --seeds 1 --budget-s 60 --overrides model=gpt2 device=cuda precision=bf16
 
 How it is measured. Every arm is `python train.py recipe=<recipe> <overrides>` run as a
 child process on the same corpus, one after another, seeds outermost and arms interleaved
@@ -55,8 +56,6 @@ PIECES = {
     "relu2": ["model.mlp=gelu"],
     "qk_norm": ["model.qk_norm=false"],
     "zero_init": ["model.zero_init_proj=false"],
-    "untied": ["model.tie_embeddings=true"],
-    "muon": ["optim.name=adamw"],
 }
 CALIBRATION_STEPS = 30
 
@@ -88,7 +87,7 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[st
 
 def chosen_arms(args: argparse.Namespace) -> dict[str, list[str]]:
     table = arms(args.corpus, args.leave_one_out, args.vocab_size)
-    return {arm: overrides for arm, overrides in table.items() if not args.arms or arm in args.arms}
+    return {arm: [*overrides, *args.overrides] for arm, overrides in table.items() if not args.arms or arm in args.arms}
 
 
 def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int,
@@ -227,6 +226,8 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
     parser.add_argument("--arms", type=lambda s: s.split(","),
                         help="only these arms (without gpt2, no target: the table compares final losses)")
+    parser.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="train.py overrides for every arm, after the arm's own (a size, a device)")
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
     parser.add_argument("--eval-iters", type=int, default=20, help="val batches per evaluation (default: 20)")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")

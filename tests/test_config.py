@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, Config, OptimConfig, load_config, model_preset
+from conf import CONF_DIR, Config, load_config, model_preset
 from data import DataConfig
 from model import GPT, GPTConfig
 from model.rules import NOT_EMPTY, above, at_least, between, one_of
@@ -86,11 +86,9 @@ def test_the_committed_reference_is_the_generated_one():
 
 def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
     config = load_config(compose_train())
-    assert config == Config(model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096),
-                            optim=OptimConfig(name="muon", muon_lr=0.02))
+    assert config == Config(model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096))
     assert model_preset("mini", "recipe=modern") == replace(
-        model_preset("mini"), position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, zero_init_proj=True,
-        tie_embeddings=False)
+        model_preset("mini"), position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, zero_init_proj=True)
     # what train.yaml ran with before the dataclasses held its values
     assert (config.max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
     assert (config.optim.learning_rate, config.optim.min_lr) == (2e-3, 2e-4)

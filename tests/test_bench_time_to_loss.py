@@ -1,0 +1,80 @@
+"""bench/time_to_loss.py: its arms, how it reads training seconds and curves from metrics.jsonl,
+where a curve reaches the target, and the table, on hand-made records (no training)."""
+
+from dataclasses import asdict
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.time_to_loss import PIECES, Run, _train_seconds, arms, markdown, read_run, reach, summarise
+from conf import CONF_DIR, load_config
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return load_config(compose(config_name="train", overrides=list(overrides)))
+
+
+def test_each_piece_undoes_one_setting_of_the_modern_recipe_back_to_gpt2s():
+    modern, gpt2 = compose_config("recipe=modern"), compose_config("recipe=gpt2")
+    for piece, undo in PIECES.items():
+        if piece == "bpe":
+            continue
+        without = compose_config("recipe=modern", *undo)
+        changed = {f for f, v in asdict(without.model).items() if v != getattr(modern.model, f)}
+        changed |= {f"optim.{f}" for f, v in asdict(without.optim).items() if f == "name" and v != modern.optim.name}
+        assert len(changed) == 1, (piece, changed)  # a piece the recipe does not set would change nothing
+        field = changed.pop()
+        section, name = ("optim", "name") if field.startswith("optim.") else ("model", field)
+        assert getattr(getattr(without, section), name) == getattr(getattr(gpt2, section), name), piece
+
+
+def test_leave_one_out_has_an_arm_per_piece_and_a_character_corpus_keeps_its_tokenizer():
+    table = arms("stdlib", leave_one_out=True, vocab_size=4096)
+    assert set(table) == {"gpt2", "modern", *(f"modern - {p}" for p in PIECES)}
+    assert table["modern - rope"] == [*table["modern"], "model.position=learned"]
+    assert "data.vocab_size=4096" in table["modern"] and "data.tokenizer=gpt2" in table["gpt2"]
+    char = arms("shakespeare_char", leave_one_out=True, vocab_size=4096)
+    assert "modern - bpe" not in char and not any("tokenizer" in o for o in char["modern"])
+
+
+def records(windows, evals):
+    """metrics.jsonl: train windows (tokens so far, tok/s) and evaluations (tokens, val bpb) in order."""
+    out = [{"kind": "eval", "step": 0, "tokens": 0, "val_bpb": 4.0}]
+    for (tokens, rate), (eval_tokens, bpb) in zip(windows, evals):
+        out.append({"kind": "train", "step": tokens // 100, "tokens": tokens, "tok_per_s": rate})
+        out.append({"kind": "eval", "step": eval_tokens // 100, "tokens": eval_tokens, "val_bpb": bpb})
+    return out
+
+
+def test_training_seconds_add_each_windows_tokens_over_its_rate_and_skip_evaluation():
+    recs = records([(1000, 100.0), (3000, 400.0)], [(1000, 3.0), (3000, 2.0)])
+    assert _train_seconds(recs) == [0.0, 10.0, 10.0, 15.0, 15.0]
+    run = read_run("modern", 1, 30, recs)
+    assert run.curve == [(0.0, 0, 4.0), (10.0, 1000, 3.0), (15.0, 3000, 2.0)]
+    assert (run.train_seconds, run.tokens, run.final_bpb) == (15.0, 3000, 2.0)
+
+
+def test_reach_interpolates_between_evaluations_and_says_never():
+    run = Run("modern", 1, 30, curve=[(0.0, 0, 4.0), (10.0, 1000, 3.0), (20.0, 3000, 2.0)])
+    assert reach(run, 2.5) == pytest.approx((15.0, 2000.0))
+    assert reach(run, 3.0) == pytest.approx((10.0, 1000.0))
+    assert reach(run, 1.9) is None
+    assert reach(run, 4.5) == (0.0, 0)  # below the target before training
+
+
+def test_the_table_targets_gpt2s_mean_final_loss_and_pairs_arms_with_modern_by_seed():
+    def run(arm, seed, final):
+        return Run(arm, seed, 30, train_seconds=20.0, tokens=3000,
+                   final_bpb=final, curve=[(0.0, 0, 4.0), (20.0, 3000, final)])
+
+    runs = [run("gpt2", 1, 3.0), run("modern", 1, 2.0), run("gpt2", 2, 3.2), run("modern", 2, 2.4)]
+    rows = {r["arm"]: r for r in summarise(runs)}
+    assert rows["gpt2"]["target_bpb"] == pytest.approx(3.1)
+    assert rows["modern"]["reached"] == "2/2" and rows["gpt2"]["reached"] == "1/2"
+    assert rows["gpt2"]["vs_modern"]["difference"]["mean"] == pytest.approx(0.9)  # positive: modern is lower
+    # modern reaches 3.1 at 4.0 - 3.1 = 0.9 of the way down to 2.0, and 0.9/1.6 of the way to 2.4
+    assert rows["modern"]["seconds_to_target"]["mean"] == pytest.approx(20 * (0.9 / 2.0 + 0.9 / 1.6) / 2)
+    assert "| modern | 30 | 20 |" in markdown(list(rows.values()))
+    without_target = summarise([r for r in runs if r.arm == "modern"])
+    assert without_target[0]["reached"] is None and "| modern |" in markdown(without_target)
