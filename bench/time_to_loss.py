@@ -19,7 +19,8 @@ The target is the GPT-2 recipe's final validation bits per byte (mean over seeds
 every run the time and tokens to reach it are read off its evaluation curve (linear
 between evaluations; none if it never gets there). The table gives means with 95%
 Student's t intervals over seeds; with --leave-one-out, each piece's row is the modern
-recipe without it, and its paired difference to the full recipe says what it buys.
+recipe without it ("modern - rope"), or with a speedrun piece it leaves out ("modern + muon"),
+and its paired difference to the recipe says what the piece buys.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ PIECES = {
     "qk_norm": ["model.qk_norm=false"],
     "zero_init": ["model.zero_init_proj=false"],
 }
+# The speedrun's pieces the recipe leaves out, each the overrides that add it back.
+CANDIDATES = {
+    "muon": ["optim.name=muon"],
+    "untied": ["model.tie_embeddings=false"],
+    "softcap": ["model.logit_softcap=15"],
+}
 CALIBRATION_STEPS = 30
 
 
@@ -82,6 +89,8 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[st
         for piece, undo in PIECES.items():
             if piece != "bpe" or modern_data:
                 table[f"modern - {piece}"] = [*table["modern"], *undo]
+        for piece, add in CANDIDATES.items():
+            table[f"modern + {piece}"] = [*table["modern"], *add]
     return table
 
 
@@ -203,7 +212,7 @@ def _row(r: dict, gpt2_seconds: float) -> str:
 
 
 def _slug(arm: str, suffix: object) -> str:
-    return f"{arm.replace(' - ', '_minus_')}_{suffix}"
+    return f"{arm.replace(' - ', '_minus_').replace(' + ', '_plus_')}_{suffix}"
 
 
 def _ci(e: dict, digits: int = 4) -> str:
@@ -222,7 +231,8 @@ def main() -> None:
     parser.add_argument("--corpus", choices=tuple(CORPORA), default="stdlib")
     parser.add_argument("--budget-s", type=float, default=300.0, help="training seconds per run (default: 300)")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
-    parser.add_argument("--leave-one-out", action="store_true", help="also the modern recipe without each piece")
+    parser.add_argument("--leave-one-out", action="store_true",
+                        help="also the modern recipe without each piece, and with each piece it leaves out")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
     parser.add_argument("--arms", type=lambda s: s.split(","),
                         help="only these arms (without gpt2, no target: the table compares final losses)")

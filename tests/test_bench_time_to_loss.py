@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.time_to_loss import PIECES, Run, _train_seconds, arms, markdown, read_run, reach, summarise
+from bench.time_to_loss import CANDIDATES, PIECES, Run, _train_seconds, arms, markdown, read_run, reach, summarise
 from conf import CONF_DIR, load_config
 
 
@@ -15,23 +15,35 @@ def compose_config(*overrides: str):
         return load_config(compose(config_name="train", overrides=list(overrides)))
 
 
+def changed_settings(config, reference) -> dict[str, object]:
+    return {f"{section}.{name}": value for section in ("model", "optim")
+            for name, value in asdict(getattr(config, section)).items() if value != getattr(getattr(reference, section), name)}
+
+
 def test_each_piece_undoes_one_setting_of_the_modern_recipe_back_to_gpt2s():
     modern, gpt2 = compose_config("recipe=modern"), compose_config("recipe=gpt2")
     for piece, undo in PIECES.items():
-        if piece == "bpe":
-            continue
-        without = compose_config("recipe=modern", *undo)
-        changed = {f for f, v in asdict(without.model).items() if v != getattr(modern.model, f)}
-        changed |= {f"optim.{f}" for f, v in asdict(without.optim).items() if f == "name" and v != modern.optim.name}
-        assert len(changed) == 1, (piece, changed)  # a piece the recipe does not set would change nothing
-        field = changed.pop()
-        section, name = ("optim", "name") if field.startswith("optim.") else ("model", field)
-        assert getattr(getattr(without, section), name) == getattr(getattr(gpt2, section), name), piece
+        if piece != "bpe":
+            changed = changed_settings(compose_config("recipe=modern", *undo), modern)
+            assert len(changed) == 1, (piece, changed)  # a piece the recipe does not set would change nothing
+            [(key, value)] = changed.items()
+            section, name = key.split(".")
+            assert value == getattr(getattr(gpt2, section), name), piece
+
+
+def test_each_candidate_adds_one_setting_the_modern_recipe_leaves_at_gpt2s():
+    modern, gpt2 = compose_config("recipe=modern"), compose_config("recipe=gpt2")
+    for piece, add in CANDIDATES.items():
+        changed = changed_settings(compose_config("recipe=modern", *add), modern)
+        assert len(changed) == 1, (piece, changed)  # one the recipe already has would change nothing
+        [key] = changed
+        section, name = key.split(".")
+        assert getattr(getattr(modern, section), name) == getattr(getattr(gpt2, section), name), piece
 
 
 def test_leave_one_out_has_an_arm_per_piece_and_a_character_corpus_keeps_its_tokenizer():
     table = arms("stdlib", leave_one_out=True, vocab_size=4096)
-    assert set(table) == {"gpt2", "modern", *(f"modern - {p}" for p in PIECES)}
+    assert set(table) == {"gpt2", "modern", *(f"modern - {p}" for p in PIECES), *(f"modern + {p}" for p in CANDIDATES)}
     assert table["modern - rope"] == [*table["modern"], "model.position=learned"]
     assert "data.vocab_size=4096" in table["modern"] and "data.tokenizer=gpt2" in table["gpt2"]
     char = arms("shakespeare_char", leave_one_out=True, vocab_size=4096)
