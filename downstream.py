@@ -28,10 +28,9 @@ from omegaconf import DictConfig
 
 from conf.cli import check_overrides, options_first
 from conf.downstream_config import DownstreamConfig, load_downstream_config
+from evaluation import NO_HARNESS
 from evaluation.results import write_results
 from system import UserError, exits
-
-NO_HARNESS = 'downstream tasks need EleutherAI\'s lm-evaluation-harness: pip install -e ".[eval]"'
 
 
 @hydra.main(config_path="conf", config_name="downstream", version_base=None)
@@ -50,7 +49,10 @@ def evaluate(config: DownstreamConfig) -> Path:
     except ImportError as err:
         raise UserError(NO_HARNESS) from err
     from evaluation.lm import GptlabLM
+    from evaluation.tasks import check_include_path
 
+    if config.include_path:  # before the model loads: the harness would only say its tasks are not found
+        check_include_path(config.include_path, "include_path=")
     model = GptlabLM(checkpoint=config.checkpoint, runs_root=config.runs_root, device=config.device,
                      dtype=config.dtype, weights=config.weights, batch_size=config.batch_size)
     print(f"evaluating {model.checkpoint.path} on {', '.join(config.tasks)}", file=sys.stderr)

@@ -216,7 +216,7 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
              f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
              "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
              "from the config.", "",
-             "| model | layout | KV cache bytes/token | KV cache MB (one full context) | " +
+             "| model | layout | KV cache bytes/token | KV cache MiB (one full context) | " +
              " | ".join(f"tok/s b={b} {length}" for b in DECODE_BATCHES for length in ("short", "long")) + " |",
              "|---|---|---|---|" + "---|" * 2 * len(DECODE_BATCHES)]
     panels = []

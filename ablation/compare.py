@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ablation.fairness import check_against_baseline, check_seeds_alike
+from ablation.fairness import check_against_baseline, check_independent, check_seeds_alike
 from ablation.runs import GPT2_BLOCK, Arm, Run
 from ablation.stats import Comparison, Estimate, holm, mean_ci, paired_difference, verdict, welch_difference
 
@@ -72,6 +72,7 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
         comparison = None
         if arm is not base:
             check_against_baseline(arm, base)
+            check_independent(arm, base)
             comparison = difference(base.at_tokens(tokens), base.seeds, losses, arm.seeds)
         rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None, left_out,
                            missing))

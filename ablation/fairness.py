@@ -7,7 +7,9 @@ the same data with the same tokenizer. The seeds of one arm differ in their seed
 Arms under their default names (kv<n>, as the attention experiments name them) differ
 from the baseline only in ARM_SETTINGS: the attention layout and the budget. An arm
 given a name of its own (arm=NAME) may change anything else, and the report lists
-what it changes. Anything else is refused, naming the runs, the settings and both values.
+what it changes. An arm with the baseline's settings (a null check) must run seeds the
+baseline did not: under a baseline seed it would rerun the baseline's own run. Anything
+else is refused, naming the runs, the settings and both values.
 The block (model.position, norm, mlp; ablation/runs.py's shape) is part of the group, as
 the model's size is: runs of two blocks are two groups, each with its own baseline, so
 their block settings are never a difference here.
@@ -28,6 +30,7 @@ NOT_COMPARED = frozenset({
 NOT_COMPARED_PREFIXES = ("logging.",)
 ARM_SETTINGS = ("arm", "model.n_kv_head", "match_mha_flops", "tokens_per_param")  # what a kv<n> arm may change
 DATA_PREFIXES = ("data.", "tokenizer.")
+NUMERICS = ("device", "compile")  # not compared, yet another value computes other numbers from one seed
 SHOWN_CHARS = 40  # of a tokenizer's description (its characters, say) in a message; other values in full
 
 
@@ -80,6 +83,22 @@ def check_against_baseline(arm: Arm, baseline: Arm) -> None:
             f"{baseline.name}) in {_listed(differ)}: arms under their default names kv<n> may differ only in "
             f"{', '.join(ARM_SETTINGS)} and seed; give a deliberate change an arm name of its own (arm=NAME), or "
             "move the run out of the sweep directory")
+
+
+def check_independent(arm: Arm, baseline: Arm) -> None:
+    """Refuse an arm with a run under one of the baseline's seeds and the baseline's
+    settings (a null arm that reran a baseline seed): the same settings and seed train the
+    same model, so a test would count the baseline's own run on both sides."""
+    twins = {run.seed: run for run in baseline.runs}
+    for run in arm.runs:
+        twin = twins.get(run.seed)
+        if twin is not None and not differences(run, twin, ("arm",)) and all(
+                run.settings.get(key) == twin.settings.get(key) for key in NUMERICS):
+            free = max(arm.seeds + baseline.seeds) + 1
+            raise UserError(
+                f"{run.path} (arm {arm.name}, seed {run.seed}) is the baseline's run {twin.path} again: the same "
+                f"settings under the same seed train the same model, so it is no independent sample; move it out of "
+                f"the sweep directory and run arm {arm.name} under seeds the baseline did not run (seed={free})")
 
 
 def changes(arm: Arm, baseline: Arm) -> str:

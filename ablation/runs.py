@@ -23,7 +23,7 @@ from training.checkpoint import (
     CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint, load_weights,
 )
 from training.logger import METRICS, read_metrics
-from training.run_dir import RUN_CONFIG, read_run_yaml
+from training.run_dir import RUN_CONFIG, logged_a_save, read_run_yaml
 
 
 @dataclass
@@ -212,7 +212,7 @@ def _no_checkpoint(run_dir: Path) -> str | None:
     """Why a run directory has no checkpoint to read, or None if it has one."""
     if has_checkpoint(run_dir):
         return None
-    if (run_dir / METRICS).is_file() and any(r["kind"] == "eval" and r.get("step", 0) > 0 for r in read_metrics(run_dir)):
+    if logged_a_save(run_dir):
         return f"its checkpoints are gone (its {METRICS} has evaluations past step 0, each followed by a save)"
     return "it has no checkpoint: the run stopped before its first, or is still running"
 

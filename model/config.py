@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,8 +45,8 @@ class GPTConfig:
     """Widen the MLP by what smaller key/value projections save, so GQA/MQA match MHA's size."""
     position: str = setting("learned", one_of(*POSITIONS))
     """learned: GPT-2's position table (wpe); rope: rotary embeddings on queries and keys, as in Llama."""
-    rope_base: float = setting(10000.0, above(0))
-    """Base of rotary's frequencies (Llama's rope_theta); used when position is rope."""
+    rope_base: float = setting(10000.0, between(0, math.inf, "()"))
+    """Base of rotary's frequencies (Llama's rope_theta); read only when position is rope."""
     norm: str = setting("layernorm", one_of(*NORMS))
     """layernorm: GPT-2's LayerNorm; rmsnorm: RMSNorm with a weight only, as in Llama."""
     mlp: str = setting("gelu", one_of(*MLPS))
@@ -73,6 +74,9 @@ class GPTConfig:
                 f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
                 "each key/value head serves an equal group of query heads"
             )
+        if self.position != "rope" and self.rope_base != GPTConfig.rope_base:  # it would be ignored without a word
+            raise ValueError(f"GPTConfig.rope_base ({self.rope_base:g}) is read only when position is rope, and "
+                             f"position is {self.position}: set position=rope too, or leave rope_base unset")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(
                 f"GPTConfig.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "

@@ -14,6 +14,8 @@ int16), so a later .to(dtype) or .half() changes the activations but never the f
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,11 +25,14 @@ from .memory import huge_page_zeros
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 INT8_MAX = 127  # symmetric: -127..127, so a channel's scale is its largest |weight| / 127
-# torch's CPU int8 kernel reads each row in whole blocks: on an AVX2 CPU a row of 88 or 40
-# int8 weights gives wrong products, with no error. Int8Linear pads its rows with zeros to a
-# multiple of this (32 also covers AVX512's 16-lane vectors); GPT-2's widths need none,
-# a SwiGLU width such as mini's 344 does.
-INT8_ROW_MULTIPLE = 32
+# torch's CPU int8 kernel (_weight_int8pack_mm) steps through a row one vector of fp32 lanes
+# at a time, with aligned loads, and so reads past the end of a row that is not a whole number
+# of vectors: wrong products or a segfault, with no error. Its vectors hold 16 lanes on
+# AVX-512 CPUs and 8 on AVX2 and ARM (NEON). Int8Linear pads its rows (and inputs) with zeros
+# to a multiple of every one, so one layout is right on any CPU: GPT-2's widths need none; an
+# n_embd of 40 (padded to 48) or a SwiGLU width such as mini's 344 (to 352) does.
+INT8_KERNEL_LANES = {"AVX512": 16, "AVX2": 8, "NEON": 8}
+INT8_ROW_MULTIPLE = math.lcm(*INT8_KERNEL_LANES.values())
 
 
 def to_weight_format(model: GPT, weights: str) -> GPT:

@@ -21,8 +21,11 @@ from ablation.runs import group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
 from evaluation.results import write_results
+from system import UserError
 
 from conftest import tiny_config, training_overrides
+
+DOCS = CONF_DIR.parent / "docs"
 
 SEEDS = (1, 2, 3)
 
@@ -140,6 +143,29 @@ def test_a_null_arm_shows_no_difference_and_a_planted_one_is_significant(sweep_d
                      r"or more 80% of the time", text)
     assert re.search(r"slow: MHA \(4 kv heads\) vs MHA \(4 kv heads\): \+\d\.\d{3} nats .*paired t-test, 3 seeds\): worse", text)
     assert planted.comparison.p_adjusted < 0.05 and planted.comparison.family == 5  # worse after Holm's adjustment too
+
+
+def test_a_null_arm_that_reran_a_baseline_seed_is_refused(sweep_dir):
+    """A null arm (the baseline's settings under another name) run under one of the baseline's
+    seeds trains the baseline's own run again; its independent seeds 4-6 are compared."""
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    again = next(a for a in arms if a.name == "again")
+    own = baseline.runs[0]  # what `arm=again seed=1` trains, bit for bit
+    rerun = replace(own, path=sweep_dir / "again_seed1", settings=dict(own.settings, arm="again"))
+    with pytest.raises(UserError, match=rf"^{re.escape(str(rerun.path))} \(arm again, seed 1\) is the baseline's run "
+                                        rf"{re.escape(str(own.path))} again: .* did not run \(seed=7\)$"):
+        results([baseline, replace(again, runs=[rerun, *again.runs])], baseline)
+    compiled = replace(rerun, settings=dict(rerun.settings, compile=not own.settings["compile"]))  # other numerics
+    assert results([baseline, replace(again, runs=[compiled, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
+
+
+def test_the_documented_null_check_runs_seeds_the_sweep_does_not():
+    text = (DOCS / "ablation.md").read_text() + (DOCS / "ablation_results.md").read_text()
+    commands = re.findall(r"arm=mha_again [^\n]*", text)
+    assert commands
+    for command in commands:
+        seeds = set(re.search(r" seed=([\d,]+) ", command).group(1).split(","))
+        assert not seeds & set(sweep_params("attention_ablation")["seed"]), command
 
 
 def test_the_table_holds_each_arms_mean_and_ci_over_its_seeds(sweep_dir, written):
@@ -276,6 +302,9 @@ def test_report_writes_every_section_and_plot(written):
     for image in images:
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| random weights (2 layers x 32, context 3 / 46) | MQA (1 kv heads) | 128 |" in text
+    # The trained MHA model: K and V, 2 layers x 64 fp32 values, 1,024 bytes a token, over its context of 32.
+    assert "| KV cache bytes/token | KV cache MiB (one full context) |" in text
+    assert f"| MHA (4 kv heads) | 1,024 | {32 * 1024 / 2**20:.3f} |" in text  # 0.031 MiB; 0.033 would be MB
 
 
 def test_the_report_gives_each_downstream_task_with_its_paired_difference(written):

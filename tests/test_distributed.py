@@ -1,19 +1,26 @@
-"""DDP on the CPU: two gloo processes launched by torchrun, against one process."""
+"""DDP on the CPU: two gloo processes launched by torchrun, against one process; and the
+random streams of a run resumed on another number of processes."""
 
 import os
+import random
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from conf import Config
 from model import GPT
-from training.checkpoint import find_checkpoint, load_checkpoint
+from training.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from training.distributed import Ranks
 from training.evaluate import Evaluator
 from training.logger import read_metrics
-from training.runtime import resolve_precision
+from training.optim import build_optimizer
+from training.run_dir import restore
+from training.runtime import resolve_precision, rng_state, set_rng_state
 
 from conftest import tiny_config, training_overrides
 
@@ -97,6 +104,51 @@ def test_ranks_draw_different_dropout_masks_and_resume_their_own_streams(runs, t
     assert not torch.equal(streams[0]["torch"], streams[1]["torch"])  # each rank its own dropout masks
     train_losses = [[r["loss"] for r in read_metrics(d) if r["kind"] == "train"] for d in (straight, interrupted)]
     assert train_losses[0] == train_losses[1] and len(train_losses[0]) == 4  # each rank resumed its own stream
+
+
+# --- a resume on another number of processes: fresh streams, from the right seed --------------------
+
+def saved_by_processes(run_dir, processes):
+    """A checkpoint at step 5 whose state holds `processes` ranks' random streams."""
+    model = GPT(tiny_config())
+    state = {"step": 5, "best_val_loss": 2.0, "scaler": {}, "rng": [rng_state(CPU)] * processes,
+             "optimizer": build_optimizer(model, Config().optim, "cpu").state_dict()}
+    config = {"model": asdict(model.config), "data": {"name": "test"}, "tokenizer": {"name": "char"}}
+    return load_checkpoint(save_checkpoint(run_dir, 5, model, config, state))
+
+
+def first_draws(checkpoint, rank, world_size, **settings):
+    """What torch, numpy and Python's random draw first after restoring checkpoint on rank
+    `rank` of world_size under the settings."""
+    config, model = Config(**settings), GPT(checkpoint.model_config)
+    scaler = resolve_precision("fp32", CPU).grad_scaler()
+    restore(checkpoint, model, build_optimizer(model, config.optim, "cpu"), scaler, config, Ranks(rank, rank, world_size), CPU)
+    return torch.rand(1).item(), float(np.random.rand()), random.random()
+
+
+def draws_after_seeding(seed):
+    return (torch.rand(1, generator=torch.Generator().manual_seed(seed)).item(),
+            float(np.random.RandomState(seed).rand()), random.Random(seed).random())
+
+
+@pytest.mark.parametrize("saved_by, world_size", [(2, 1), (1, 2)])
+def test_a_resume_on_another_number_of_processes_reseeds_every_stream_from_the_weights_seed(
+        tmp_path, saved_by, world_size):
+    """The saved streams do not fit, so each rank seeds torch, numpy and Python afresh from
+    (the seed of weights and dropout, its rank, the step): seed_scope=data leaves that seed
+    at 0 whatever `seed` is, seed_scope=weights makes it `seed`."""
+    checkpoint = saved_by_processes(tmp_path, saved_by)
+    kept = rng_state(CPU)
+    try:
+        for rank in range(world_size):
+            expected = {seed: draws_after_seeding(int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0]))
+                        for seed in (0, 7)}
+            assert first_draws(checkpoint, rank, world_size, seed=7, seed_scope="data") == expected[0]
+            assert first_draws(checkpoint, rank, world_size, seed=8, seed_scope="data") == expected[0]
+            assert first_draws(checkpoint, rank, world_size, seed=7, seed_scope="weights") == expected[7]
+            assert first_draws(checkpoint, rank, world_size, seed=7, seed_scope="all") == expected[7]
+    finally:
+        set_rng_state(kept, CPU)
 
 
 def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):

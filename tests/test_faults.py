@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 
 import train
 from conf import CONF_DIR
@@ -32,6 +33,14 @@ REPO = Path(__file__).resolve().parents[1]
 def composed(*overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return compose(config_name="train", overrides=list(overrides))
+
+
+def as_command(*overrides):
+    """The config of `train.py *overrides`, with Hydra's record of the command line that resume reads."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
 
 
 def train_cli(*args, cwd, processes=1):
@@ -111,6 +120,46 @@ def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_chec
     train.train(composed(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={run_dir}"))
     assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]  # one run's log
     assert "batch_size: 4" in (run_dir / "config.yaml").read_text()  # the new run's settings
+
+
+@pytest.mark.parametrize("max_iters", [4, 2])  # the first save past step 0 mid-run, or the run's last
+def test_a_signal_that_cuts_the_first_save_short_says_what_resume_then_does(train_overrides, tmp_path, monkeypatch,
+                                                                           max_iters):
+    """Ctrl-C twice just after the first evaluation past step 0: its record is logged, its save cut short."""
+    run_dir = tmp_path / "run"
+
+    def second_signal(*args, **kwargs):
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(ckpt, "save_file", second_signal)
+    with pytest.raises(Interrupted) as stop:
+        train.train(composed(*train_overrides, f"max_iters={max_iters}", "eval_interval=2", f"out_dir={run_dir}"))
+    monkeypatch.undo()
+    assert steps_logged(run_dir)[-1] == ("eval", 2) and not ckpt.has_checkpoint(run_dir)
+    if max_iters == 4:  # the log cannot be a finished run's: resume starts it afresh, as it said
+        assert str(stop.value) == f"SIGINT: stopped before the first checkpoint; resume={run_dir} starts the run afresh"
+        train.train(composed(f"resume={run_dir}"))
+        assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3),
+                                         ("train", 4), ("eval", 4)]  # one run's log, not two
+    else:  # the log reads as a finished run whose checkpoints were deleted: resume refuses, as it said
+        assert str(stop.value) == (f"SIGINT: no checkpoint is left, and its metrics.jsonl reads as a run that saved "
+                                   f"one, so resume={run_dir} refuses it: train into another out_dir, or delete "
+                                   f"{run_dir} to run it again there")
+        with pytest.raises(ValueError, match="held a run that saved checkpoints .* and they are gone"):
+            train.train(composed(f"resume={run_dir}"))
+
+
+@pytest.mark.parametrize("override", ["seed_scope=weights", "seed=7"])
+def test_a_resume_that_changes_what_the_seeds_meant_is_refused(finished_run, override):
+    key, value = override.split("=")
+    saved = yaml.safe_load((finished_run / "config.yaml").read_text())
+    with pytest.raises(ValueError) as refused:
+        resolve_resume(as_command(f"resume={finished_run}", override, "max_iters=4"))
+    assert str(refused.value) == (f"cannot apply {override} when resuming {finished_run}: it was started with "
+                                  f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)")
+    same = as_command(f"resume={finished_run}", f"seed={saved['seed']}", f"seed_scope={saved['seed_scope']}",
+                      "max_iters=4")  # the original command again, with a new end
+    assert resolve_resume(same)[0].max_iters == 4
 
 
 def test_a_full_disk_while_saving_ends_the_run_with_one_message_and_keeps_the_log(train_overrides, monkeypatch):

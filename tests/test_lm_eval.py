@@ -5,7 +5,7 @@ pass, and against log-probabilities summed by hand."""
 
 import json
 from dataclasses import asdict
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import pytest
@@ -80,6 +80,20 @@ def gqa(runs):
     return GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", batch_size=8)
 
 
+@pytest.fixture(scope="module")
+def harness_hf(runs, tmp_path_factory):
+    """The harness's `hf` model on the transformers export of a run (GPT2LMHeadModel for
+    MHA, GPTBigCodeForCausalLM for MQA), made once per layout."""
+    root = tmp_path_factory.mktemp("hf")
+
+    @cache
+    def model_of(layout):
+        export.main([str(runs[layout]), str(root / layout)])
+        return get_model("hf")(pretrained=str(root / layout), device="cpu", dtype="float32")
+
+    return model_of
+
+
 def evaluate(model, tasks, names, **model_args):
     return lm_eval.simple_evaluate(model=model, model_args=model_args or None, tasks=names, task_manager=tasks,
                                    log_samples=True, verbosity="ERROR")
@@ -93,11 +107,9 @@ def responses(result, task):
 
 
 @pytest.mark.parametrize("layout", ["MHA", "MQA"])
-def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(runs, tasks, tmp_path, layout):
-    export.main([str(runs[layout]), str(tmp_path / "hf")])  # GPT2LMHeadModel or GPTBigCodeForCausalLM
+def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(runs, tasks, harness_hf, layout):
     ours = evaluate("gptlab", tasks, [CHOICE, PASSAGES], checkpoint=str(runs[layout]), device="cpu")
-    theirs = evaluate("hf", tasks, [CHOICE, PASSAGES], pretrained=str(tmp_path / "hf"), device="cpu",
-                      dtype="float32")
+    theirs = evaluate(harness_hf(layout), tasks, [CHOICE, PASSAGES])
     for (our_logprob, our_greedy), (logprob, greedy) in zip(responses(ours, CHOICE), responses(theirs, CHOICE),
                                                             strict=True):
         assert our_logprob == pytest.approx(logprob, abs=1e-4) and our_greedy == greedy
@@ -249,3 +261,27 @@ def test_the_gpt2_ablation_scores_hellaswag_after_each_run():
         cfg = compose("train", ["experiment=attention_ablation_gpt2"], return_hydra_config=True)
     callback = instantiate(cfg.hydra.callbacks.downstream)
     assert isinstance(callback, DownstreamAfterTraining) and callback.settings["tasks"] == ["hellaswag"]
+
+
+def test_a_request_longer_than_the_context_is_cut_as_the_harness_hf_model_cuts_it(runs, harness_hf):
+    """Both keep the last block_size + 1 tokens of context + continuation; the harness's
+    `hf` model on the transformers export of the same weights is the reference."""
+    ours, theirs = GptlabLM(checkpoint=str(runs["MHA"]), device="cpu"), harness_hf("MHA")
+    pairs = [(LONG_TEXT, " and more."), (LONG_TEXT[:400], LONG_TEXT[400:550])]  # continuations of 3 and ~30 tokens
+    assert all(len(ours.tok_encode(context + continuation)) > BLOCK + 1 for context, continuation in pairs)
+    expected = theirs.loglikelihood(requests("loglikelihood", pairs))
+    actual = ours.loglikelihood(requests("loglikelihood", pairs))
+    assert [logprob for logprob, _ in actual] == pytest.approx([logprob for logprob, _ in expected], abs=1e-4)
+    assert [greedy for _, greedy in actual] == [greedy for _, greedy in expected]
+
+
+@pytest.mark.parametrize("tokenizer, start", [(GPT2, 50256), ({"name": "char", "chars": "ab \n", "eot": False}, 3)])
+def test_an_empty_context_generates_from_endoftext_or_else_a_newline(tmp_path, tokenizer, start):
+    """As sample.py does with an empty prompt: <|endoftext|>, or the newline of a char
+    tokenizer that has no <|endoftext|> (its id 3 here)."""
+    vocab = load_tokenizer(tokenizer).vocab_size
+    model = randomized(GPT(GPTConfig(**{**SHAPE, "vocab_size": vocab})), seed=4)
+    lm = GptlabLM(checkpoint=str(save_run(tmp_path / "run", model, tokenizer)), device="cpu")
+    (tokens,) = generate(lm.model, [[start]], 12, Sampling(temperature=0.0), vocab_size=vocab)
+    expected = lm.text_tokenizer.decode(tokens)
+    assert lm.generate_until(requests("generate_until", [("", {"until": [], "max_gen_toks": 12})])) == [expected]

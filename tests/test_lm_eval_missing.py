@@ -1,7 +1,9 @@
 """downstream.py without the `eval` extra (one line that says how to install it), its
 settings, and its commands in the guide."""
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,14 +15,29 @@ import downstream
 from conf import CONF_DIR
 from conf.cli import check_overrides, options_first
 from conf.downstream_config import DownstreamConfig, load_downstream_config
+from evaluation import NO_HARNESS
 from evaluation.after_training import DownstreamAfterTraining
 from test_docs import COMMANDS
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_without_the_harness_downstream_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # what `import lm_eval` meets when it is not installed
     with pytest.raises(downstream.UserError, match=r'pip install -e "\.\[eval\]"'):
         downstream.evaluate(DownstreamConfig(checkpoint="runs/none", tasks=["hellaswag"]))
+
+
+@pytest.mark.parametrize("command", [
+    "runpy.run_module('evaluation', run_name='__main__')",  # python -m evaluation --tasks hellaswag
+    "runpy.run_path('downstream.py', run_name='__main__')",  # python downstream.py checkpoint=runs/none tasks=[...]
+])
+def test_without_the_harness_each_command_ends_in_one_line(command, tmp_path):
+    args = ["--tasks", "hellaswag"] if "evaluation" in command else ["checkpoint=runs/none", "tasks=[hellaswag]",
+                                                                     f"hydra.run.dir={tmp_path}"]
+    code = f"import runpy, sys; sys.modules['lm_eval'] = None; sys.argv[1:] = {args!r}; {command}"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (1, f"error: {NO_HARNESS}\n")
 
 
 def test_an_empty_task_list_is_refused_by_name():

@@ -63,6 +63,25 @@ def test_the_section_shows_accuracies_in_percent(arms):
     assert "arc_easy" not in section and "| arm | seeds | hellaswag acc_norm |" in section
 
 
+def table_cells(section: str) -> dict[str, dict[str, str]]:
+    """arm label -> column name -> the cell's text, read from the printed table."""
+    lines = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    split = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    header, rows = split[0], split[1:]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+
+
+def test_the_printed_table_holds_each_p_value_and_its_holm_adjustment(arms):
+    cells = table_cells(downstream_section(arms, arms[0]))
+    paired = stats.ttest_rel(MQA, MHA).pvalue  # 0.026: the smaller of 2, so Holm doubles it
+    welch = stats.ttest_ind(GQA, MHA, equal_var=False).pvalue  # 0.87: already above twice that
+    mqa, gqa = cells["MQA (1 kv heads)"], cells["GQA (2 kv heads)"]
+    assert float(mqa["p"]) == pytest.approx(paired, rel=0.05)  # printed to 2 significant digits
+    assert float(mqa["Holm p"]) == pytest.approx(2 * paired, rel=0.05)
+    assert float(gqa["p"]) == pytest.approx(welch, rel=0.05)
+    assert float(gqa["Holm p"]) == pytest.approx(max(2 * paired, welch), rel=0.05)
+    assert cells["MHA (4 kv heads)"]["p"] == cells["MHA (4 kv heads)"]["Holm p"] == ""
+
 def test_no_section_without_results(tmp_path, arms):
     for run in arms[0].runs:
         (run.checkpoint.path / "downstream.json").unlink()

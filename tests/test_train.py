@@ -359,6 +359,13 @@ def test_max_iters_zero_evaluates_a_checkpoint_and_writes_nothing(train_override
     # The same eval batches as the run's own last evaluation, so the same figures.
     assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in printed
     assert sorted(run_dir.parent.iterdir()) == runs_before
+    # The form docs/training.md leads with: the run's own config, whatever its context (32 here, not the preset's 64).
+    logged = read_metrics(run_dir)
+    result = run_cli(f"resume={run_dir}", "max_iters=0", cwd=run_dir.parent.parent)
+    assert result.returncode == 0, result.stderr
+    assert "val windows of 32 tokens" in result.stdout
+    assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in result.stdout
+    assert read_metrics(run_dir) == logged and sorted(run_dir.parent.iterdir()) == runs_before
 
 
 def test_a_run_without_loss_scaling_resumes_in_fp16(train_overrides, tmp_path):

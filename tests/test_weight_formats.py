@@ -9,6 +9,7 @@ sum_k |x_k| on top of that.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ from model.weight_formats import (
 )
 
 GREEDY = Sampling(temperature=0)
+# The fp32 lanes of one vector of torch's CPU int8 kernel, by CPU (aten/src/ATen/native/cpu/
+# int8mm_kernel.cpp): it steps through a row in whole vectors, with aligned loads.
+KERNEL_LANES = {"AVX-512": 16, "AVX2": 8, "ARM NEON": 8}
 
 
 def random_linear(in_features=96, out_features=160, bias=True, seed=0) -> nn.Linear:
@@ -70,8 +74,19 @@ def test_a_row_of_zeros_quantizes_to_zeros_with_scale_one():
     assert not values[3].any() and scale[3] == 1
 
 
+@pytest.mark.parametrize("in_features", [8, 40, 96, 100, 344, 768])
+def test_int8_rows_are_padded_with_zeros_to_whole_vectors_of_every_cpus_kernel(in_features):
+    """The stored width is the least that every CPU's kernel reads as whole vectors, not
+    only this CPU's: 16 (AVX-512) is a multiple of 8 (AVX2, NEON)."""
+    layer = Int8Linear(random_linear(in_features, 4))
+    width = layer.weight.shape[1]
+    assert all(width % lanes == 0 for lanes in KERNEL_LANES.values())
+    assert width == math.ceil(in_features / 16) * 16
+    assert not layer.weight[:, in_features:].any()
+
+
 @pytest.mark.parametrize("rows", [1, 7])
-@pytest.mark.parametrize("in_features", [96, 88, 40])  # 88, 40: rows the int8 kernel cannot read unpadded
+@pytest.mark.parametrize("in_features", [96, 88, 40, 100])  # 88, 40: part vectors on AVX-512; 100 on AVX2 too
 def test_int8_product_equals_the_float_product_of_its_dequantized_weight(rows, in_features):
     linear = random_linear(in_features)
     x = torch.randn(rows, linear.in_features)
@@ -79,6 +94,23 @@ def test_int8_product_equals_the_float_product_of_its_dequantized_weight(rows, i
     dequantized = dequantize_per_channel(values, scale)
     reference = F.linear(rounded(x), dequantized, linear.bias)
     assert torch.all((Int8Linear(linear)(x) - reference).abs() <= product_tolerance(x, dequantized))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_int8_with_an_n_embd_of_whole_avx2_but_not_avx512_vectors(make_model, tied):
+    """n_embd 40: the head's rows are padded, and the token table (the head's rows when
+    tied, else the fp32 table as it was) is n_embd wide."""
+    model = make_model(n_embd=40, tie_embeddings=tied)
+    reference = copy.deepcopy(model)
+    to_weight_format(model, "int8")
+    values, scale = quantize_per_channel(reference.lm_head.weight)
+    idx = torch.tensor([[1, 5, 96, 0]])
+    expected_table = dequantize_per_channel(values, scale)[idx] if tied else reference.transformer.wte(idx)
+    assert model.lm_head.weight.shape == (97, 48) and torch.equal(model.transformer.wte(idx), expected_table)
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected, _ = reference(idx)
+    torch.testing.assert_close(logits, expected, rtol=0.05, atol=0.05)
 
 
 def test_int8_product_stays_within_the_quantization_bound_of_the_float_weight():

@@ -106,13 +106,29 @@ def _take_over(run_dir: Path) -> str:
     if not (run_dir / RUN_GROUPS).exists():
         raise ValueError(f"{run_dir} holds a {RUN_CONFIG} that no gptlab run wrote (it has no {RUN_GROUPS}): "
                          "train into another out_dir")
-    if any(r.get("kind") == "eval" and r.get("step", 0) > 0 for r in read_metrics(run_dir)):
+    if logged_a_save(run_dir):
         raise ValueError(f"{run_dir} held a run that saved checkpoints (its {METRICS} has evaluations past step 0, "
                          "each followed by a save), and they are gone: its log is kept; train into another out_dir, "
                          "or delete the directory to reuse it")
     for name in (RUN_CONFIG, RUN_GROUPS, METRICS):
         (run_dir / name).unlink(missing_ok=True)
     return f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh"
+
+
+def logged_a_save(run_dir: Path) -> bool:
+    """Whether the run's log shows that it saved a checkpoint. Its first evaluation past
+    step 0 is logged just before the first save, and then the loop logs more only once that
+    save is done, or the run ends there (at max_iters). An evaluation that ends the log
+    before max_iters does not count: the save after it may have been cut short."""
+    records = read_metrics(run_dir)
+    first = next((i for i, r in enumerate(records) if r.get("kind") == "eval" and r.get("step", 0) > 0), None)
+    if first is None:
+        return False
+    try:
+        max_iters = read_run_yaml(run_dir / RUN_CONFIG, run_dir).get("max_iters")
+    except CheckpointError:  # unknown: read it as a finished run's, the cautious reading
+        max_iters = None
+    return first < len(records) - 1 or not isinstance(max_iters, int) or records[first]["step"] >= max_iters
 
 
 def interrupted(signal_name: str, run_dir: Path) -> str:
@@ -124,6 +140,9 @@ def interrupted(signal_name: str, run_dir: Path) -> str:
 def left_behind(run_dir: Path) -> str:
     """What a run that stopped before its end leaves, and how to go on."""
     intact = last_good_checkpoint(run_dir)
+    if intact is None and logged_a_save(run_dir):  # its one save, at max_iters, cut short (or deleted since)
+        return (f"no checkpoint is left, and its {METRICS} reads as a run that saved one, so resume={run_dir} "
+                f"refuses it: train into another out_dir, or delete {run_dir} to run it again there")
     if intact is None:
         return f"stopped before the first checkpoint; resume={run_dir} starts the run afresh"
     return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
@@ -157,8 +176,19 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     if not (checkpoint.run_dir / RUN_CONFIG).is_file():
         raise CheckpointError(f"{checkpoint.run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
     merged = _saved_config(checkpoint.run_dir, cfg)
+    _refuse_reseeding(checkpoint.run_dir, merged)
     merged.resume = cfg.resume
     return merged, checkpoint
+
+
+def _refuse_reseeding(run_dir: Path, merged: DictConfig) -> None:
+    """The saved config says what seeded the whole run: a resume that changed seed or
+    seed_scope would record a run that never was (a run started afresh may change them)."""
+    saved = OmegaConf.merge(OmegaConf.structured(Config), read_run_yaml(run_dir / RUN_CONFIG, run_dir))
+    for key in ("seed", "seed_scope"):
+        if merged[key] != saved[key]:
+            raise ValueError(f"cannot apply {key}={merged[key]} when resuming {run_dir}: it was started with "
+                             f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)")
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:
