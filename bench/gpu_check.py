@@ -85,7 +85,7 @@ from bench import gpu_figures  # noqa: E402
 from bench.gpu_report import missing, render  # noqa: E402
 from training.runtime import configure_cuda, synchronize  # noqa: E402
 
-STAGES = ("environment", "throughput", "decode", "train", "cuda_tests")  # the order they run in: by value
+STAGES = ("environment", "throughput", "decode", "train", "cuda_tests", "time_to_loss")  # the order they run in: by value
 ROW_STAGES = {"throughput": gpu_figures.throughput, "decode": gpu_figures.decode}  # measured variant by variant
 
 
@@ -111,11 +111,17 @@ class Sizes:
              "data.max_documents=40", "batch_size=4", "device=cpu", "optim.learning_rate=1e-2"]
             if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
         )
+        # bench/time_to_loss.py at GPT-2 small's shape: each recipe's training seconds, and what every arm adds
+        self.time_to_loss_budget_s = 3 if smoke else 60
+        self.time_to_loss_overrides = (
+            self.train_overrides if smoke else
+            ["model=gpt2", "batch_size=16", "device=cuda", "precision=bf16", "optim.learning_rate=6e-4", "optim.min_lr=6e-5"])
         # Seconds a stage is expected to take, the budget's yardstick. On the GPU these are
         # estimates (docs/gpu_check.md says how they were made) until a GPU run replaces them;
         # --smoke's are this project's 2-core CPU under load.
-        self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=40) if smoke
-                           else dict(environment=15, throughput=230, decode=60, train=90, cuda_tests=120))
+        self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=40, time_to_loss=90)
+                           if smoke else
+                           dict(environment=15, throughput=230, decode=60, train=90, cuda_tests=120, time_to_loss=300))
 
 
 def environment(device: torch.device, sizes: Sizes) -> dict:
@@ -161,6 +167,8 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
     padded = torch.ones(B, 1, T, T, dtype=torch.bool, device=device).tril()
     padded[:, :, :, : T // 4] = False  # the first quarter of every row is padding
     padded[:, :, : T // 4, 0] = True  # padding queries attend to something, as the cache arranges
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
     calls = {
         "train causal (MHA)": lambda: F.scaled_dot_product_attention(make(H, T), make(H, T), make(H, T), is_causal=True),
         "train causal (GQA-4, enable_gqa)": lambda: F.scaled_dot_product_attention(
@@ -200,6 +208,15 @@ def cuda_tests(timeout: float) -> dict:
     if result.returncode not in (0, 5):  # 5: nothing collected
         raise RuntimeError(f"{summary}\n" + "\n".join(lines[-60:]))
     return {"summary": summary.strip("= ")}
+
+
+def time_to_loss(sizes: Sizes, work: Path, timeout: float) -> dict:
+    """The GPT-2 recipe against the modern one at GPT-2 small's shape, one seed (bench/time_to_loss.py)."""
+    out = work / "time_to_loss.json"
+    shared_data = [f"data.data_dir={work / 'data'}"] if sizes.smoke else []  # the train stage's characters
+    _run([sys.executable, "bench/time_to_loss.py", "--seeds", "1", "--budget-s", str(sizes.time_to_loss_budget_s),
+          "--evaluations", "6", "--json", str(out), "--overrides", *sizes.time_to_loss_overrides, *shared_data], timeout)
+    return {key: value for key, value in json.loads(out.read_text()).items() if key in ("budget_s", "arms", "rows")}
 
 
 def _text(output: bytes | str | None) -> str:
@@ -358,13 +375,15 @@ def main(argv: list[str] | None = None) -> None:
     recorder = Recorder(args.out, report, START + (args.budget_s or float("inf")))
     # A subprocess may take twice its stage's estimate, and never past the budget.
     timeout = lambda name: min(recorder.left(), 2 * sizes.estimate_s[name])  # noqa: E731
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
     calls = {
         "environment": lambda: environment(device, sizes),
         "throughput": lambda rows: gpu_figures.throughput(device, sizes, rows),
         "decode": lambda rows: gpu_figures.decode(device, sizes, rows),
-        "train": lambda: train(device, sizes, args.work or Path(tempfile.mkdtemp(prefix="gpu_check_")),
-                               lambda: timeout("train")),
+        "train": lambda: train(device, sizes, work, lambda: timeout("train")),
         "cuda_tests": lambda: cuda_tests(timeout("cuda_tests")),
+        "time_to_loss": lambda: time_to_loss(sizes, work, timeout("time_to_loss")),
     }
     for name in asked:
         need = sizes.estimate_s[name] / len(gpu_figures.VARIANTS.get(name, [name]))

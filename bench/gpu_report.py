@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from bench.time_to_loss import markdown
+
 TARGET_SPEEDUP, TARGET_MFU = 1.1, 0.45  # compiled gptlab over the compiled reference; MFU at dense bf16
 GRAPH_SPEEDUP = 3  # batch-1 decode replayed as a CUDA graph over eager
 
@@ -21,7 +23,7 @@ def render(report: dict) -> str:
     for name in report["asked"]:
         lines.append(f"| {name} | {_stage_result(report.get(name))} | {report.get(name, {}).get('seconds', '-')} |")
     for section in (_sdpa(env), _throughput(report), _decode(report), _train(report), _tests(report),
-                    _targets(report), _missing(report)):
+                    _time_to_loss(report), _targets(report), _missing(report)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -85,6 +87,14 @@ def _sdpa(env: dict) -> list[str]:
 def _tests(report: dict) -> list[str]:
     result = _result(report, "cuda_tests")
     return ["## CUDA tests (`python -m pytest -m cuda`)", "", result["summary"]] if result else []
+
+
+def _time_to_loss(report: dict) -> list[str]:
+    result = _result(report, "time_to_loss")
+    if not result:
+        return []
+    return [f"## The GPT-2 recipe against the modern one, {result['budget_s']:g} s of training each "
+            "(`bench/time_to_loss.py`, one seed)", "", markdown(result["rows"])]
 
 
 def _train(report: dict) -> list[str]:

@@ -18,6 +18,7 @@ from bench.gpu_report import render
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["environment", "throughput", "decode", "train", "cuda_tests"]  # the order they run in
+# and last, when time is left: time_to_loss (bench/time_to_loss.py, minutes even at --smoke sizes; its own test below)
 
 
 def smoke(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -26,7 +27,7 @@ def smoke(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
-    result = smoke(tmp_path)
+    result = smoke(tmp_path, "--stages", *STAGES)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [name for name in report if name in STAGES] == STAGES
@@ -98,6 +99,33 @@ def test_a_failed_variant_or_decode_mode_keeps_the_other_rows_on_disk(tmp_path, 
     assert "| MHA | gptlab-eager | 4 x 64 |" in first_md and "| decode | running" in first_md
     assert len(json.loads(first_json)["throughput"]["result"]) == 6
     assert "| MHA | 1 | 8 |" in second_md and len(json.loads(second_json)["decode"]["result"]) == 1
+
+
+def test_the_time_to_loss_stage_runs_the_benchmark_at_its_sizes_and_reports_its_table(tmp_path, monkeypatch):
+    from bench import gpu_check
+    from bench.time_to_loss import Run, summarise
+
+    commands = []
+
+    def fake_run(command, timeout):
+        commands.append(command)
+        runs = [Run(arm, 1, 30, 3.0, 960, final, [(0.0, 0, 5.0), (3.0, 960, final)])
+                for arm, final in (("gpt2", 4.5), ("modern", 4.0))]
+        Path(command[command.index("--json") + 1]).write_text(json.dumps({"budget_s": 3.0, "arms": {}, "rows": summarise(runs)}))
+        return ""
+
+    monkeypatch.setattr(gpu_check, "_run", fake_run)
+    with pytest.raises(SystemExit) as exit:
+        gpu_check.main(["--smoke", "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--stages", "time_to_loss"])
+    assert exit.value.code == 0
+    [command] = commands
+    assert command[1] == "bench/time_to_loss.py" and command[command.index("--budget-s") + 1] == "3"
+    sizes = gpu_check.Sizes(smoke=True)
+    assert command[command.index("--overrides") + 1:] == [*sizes.time_to_loss_overrides, f"data.data_dir={tmp_path / 'work' / 'data'}"]
+    assert "model=gpt2" in gpu_check.Sizes(smoke=False).time_to_loss_overrides  # GPT-2 small's shape on the GPU
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "## The GPT-2 recipe against the modern one, 3 s of training each" in markdown
+    assert "| modern | 30 | 3 | 4.0000 |  | 1/1 |" in markdown
 
 
 def test_a_report_that_cannot_be_rendered_still_leaves_its_json(tmp_path):
