@@ -4,6 +4,7 @@
     python bench/time_to_loss.py --leave-one-out --seeds 1,2      # and the modern recipe without each piece
     python bench/time_to_loss.py --corpus shakespeare_char --budget-s 120
     python bench/time_to_loss.py --seeds 1 --budget-s 60 --overrides model=gpt2 device=cuda precision=bf16
+    python bench/time_to_loss.py --from-json bench/results/time_to_loss_stdlib.json --plot docs/images/time_to_loss.png
 
 How it is measured. Every arm is `python train.py recipe=<recipe> <overrides>` run as a
 child process on the same corpus, one after another, seeds outermost and arms interleaved
@@ -226,6 +227,28 @@ def _diff(e: dict) -> str:
     return f"{e['mean']:+.4f} ({e['low']:+.4f}..{e['high']:+.4f})"
 
 
+def plot(runs: list[Run], target: float | None, title: str, path: Path) -> None:
+    """Val bits per byte against training seconds, one line per run, one colour per arm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    colours = {}
+    for run in runs:
+        colour = colours.setdefault(run.arm, f"C{len(colours)}")
+        seconds, _, bpb = zip(*run.curve)
+        axes.plot(seconds, bpb, color=colour, alpha=0.8, label=run.arm if run.arm not in axes.get_legend_handles_labels()[1] else None)
+    if target is not None:
+        axes.axhline(target, color="grey", linestyle="--", linewidth=1, label="GPT-2 recipe's final (mean)")
+    axes.set(xlabel="training seconds", ylabel="val bits per byte", title=title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=tuple(CORPORA), default="stdlib")
@@ -241,17 +264,27 @@ def main() -> None:
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
     parser.add_argument("--eval-iters", type=int, default=20, help="val batches per evaluation (default: 20)")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
+    parser.add_argument("--plot", type=Path, help="also draw every run's val curve into this PNG")
+    parser.add_argument("--from-json", type=Path, help="train nothing: the table (and --plot) of a results file")
     args = parser.parse_args()
-    record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,
-              "arms": chosen_arms(args)}
-    print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
-        runs = measure(args, Path(scratch))
+    if args.from_json:
+        record = json.loads(args.from_json.read_text())
+        runs = [Run(**r) for r in record["runs"]]
+    else:
+        record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,
+                  "arms": chosen_arms(args)}
+        print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
+            runs = measure(args, Path(scratch))
+        out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
+        out.write_text(json.dumps({**record, "rows": summarise(runs), "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
+        print(f"wrote {out}")
     rows = summarise(runs)
-    out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
-    out.write_text(json.dumps({**record, "rows": rows, "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
     print(markdown(rows))
-    print(f"wrote {out}")
+    if args.plot:
+        title = f"{record['corpus']}, {record['budget_s']:g} s per run, seeds {', '.join(map(str, record['seeds']))}"
+        plot(runs, rows[0]["target_bpb"], title, args.plot)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from torch import Tensor
 from .config import GPTConfig
 from .gpt import GPT
 from .hf_llama import (
-    LLAMA, TIED_HEAD, block_family, config_from_llama, config_to_llama, from_llama, shared_names, tied, to_llama,
-    unsupported,
+    DEFAULTS, LLAMA, TIED_HEAD, block_family, check_tied_head, config_from_llama, config_to_llama, from_llama,
+    shared_names, tied, to_llama, unsupported,
 )
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
@@ -43,15 +43,19 @@ GPT2_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
 SHAPE_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 # activation_function -> our mlp: gelu_new and gelu_pytorch_tanh are both the tanh GELU.
 ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu2": "relu2"}
-# Settings under which a GPT-2-family model computes our function: key -> (transformers'
-# default when config.json omits it, the values that keep the function ours).
-SAME_FUNCTION = {
-    "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
+# Settings under which a GPT-2-family model computes our function, by model_type: key ->
+# (the config class's default when config.json omits it, the values that keep the function ours).
+_BOTH = {
     "layer_norm_epsilon": (1e-5, (1e-5,)),  # nn.LayerNorm's eps
     "scale_attn_weights": (True, (True,)),
-    "scale_attn_by_inverse_layer_idx": (False, (False,)),
     "add_cross_attention": (False, (False,)),
     "tie_word_embeddings": (True, (True, False)),  # read into tie_embeddings
+}
+SAME_FUNCTION = {
+    GPT2: {**_BOTH, "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
+           "scale_attn_by_inverse_layer_idx": (False, (False,))},
+    BIGCODE: {**_BOTH, "activation_function": ("gelu_pytorch_tanh", tuple(ACTIVATIONS)),
+              "multi_query": (True, (True,))},  # GPTBigCode imports only as multi-query attention
 }
 LAYER_NORM_EPS = 1e-5
 
@@ -64,15 +68,15 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
     """
     kind = hf_config.get("model_type")
     if kind == LLAMA:
-        return _with_mlp_width(config_from_llama(hf_config), hf_config.get("intermediate_size"), "intermediate_size")
+        width = hf_config.get("intermediate_size", DEFAULTS["intermediate_size"])
+        return _with_mlp_width(config_from_llama(hf_config), width, "intermediate_size")
     if kind not in ARCHITECTURE_CLASS:
         raise ValueError(
             f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}), "
             f"GPTBigCode ({BIGCODE!r}) and Llama ({LLAMA!r}) models only"
         )
-    problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
-    if kind == BIGCODE and hf_config.get("multi_query", True) is not True:
-        problems.append("multi_query=False (GPTBigCode imports only as multi-query attention)")
+    same_function = SAME_FUNCTION[kind]
+    problems = unsupported(hf_config, SHAPE_KEYS, same_function)
     if problems:
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
     config = GPTConfig(
@@ -84,8 +88,8 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
         n_embd=hf_config["n_embd"],
         dropout=0.0,
         bias=True,
-        mlp=ACTIVATIONS[hf_config.get("activation_function", SAME_FUNCTION["activation_function"][0])],
-        tie_embeddings=tied(hf_config, SAME_FUNCTION),
+        mlp=ACTIVATIONS[hf_config.get("activation_function", same_function["activation_function"][0])],
+        tie_embeddings=tied(hf_config, same_function),
     )
     return _with_mlp_width(config, hf_config.get("n_inner"), "n_inner")
 
@@ -147,23 +151,24 @@ def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, di
     """A transformers GPT-2 / GPTBigCode (MQA) / Llama model as our (GPTConfig, state dict).
 
     A tied model's state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
-    Raises ValueError when the weights do not fit the config.
+    Raises ValueError when the weights do not fit the config or are not finite.
     """
     config = config_from_hf(hf_config)
+    _check_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
     if hf_config["model_type"] == LLAMA:
         _check_fit({k: v for k, v in hf_state.items() if k not in shared_names(config)}, _llama_shapes(config),
                    "the weights", "config.json")
         return config, from_llama(config, hf_state)
     transposed = hf_config["model_type"] == GPT2
-    named = {}
-    for key, tensor in hf_state.items():
-        # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
-        name = key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key
-        if name not in shared_names(config) and not GPT2_BUFFERS.search(name):
-            named[name] = tensor
+    # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
+    prefixed = {key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: tensor
+                for key, tensor in hf_state.items()}
+    named = {name: tensor for name, tensor in prefixed.items()
+             if name not in shared_names(config) and not GPT2_BUFFERS.search(name)}
     expected = {name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
                 for name, shape in parameter_shapes(config).items()}
     _check_fit(named, expected, "the weights", "config.json")
+    check_tied_head(config, prefixed, PREFIX + "wte.weight")
     return config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in named.items()}
 
 
@@ -283,6 +288,14 @@ def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], what: 
     ]
     if problems:
         raise ValueError(f"{what} do not fit {against}: " + "; ".join(problems))
+
+
+def _check_finite(hf_state: dict[str, Tensor]) -> None:
+    """ValueError naming the tensors that hold NaN or infinity: a damaged file, refused at
+    import rather than found as a diverging loss."""
+    broken = [name for name, tensor in hf_state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    if broken:
+        raise ValueError(f"the weights hold NaN or infinite values, in {_first_few(sorted(broken))}")
 
 
 def _first_few(items: list[str], n: int = 5) -> str:

@@ -9,6 +9,8 @@ nn.Linear, so the only changes are names and the split of our fused c_attn rows
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -26,6 +28,9 @@ SAME_FUNCTION = {
     "tie_word_embeddings": (False, (True, False)),  # read into tie_embeddings
     "pretraining_tp": (1, (1,)),
 }
+# LlamaConfig's defaults for the other keys gptlab reads: the MLP width and the rotary base
+# (head_dim and num_key_value_heads default to what the other sizes give, as in LlamaConfig).
+DEFAULTS = {"intermediate_size": 11008, "rope_theta": 10000.0, "rope_type": "default"}
 # Our names after "transformer.h.<i>." -> Llama's after "model.layers.<i>." (c_attn is split apart).
 LAYER_NAMES = {
     "ln_1.weight": "input_layernorm.weight",
@@ -132,12 +137,17 @@ def config_from_llama(hf_config: dict) -> GPTConfig:
     gptlab's block cannot reproduce, naming the settings."""
     problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
     rope = _rope(hf_config)
-    if rope.get("rope_type", "default") != "default":
-        problems.append(f"rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")
+    if rope["rope_type"] != "default":
+        problems.append(f"rotary scaling rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")
+    theta = rope["rope_theta"]
+    if type(theta) not in (int, float) or not 0 < theta < math.inf:
+        problems.append(f"rope_theta={theta!r} (supported: a positive number)")
     n_embd, n_head = hf_config["hidden_size"], hf_config["num_attention_heads"]
-    head_dim = hf_config.get("head_dim") or n_embd // n_head
-    if n_embd % n_head or head_dim != n_embd // n_head:
-        problems.append(f"head_dim={head_dim!r} (supported: hidden_size / num_attention_heads)")
+    head_dim = hf_config.get("head_dim")
+    if n_embd % n_head:
+        problems.append(f"hidden_size={n_embd} is not a multiple of num_attention_heads={n_head}")
+    elif head_dim is not None and head_dim != n_embd // n_head:
+        problems.append(f"head_dim={head_dim!r} (supported: hidden_size / num_attention_heads = {n_embd // n_head})")
     if problems:
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
     return GPTConfig(
@@ -148,18 +158,23 @@ def config_from_llama(hf_config: dict) -> GPTConfig:
         n_kv_head=hf_config.get("num_key_value_heads") or n_head,
         n_embd=n_embd,
         dropout=0.0,
-        rope_base=float(rope.get("rope_theta", 10000.0)),
+        rope_base=float(theta),
         tie_embeddings=tied(hf_config, SAME_FUNCTION),
         **LLAMA_BLOCK,
     )
 
 
 def _rope(hf_config: dict) -> dict:
-    """transformers 5's rope_parameters, or 4.x's rope_theta and rope_scaling."""
-    if hf_config.get("rope_parameters"):
-        return hf_config["rope_parameters"]
-    scaling = hf_config.get("rope_scaling") or {}
-    return {"rope_theta": hf_config.get("rope_theta", 10000.0), "rope_type": scaling.get("rope_type", "default")}
+    """The rotary parameters as transformers reads them: 4.x's rope_scaling, when set, in place
+    of 5's rope_parameters; rope_theta from that dict, else the top level (4.x), else the
+    default; rope_type, else its 4.x spelling "type", else "default"."""
+    key = "rope_scaling" if hf_config.get("rope_scaling") else "rope_parameters"
+    if not isinstance(hf_config.get(key) or {}, dict):
+        raise ValueError(f"config.json's {key} is not a JSON object: {hf_config[key]!r}")
+    rope = dict(hf_config.get(key) or {})
+    rope.setdefault("rope_theta", hf_config.get("rope_theta", DEFAULTS["rope_theta"]))
+    rope.setdefault("rope_type", rope.get("type", DEFAULTS["rope_type"]))
+    return rope
 
 
 def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -177,9 +192,7 @@ def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
 def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """LlamaForCausalLM's state dict under our names, c_attn fused again. A tied model's
     stored lm_head must be the embedding itself. The names are checked before."""
-    embedding = hf_state[OUTSIDE["transformer.wte.weight"]]
-    if config.tie_embeddings and TIED_HEAD in hf_state and not torch.equal(hf_state[TIED_HEAD], embedding):
-        raise ValueError("lm_head.weight differs from model.embed_tokens.weight, but config.json ties them")
+    check_tied_head(config, hf_state, OUTSIDE["transformer.wte.weight"])
     named = {ours: hf_state[llama] for ours, llama in OUTSIDE.items()}
     if not config.tie_embeddings:
         named[TIED_HEAD] = hf_state[TIED_HEAD]
@@ -188,6 +201,14 @@ def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tens
         named |= {ours + name: hf_state[theirs + llama] for name, llama in LAYER_NAMES.items()}
         named[ours + FUSED] = torch.cat([hf_state[theirs + name] for name in QKV])
     return named
+
+
+def check_tied_head(config: GPTConfig, hf_state: dict[str, Tensor], embedding: str) -> None:
+    """ValueError when config ties the head to the embedding but hf_state stores an
+    lm_head.weight that is another matrix (the file holds two models: refuse to pick one)."""
+    head = hf_state.get(TIED_HEAD)
+    if config.tie_embeddings and head is not None and not torch.equal(head, hf_state[embedding]):
+        raise ValueError(f"{TIED_HEAD} differs from {embedding}, but config.json ties them (tie_word_embeddings)")
 
 
 def _split_qkv(fused: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:

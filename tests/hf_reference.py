@@ -1,5 +1,8 @@
 """transformers as the independent reference for the Hugging Face interop tests."""
 
+import json
+from pathlib import Path
+
 import torch
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, GPTBigCodeConfig, GPTBigCodeForCausalLM
@@ -31,6 +34,13 @@ def hf_gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
 
 def hf_bigcode(seed: int = 0, **overrides) -> GPTBigCodeForCausalLM:
     return randomized(GPTBigCodeForCausalLM(GPTBigCodeConfig(**{**TINY, "multi_query": True, **overrides})), seed)
+
+
+def edit_config(directory: Path, dropped: tuple[str, ...] = (), **changes) -> None:
+    """Rewrite directory's config.json with `changes` set and the keys in `dropped` left out."""
+    path = directory / "config.json"
+    kept = {key: value for key, value in json.loads(path.read_text()).items() if key not in dropped}
+    path.write_text(json.dumps({**kept, **changes}))
 
 
 def build(config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:

@@ -90,3 +90,19 @@ def test_the_table_targets_gpt2s_mean_final_loss_and_pairs_arms_with_modern_by_s
     assert "| modern | 30 | 20 |" in markdown(list(rows.values()))
     without_target = summarise([r for r in runs if r.arm == "modern"])
     assert without_target[0]["reached"] is None and "| modern |" in markdown(without_target)
+
+
+def test_a_results_file_redraws_its_table_and_plot_without_training(tmp_path, monkeypatch, capsys):
+    import json
+
+    from bench import time_to_loss
+
+    runs = [Run(arm, seed, 30, 20.0, 3000, final, [(0.0, 0, 4.0), (20.0, 3000, final)])
+            for seed in (1, 2) for arm, final in (("gpt2", 3.0 + seed / 10), ("modern", 2.0 + seed / 10))]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"corpus": "stdlib", "budget_s": 20.0, "seeds": [1, 2], "runs": [asdict(r) for r in runs]}))
+    monkeypatch.setattr(time_to_loss, "measure", lambda *a: pytest.fail("trained"))
+    monkeypatch.setattr("sys.argv", ["time_to_loss.py", "--from-json", str(results), "--plot", str(tmp_path / "curves.png")])
+    time_to_loss.main()
+    assert markdown(summarise(runs)) in capsys.readouterr().out
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,7 +15,7 @@ import export
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from training.checkpoint import save_checkpoint
+from training.checkpoint import CheckpointError, save_checkpoint
 from training import hf_io
 from training.hf_io import load_hf_pretrained, save_hf
 
@@ -160,6 +160,37 @@ def test_a_full_disk_during_export_leaves_no_half_written_model(tmp_path, monkey
     with pytest.raises(SystemExit, match="cannot write the export to .*hf: No space left on device"):
         export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("out_dir_before", ["absent", "empty"])
+def test_an_export_killed_before_its_tokenizer_files_leaves_no_finished_looking_directory(tmp_path, monkeypatch,
+                                                                                        out_dir_before):
+    out_dir = tmp_path / "hf"
+    if out_dir_before == "empty":
+        out_dir.mkdir()
+    config = GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    state, gpt2 = GPT(config).state_dict(), load_tokenizer({"name": "gpt2"})
+    seen_at_the_kill = []
+
+    def killed(directory, model_max_length):  # the weights are written; a signal lands here
+        seen_at_the_kill.append(sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else None)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf_io, "_save_gpt2_tokenizer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_hf(out_dir, config, state, gpt2)
+    untouched = None if out_dir_before == "absent" else []
+    assert seen_at_the_kill == [untouched]  # a SIGKILL there leaves out_dir as it was, the weights elsewhere
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if untouched is None else ["hf"])
+    assert (sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else None) == untouched
+
+    monkeypatch.undo()
+    save_hf(out_dir, config, state, gpt2)
+    exported = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    assert {"model.safetensors", "tokenizer.json"} <= set(exported)
+    with pytest.raises(CheckpointError, match="is not empty"):  # a finished export is never written over
+        save_hf(out_dir, config, state, gpt2)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == exported
 
 
 def test_a_missing_checkpoint_is_refused(tmp_path):

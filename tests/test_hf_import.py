@@ -2,17 +2,18 @@
 greedy tokens, both weight formats, K/V head pooling, and clear errors."""
 
 import argparse
-import json
 
 import huggingface_hub
 import pytest
 import torch
 from safetensors.torch import save_file
+from transformers import GPT2Config, GPTBigCodeConfig, LlamaConfig
 
 from conftest import tiny_config
-from hf_reference import TINY, assert_same_logits, build, hf_bigcode, hf_gpt2, random_tokens
+from hf_reference import TINY, assert_same_logits, build, edit_config, hf_bigcode, hf_gpt2, random_tokens
 from model import GPT, GPTConfig, Sampling, generate
-from model.hf import pool_kv_heads
+from model import hf, hf_llama
+from model.hf import config_from_hf, pool_kv_heads
 from training.checkpoint import CheckpointError
 from training.hf_io import load_hf_pretrained
 
@@ -140,11 +141,6 @@ def test_pooling_refuses_what_it_cannot_do(n_kv_head, match_mha_params, n_target
         pool_kv_heads(GPT(config).state_dict(), config, n_target)
 
 
-def edit_config(directory, **changes):
-    path = directory / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-
-
 @pytest.mark.parametrize(
     "changes, reason",
     [
@@ -162,6 +158,45 @@ def test_configs_that_do_not_describe_these_weights_are_refused(gpt2_dir, change
     edit_config(gpt2_dir, **changes)
     with pytest.raises(CheckpointError, match=reason):
         load_hf_pretrained(gpt2_dir)
+
+
+# Per config class: gptlab's table of defaults, its required sizes, and sizes small enough to build
+# a GPTConfig fast that gptlab can reproduce (the class's own value stays for the key under test).
+DEFAULTS_OF = {
+    GPT2Config: (hf.SAME_FUNCTION[hf.GPT2], hf.SHAPE_KEYS, {**TINY}),
+    GPTBigCodeConfig: (hf.SAME_FUNCTION[hf.BIGCODE], hf.SHAPE_KEYS, {**TINY}),
+    LlamaConfig: ({**hf_llama.SAME_FUNCTION, **{key: (value, None) for key, value in hf_llama.DEFAULTS.items()}},
+                  hf_llama.SHAPE_KEYS, dict(vocab_size=97, max_position_embeddings=16, hidden_size=60,
+                                            num_hidden_layers=1, num_attention_heads=6, intermediate_size=160,
+                                            rms_norm_eps=1e-5)),
+}
+
+
+def import_outcome(hf_config: dict) -> GPTConfig | str:
+    try:
+        return config_from_hf(hf_config)
+    except ValueError as err:
+        return str(err)
+
+
+def without(mapping: dict, key: str) -> dict:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+@pytest.mark.parametrize("config_class", DEFAULTS_OF, ids=lambda c: c.__name__)
+def test_every_default_gptlab_assumes_is_the_config_class_own(config_class):
+    """A key config.json leaves out means the class's default: gptlab's table of defaults holds
+    the class's values, and leaving out any key the class writes (sizes gptlab requires aside)
+    imports exactly as writing the class's value does, derived defaults (head_dim) included."""
+    table, required, reproducible = DEFAULTS_OF[config_class]
+    class_values = config_class().to_dict()
+    class_values |= class_values.get("rope_parameters") or {}  # rope_theta, rope_type: Llama's are nested
+    assert {key: default for key, (default, _) in table.items()} == {key: class_values[key] for key in table}
+    for key in config_class().to_dict().keys() - {*required, "model_type"}:
+        written = config_class(**without(reproducible, key)).to_dict()  # the class's own value for key
+        assert import_outcome(without(written, key)) == import_outcome(written), key
+        for inner in written[key] if key == "rope_parameters" else ():
+            assert import_outcome({**written, key: without(written[key], inner)}) == import_outcome(written), inner
 
 
 def test_multi_head_gpt_bigcode_is_refused(tmp_path):

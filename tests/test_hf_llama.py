@@ -9,13 +9,13 @@ import huggingface_hub
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import export
 from conf import CONF_DIR, load_config
 from data.tokenizer import load_tokenizer
-from hf_reference import assert_same_logits, build, randomized
+from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from training.checkpoint import CheckpointError, save_checkpoint
 from training.hf_io import load_hf_pretrained, save_hf
@@ -170,3 +170,80 @@ def test_init_from_hf_starts_a_run_from_llama_weights_pooled_to_fewer_kv_heads(t
     expected = torch.cat([(k_proj[20 * g:20 * g + 10] + k_proj[20 * g + 10:20 * g + 20]) / 2 for g in range(3)])
     torch.testing.assert_close(pooled_k, expected)
     build(config, state)(torch.zeros(1, 32, dtype=torch.long))  # the pooled, shorter model runs
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 500.0}, {"rope_theta": 500.0, "rope_parameters": {"rope_type": "default"}},
+], ids=["transformers-4", "theta-outside-rope_parameters"])
+def test_a_rope_theta_outside_rope_parameters_imports_with_transformers_logits(tmp_path, rope):
+    hf_llama(2).save_pretrained(tmp_path / "hf")
+    edit_config(tmp_path / "hf", dropped=("rope_parameters",), **rope)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    config, state = load_hf_pretrained(tmp_path / "hf")
+    assert config.rope_base == reference.config.rope_parameters["rope_theta"] == 500.0
+    assert_same_logits(build(config, state), reference, length=48)
+
+
+LINEAR_X4 = {"factor": 4.0}
+DEFAULT_500 = {"rope_type": "default", "rope_theta": 500.0}
+
+
+# Each spelling, with how transformers 5 reads it (checked below): 4.x's rope_scaling, when set,
+# replaces rope_parameters whole (its rope_theta then comes from the top level or is 10000), and
+# "rope_type" is read first, then 4.x's "type".
+@pytest.mark.parametrize("rope, their_type, their_theta", [
+    ({"rope_theta": 500.0, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 500.0),
+    ({"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", **LINEAR_X4}}, "linear", 500.0),
+    ({"rope_parameters": DEFAULT_500, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 10000.0),
+    ({"rope_parameters": {"type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "dynamic", 500.0),
+    ({"rope_parameters": {**DEFAULT_500, "type": "linear", **LINEAR_X4}}, "default", 500.0),
+    ({"rope_theta": 500.0, "rope_scaling": {"type": "default"}}, "default", 500.0),
+    ({"rope_theta": 500.0, "rope_scaling": None}, "default", 500.0),
+], ids=["4-type", "4-rope_type", "5-default-4-scaling", "5-type", "rope_type-over-type", "4-type-default", "4-null"])
+def test_rotary_settings_are_read_as_transformers_reads_them_and_scaling_is_refused(tmp_path, rope, their_type,
+                                                                                    their_theta):
+    hf_llama(2).save_pretrained(tmp_path / "hf")
+    edit_config(tmp_path / "hf", dropped=("rope_parameters",), **rope)
+    theirs = AutoConfig.from_pretrained(tmp_path / "hf").rope_parameters
+    assert (theirs["rope_type"], theirs["rope_theta"]) == (their_type, their_theta)
+    if their_type == "default":
+        assert load_hf_pretrained(tmp_path / "hf")[0].rope_base == their_theta
+    else:
+        with pytest.raises(CheckpointError, match=f"rotary scaling rope_type='{their_type}'"):
+            load_hf_pretrained(tmp_path / "hf")
+
+
+def test_a_head_dim_other_than_hidden_over_heads_is_refused_by_name_in_one_line(tmp_path):
+    hf_llama(2, head_dim=20).save_pretrained(tmp_path / "hf")  # transformers computes it: 6 heads of 20 dims
+    with pytest.raises(CheckpointError, match=r"head_dim=20 \(supported: hidden_size / num_attention_heads = 10\)"
+                       ) as raised:
+        load_hf_pretrained(tmp_path / "hf")
+    assert "\n" not in str(raised.value)
+
+
+def saved_with(directory, model: torch.nn.Module, change) -> None:
+    """model saved to directory, its stored tensors then passed through change(state)."""
+    model.save_pretrained(directory)
+    state = load_file(directory / "model.safetensors")
+    change(state)
+    save_file(state, directory / "model.safetensors")
+
+
+FAMILIES = pytest.mark.parametrize("make, embedding", [
+    (lambda: hf_llama(2), "model.embed_tokens.weight"), (lambda: hf_gpt2(), "transformer.wte.weight"),
+], ids=["llama", "gpt2"])
+
+
+@FAMILIES
+def test_a_tied_file_whose_stored_head_is_another_matrix_is_refused(tmp_path, make, embedding):
+    saved_with(tmp_path / "hf", make(), lambda state: state.update({"lm_head.weight": state[embedding] + 0.01}))
+    with pytest.raises(CheckpointError, match=f"lm_head.weight differs from {embedding}, but config.json ties them"):
+        load_hf_pretrained(tmp_path / "hf")
+
+
+@FAMILIES
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_at_import_naming_the_tensor(tmp_path, make, embedding, value):
+    saved_with(tmp_path / "hf", make(), lambda state: state[embedding].view(-1)[7].fill_(value))
+    with pytest.raises(CheckpointError, match=f"NaN or infinite values, in {embedding}$"):
+        load_hf_pretrained(tmp_path / "hf")

@@ -28,6 +28,7 @@ from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
 from model.hf import crop_block_size, from_hf, pool_kv_heads, to_hf
 from model.hf_llama import LLAMA
+from system import temp_path
 from training.checkpoint import CheckpointError, load_checkpoint
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -200,39 +201,34 @@ def save_hf(
         hf_config, hf_state = to_hf(config, state, tokenizer.eot_id if tokenizer else None)
     except ValueError as err:
         raise CheckpointError(f"cannot export: {err}") from err
-    created = not out_dir.exists()
+    # Written whole beside out_dir, then renamed onto it (rename replaces an empty directory):
+    # out_dir holds a complete export or none, whenever the command is killed.
+    temp = temp_path(out_dir.resolve())
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        return _write_hf(out_dir, hf_config, hf_state, config.block_size, tokenizer)
+        shutil.rmtree(temp, ignore_errors=True)  # a leftover of a killed export whose process id was ours
+        temp.mkdir(parents=True)
+        lines = _write_hf(temp, hf_config, hf_state, config.block_size, tokenizer, shown_as=out_dir)
+        temp.rename(out_dir.resolve())
     except (OSError, SafetensorError) as err:  # a path under a file, no permission, a full disk
-        _remove_partial_export(out_dir, created)
         raise CheckpointError(f"cannot write the export to {out_dir}: {getattr(err, 'strerror', None) or err}") from err
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)  # gone after the rename; after a failure, the partial export
+    return lines
 
 
-def _remove_partial_export(out_dir: Path, created: bool) -> None:
-    """Leave no half-written model behind: out_dir was new, or empty."""
-    if created and out_dir.is_dir():
-        shutil.rmtree(out_dir)
-    elif out_dir.is_dir():
-        for path in out_dir.iterdir():
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-
-
-def _write_hf(out_dir: Path, hf_config: dict, hf_state: dict[str, Tensor], block_size: int,
-              tokenizer: Tokenizer | None) -> list[str]:
-    (out_dir / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+def _write_hf(directory: Path, hf_config: dict, hf_state: dict[str, Tensor], block_size: int,
+              tokenizer: Tokenizer | None, shown_as: Path) -> list[str]:
+    """The export's files in `directory`; returns one line per thing written, naming it `shown_as`."""
+    (directory / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers expects the "format" entry in the safetensors metadata.
-    save_file(hf_state, out_dir / HF_SAFETENSORS, metadata={"format": "pt"})
-    lines = [f"{out_dir}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
+    save_file(hf_state, directory / HF_SAFETENSORS, metadata={"format": "pt"})
+    lines = [f"{shown_as}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
     if tokenizer is not None and tokenizer.name == "gpt2":
-        written = _save_gpt2_tokenizer(out_dir, block_size)
-        lines.append(f"{out_dir}: gpt2 tokenizer ({', '.join(written)})")
+        written = _save_gpt2_tokenizer(directory, block_size)
+        lines.append(f"{shown_as}: gpt2 tokenizer ({', '.join(written)})")
     elif tokenizer is not None and tokenizer.name == "bpe":
-        written = _save_trained_tokenizer(out_dir, tokenizer, block_size)
-        lines.append(f"{out_dir}: the trained bpe tokenizer ({', '.join(written)})")
+        written = _save_trained_tokenizer(directory, tokenizer, block_size)
+        lines.append(f"{shown_as}: the trained bpe tokenizer ({', '.join(written)})")
     else:
         name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
         lines.append(f"tokenizer ({name}) not exported: only gpt2 and bpe have a transformers equivalent; weights only")
