@@ -43,10 +43,12 @@ from bench.provenance import provenance  # noqa: E402
 
 # What each corpus needs on top of the recipes, and whether the modern arms train a BPE on it
 # (a character corpus keeps its characters).
+# Shakespeare is fetched once from conf/data/shakespeare_char.yaml's url, unless a copy sits beside the checkout.
+LOCAL_SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 CORPORA = {
     "stdlib": ([], True),
-    "shakespeare_char": (["data=shakespeare_char", f"data.path={ROOT.parent / 'shared/data/tinyshakespeare.txt'}",
-                          "pad_vocab_to=1"], False),
+    "shakespeare_char": (["data=shakespeare_char", "pad_vocab_to=1",
+                          *([f"data.path={LOCAL_SHAKESPEARE}"] if LOCAL_SHAKESPEARE.is_file() else [])], False),
 }
 # Each tokenizer prepares into a directory of its own: arms that alternate never rebuild each other's.
 GPT2_TOKENIZER = ["data.tokenizer=gpt2", "data.vocab_size=null", "data.name=stdlib_gpt2"]
