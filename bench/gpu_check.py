@@ -167,8 +167,6 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
     padded = torch.ones(B, 1, T, T, dtype=torch.bool, device=device).tril()
     padded[:, :, :, : T // 4] = False  # the first quarter of every row is padding
     padded[:, :, : T // 4, 0] = True  # padding queries attend to something, as the cache arranges
-    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    work.mkdir(parents=True, exist_ok=True)
     calls = {
         "train causal (MHA)": lambda: F.scaled_dot_product_attention(make(H, T), make(H, T), make(H, T), is_causal=True),
         "train causal (GQA-4, enable_gqa)": lambda: F.scaled_dot_product_attention(
