@@ -56,13 +56,13 @@ GPT2_TOKENIZER = ["data.tokenizer=gpt2", "data.vocab_size=null", "data.name=stdl
 PIECES = {
     "bpe": GPT2_TOKENIZER,
     "rope": ["model.position=learned"],
-    "rmsnorm": ["model.norm=layernorm"],
     "relu2": ["model.mlp=gelu"],
     "qk_norm": ["model.qk_norm=false"],
     "zero_init": ["model.zero_init_proj=false"],
 }
 # The speedrun's pieces the recipe leaves out, each the overrides that add it back.
 CANDIDATES = {
+    "rmsnorm": ["model.norm=rmsnorm"],
     "muon": ["optim.name=muon"],
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],

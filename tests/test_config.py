@@ -88,7 +88,7 @@ def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
     config = load_config(compose_train())
     assert config == Config(model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096))
     assert model_preset("mini", "recipe=modern") == replace(
-        model_preset("mini"), position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, zero_init_proj=True)
+        model_preset("mini"), position="rope", mlp="relu2", qk_norm=True, zero_init_proj=True)
     # what train.yaml ran with before the dataclasses held its values
     assert (config.max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
     assert (config.optim.learning_rate, config.optim.min_lr) == (2e-3, 2e-4)
