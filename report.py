@@ -36,9 +36,9 @@ from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptrain
 from ablation.fairness import changes, check_same_data
 from ablation.runs import GPT2_BLOCK, Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
 from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, p_value, seeds_needed
+from bench.provenance import provenance
 from model import GPT, to_decode_layout
 from system import exits
-from training.runtime import describe_machine
 
 DECODE_BATCHES = (1, 8)
 DECODE_REPEATS = 5  # timed passes per figure, the fastest kept: a busy moment does not decide it
@@ -93,9 +93,10 @@ def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT
 def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: list[str]) -> str:
     runs = sum(len(a.runs) for a in arms)
     seeds = sorted({s for a in arms for s in a.seeds})
+    where = provenance(device)
     text = (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
-            f"{', '.join(map(str, seeds))}. Measured at report time on {device.type} ({describe_machine(device)}), "
-            f"torch {torch.__version__}.")
+            f"{', '.join(map(str, seeds))}. Measured at report time ({where['date']}) on {device.type} "
+            f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}.")
     if not left_out:
         return text
     return "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])

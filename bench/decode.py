@@ -57,6 +57,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
+from bench.provenance import provenance  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import (  # noqa: E402
     GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,
@@ -308,6 +309,7 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({
+            "provenance": provenance(device),
             "device": f"{device.type} ({describe_machine(device)})",
             "torch": torch.__version__,
             "huge_pages": not args.small_pages,

@@ -55,10 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import torch  # the version only (bench.provenance imports it anyway)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout: data.tokenizer for the reference
 
-from bench.provenance import git_state  # noqa: E402
+from bench.provenance import git_state, utc_now  # noqa: E402
 from bench.synthetic_corpus import (  # noqa: E402
     GB, KINDS, SEED, PoolDocument, corpus_path, document_stream, load_pool, prepare_corpora,
 )
@@ -292,9 +294,9 @@ def machine_description() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor() or platform.machine())
     memory = next((int(line.split()[1]) * 1024 for line in _lines("/proc/meminfo") if line.startswith("MemTotal:")), 0)
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "memory_bytes": memory,
-            "python": platform.python_version(), "platform": platform.platform(), "gptlab": git_state(("data", "conf")),
-            "load_average": os.getloadavg()[0]}
+    return {"date": utc_now(), "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+            "memory_bytes": memory, "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "gptlab": git_state(("data", "conf")), "load_average": os.getloadavg()[0]}
 
 
 def _lines(path: str) -> list[str]:

@@ -18,13 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def provenance(device: torch.device | None = None) -> dict:
     """The facts a benchmark's JSON records beside its figures."""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": describe_machine(device or torch.device("cpu")),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "gptlab": git_state(),
         "load_average": round(os.getloadavg()[0], 2),
     }
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def git_state(paths: tuple[str, ...] = ()) -> str:

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
+from bench.provenance import provenance  # noqa: E402
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -245,6 +246,7 @@ def write_json(path: Path, args: argparse.Namespace, device: torch.device, peaks
                load: tuple[float, float]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
+        "provenance": provenance(device),
         "device": f"{device.type} ({describe_machine(device)})",
         "torch": torch.__version__,
         "method": {

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
+from bench.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate, to_decode_layout, to_weight_format  # noqa: E402
 from training.checkpoint import (  # noqa: E402
@@ -118,8 +119,8 @@ def main() -> None:
     print(f"{'weights':<8}{'val loss':>10}{'change':>10}{'teacher-forced':>15}{'free-running':>14}   first difference per prompt")
     rows = measure(checkpoint, loader, args)
     if args.json:
-        args.json.write_text(json.dumps({"checkpoint": str(checkpoint.path), "settings": vars(args) | {"json": str(args.json)},
-                                         "torch": torch.__version__, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"provenance": provenance(), "checkpoint": str(checkpoint.path),
+                                         "settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ def test_decode_benchmark_reports_rows_ratios_and_matrix_rates(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["bandwidth_gb_s"] > 0 and result["plain_read_gb_s"] > 0 and result["huge_pages"] is True
+    assert {"date", "machine", "torch", "gptlab"} <= set(result["provenance"])
     assert [(r["variant"], r["context"], r["weights"]) for r in result["rows"]] == [
         (variant, context, weights) for variant in ("MQA", "MHA") for context in (4, 8) for weights in ("fp32", "int8")]
     for row in result["rows"]:
@@ -53,7 +54,9 @@ def test_weight_quality_benchmark_compares_every_format_with_fp32(tmp_path):
             "--prompt-tokens", "4", "--tokens", "40", "--json", str(out)]
     run = subprocess.run([sys.executable, "bench/weight_quality.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    rows = {r["weights"]: r for r in json.loads(out.read_text())["rows"]}
+    result = json.loads(out.read_text())
+    assert {"date", "machine", "torch", "gptlab"} <= set(result["provenance"])
+    rows = {r["weights"]: r for r in result["rows"]}
     assert list(rows) == ["fp32", "bf16", "int8"]
     assert rows["fp32"]["val_loss_change"] == 0 and rows["fp32"]["teacher_forced_agreement"] == 1
     assert rows["fp32"]["first_difference"] == ["none", "none"]

@@ -1,0 +1,34 @@
+"""Results and reports record where they were measured: commit (and a dirty tree), date, machine, torch."""
+
+import argparse
+import datetime
+import json
+import subprocess
+
+import torch
+
+import report
+from bench.provenance import ROOT
+from bench.train_throughput import write_json
+
+
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_results_json_records_commit_date_machine_and_torch(tmp_path):
+    path = tmp_path / "throughput.json"
+    write_json(path, argparse.Namespace(warmup=1, steps=3), torch.device("cpu"), {}, [], (0.0, 0.0))
+    recorded = json.loads(path.read_text())["provenance"]
+    assert recorded["gptlab"].startswith(head_commit())
+    assert recorded["torch"] == torch.__version__
+    assert recorded["machine"].endswith(f"{torch.get_num_threads()} threads")
+    age = datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(recorded["date"])
+    assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=5)
+
+
+def test_report_header_names_commit_date_machine_and_torch(tmp_path):
+    text = report.header(tmp_path, [], torch.device("cpu"), [])
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    assert f"gptlab {head_commit()}" in text and f"torch {torch.__version__}" in text and f"({today}T" in text
