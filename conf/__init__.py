@@ -9,8 +9,8 @@ Hydra merges every YAML file and command-line override into these dataclasses;
 conf/cli.py has already refused, in one line, any command-line override Hydra would
 refuse (a misspelt key, a value of the wrong type, a missing preset). `load_config`
 then builds the dataclasses, which check their own rules (GPTConfig, DataConfig and
-the ones below) and raise a ValueError naming the field, before any data or model
-work starts.
+the ones below), and raises one ValueError (a SettingsError) naming every bad setting,
+a line each, before any data or model work starts.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
-from model.rules import NOT_EMPTY, SEED, above, at_least, between, check_rules, one_of, setting
+from model.rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
@@ -72,12 +72,14 @@ class OptimConfig:
     """name=muon: the update's per-shape scale: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))."""
 
     def __post_init__(self) -> None:
-        check_rules(self, "optim.")
+        check_rules(self, "optim.", self._conflicts)
+
+    def _conflicts(self) -> Iterator[str]:
         if self.min_lr > self.learning_rate:
-            raise ValueError(f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})")
+            yield f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})"
         if self.name == "muon" and not hasattr(torch.optim, "Muon"):
-            raise ValueError(f"optim.name=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is torch "
-                             f"{torch.__version__}: upgrade torch, or use optim.name=adamw")
+            yield (f"optim.name=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is torch "
+                   f"{torch.__version__}: upgrade torch, or use optim.name=adamw")
 
 
 @dataclass
@@ -189,17 +191,19 @@ class Config:
     """Which checkpoints keep state.pt (optimizer, scaler, RNG) besides weights: all, or the latest only."""
 
     def __post_init__(self) -> None:
-        check_rules(self)
+        check_rules(self, "", self._conflicts)
+
+    def _conflicts(self) -> Iterator[str]:
         if self.model.vocab_size != GPTConfig.vocab_size:  # it would be overwritten without a word
-            raise ValueError(f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
-                             "(padded to a multiple of pad_vocab_to); leave it unset")
+            yield (f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
+                   "(padded to a multiple of pad_vocab_to); leave it unset")
         if self.init_from != "scratch" and not self.model_path:
-            raise ValueError(f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)")
+            yield f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)"
         if self.estimate and (self.resume or self.max_iters == 0):
-            raise ValueError("estimate=true times the steps of a new run: leave resume unset and max_iters above 0")
+            yield "estimate=true times the steps of a new run: leave resume unset and max_iters above 0"
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
-            raise ValueError(f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
-                             "init_from is scratch: set init_from too, or leave model_path unset")
+            yield (f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
+                   "init_from is scratch: set init_from too, or leave model_path unset")
 
     @property
     def weights_seed(self) -> int:
@@ -218,16 +222,16 @@ def register_configs() -> None:
 
 def load_config(cfg: DictConfig, schema: type = Config, prefix: str = "") -> Any:
     """The composed config (or its section `prefix`) as validated dataclasses of `schema`
-    (ValueError naming the field)."""
+    (a SettingsError naming every setting that breaks a rule)."""
     _reject_unknown_keys(cfg, schema, prefix)
-    with one_line_errors():
+    with one_line_errors(), all_problems():
         return OmegaConf.to_object(cfg)
 
 
 def read_settings(schema: type, values: Any) -> Any:
     """Settings read from a file (a checkpoint's config.yaml) as the dataclass `schema`: typed
-    by OmegaConf's merge, then checked by the dataclass (ValueError naming the field)."""
-    with one_line_errors():
+    by OmegaConf's merge, then checked by the dataclass (a SettingsError naming every bad setting)."""
+    with one_line_errors(), all_problems():
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
 
 

@@ -12,9 +12,6 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-# Hydra's own option parser is private: hydra-core is pinned to 1.3.x (pyproject.toml), and
-# tests/test_cli.py fails first if the options it defines change. One list of options: Hydra's.
-from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
 from hydra.errors import OverrideParseException
@@ -26,6 +23,18 @@ from conf import CONF_DIR
 # key=value, +key=value or key@package=value: Hydra's overrides; anything else is text.
 OVERRIDE = re.compile(r"^[+~]{0,2}[\w./@-]+=")
 PARSER = OverridesParser.create()
+# Hydra's own command-line options, as its docs list them (hydra.cc/docs/advanced/hydra-command-line-flags),
+# and what each takes: nothing, the next word, or optionally one of some words. No public API of
+# Hydra lists them (hydra.main builds its argparse parser in hydra._internal); tests/test_cli.py
+# checks this table against that parser, so a Hydra that changes them fails there first.
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+HYDRA_OPTIONS: dict[str, bool | tuple[str, ...]] = {
+    **dict.fromkeys(["--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r", "--multirun", "-m",
+                     "--shell-completion", "-sc"], False),
+    **dict.fromkeys(["--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun"], True),
+    **dict.fromkeys(["--info", "-i"], INFO_TOPICS),
+}
 
 
 def check_overrides(args: list[str], schema: type, config_name: str) -> None:
@@ -162,17 +171,15 @@ def prompt_from_words(args: list[str]) -> list[str]:
 def hydra_option_positions(args: list[str]) -> set[int]:
     """Where Hydra's command-line options (`--help`, `-m`, `--cfg job`, `--info=plugins`)
     and their values are in `args`; `--` ends them."""
-    actions = {option: action for action in get_args_parser()._actions for option in action.option_strings}
     positions: set[int] = set()
     for i, arg in enumerate(args):
         if arg == "--":
             return positions | {i}
-        action = actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
-        if action is None:
+        takes = HYDRA_OPTIONS.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if takes is None:
             continue
         positions.add(i)
-        takes_value = action.nargs is None or (action.nargs == "?" and i + 1 < len(args)
-                                              and args[i + 1] in (action.choices or ()))
+        takes_value = takes is True or (isinstance(takes, tuple) and i + 1 < len(args) and args[i + 1] in takes)
         if takes_value and "=" not in arg:
             positions.add(i + 1)
     return positions

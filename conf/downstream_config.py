@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
@@ -40,13 +40,15 @@ class DownstreamConfig:
     """fp32 (as trained, in dtype), bf16, or int8 (CPU only)."""
 
     def __post_init__(self) -> None:
-        check_rules(self)
+        check_rules(self, "", self._conflicts)
+
+    def _conflicts(self) -> Iterator[str]:
         if not self.tasks:
-            raise ValueError("tasks is empty: name at least one lm-eval task, e.g. 'tasks=[hellaswag]'")
+            yield "tasks is empty: name at least one lm-eval task, e.g. 'tasks=[hellaswag]'"
 
 
 def load_downstream_config(cfg: DictConfig) -> DownstreamConfig:
-    """The composed config as a validated DownstreamConfig (ValueError naming the setting)."""
+    """The composed config as a validated DownstreamConfig (a SettingsError naming every bad setting)."""
     return load_config(cfg, DownstreamConfig)
 
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from conf import load_config
-from model import WEIGHT_FORMATS, Sampling
+from model import DECODE_MODES, WEIGHT_FORMATS, Sampling
 from model.rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 from model.engine import TEMPERATURE, TOP_K, TOP_P
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-DECODE = ("eager", "graph")  # model.DECODE_MODES less "static", which is for checking
+DECODE = tuple(mode for mode in DECODE_MODES if mode != "static")  # static is for checking the graph's step
 SOURCES = ("checkpoint", "hf")
 
 
@@ -58,20 +58,22 @@ class SampleConfig:
     """Print one JSON object (texts, token counts, why each ended) instead of streaming text."""
 
     def __post_init__(self) -> None:
-        check_rules(self)  # Sampling's four rules among them
-        if self.init_from == "hf" and self.checkpoint is not None:
-            raise ValueError(f"checkpoint={self.checkpoint} and init_from=hf name two models: sample a gptlab "
-                             "checkpoint with checkpoint=PATH, or a Hugging Face model with init_from=hf model_path=...")
-        if self.init_from == "hf" and not self.model_path:
-            raise ValueError("init_from=hf needs model_path: a transformers directory or a Hub name such as gpt2")
-        if self.init_from == "checkpoint" and self.model_path:  # it would be ignored without a word
-            raise ValueError(f"model_path={self.model_path} is read only with init_from=hf: set init_from=hf too, "
-                             "or name a gptlab checkpoint with checkpoint=PATH")
+        check_rules(self, "", self._conflicts)  # Sampling's four rules among them
         self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+    def _conflicts(self) -> Iterator[str]:
+        if self.init_from == "hf" and self.checkpoint is not None:
+            yield (f"checkpoint={self.checkpoint} and init_from=hf name two models: sample a gptlab checkpoint "
+                   "with checkpoint=PATH, or a Hugging Face model with init_from=hf model_path=...")
+        if self.init_from == "hf" and not self.model_path:
+            yield "init_from=hf needs model_path: a transformers directory or a Hub name such as gpt2"
+        if self.init_from == "checkpoint" and self.model_path:  # it would be ignored without a word
+            yield (f"model_path={self.model_path} is read only with init_from=hf: set init_from=hf too, "
+                   "or name a gptlab checkpoint with checkpoint=PATH")
 
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:
-    """The composed config as a validated SampleConfig (ValueError naming the setting)."""
+    """The composed config as a validated SampleConfig (a SettingsError naming every bad setting)."""
     return load_config(cfg, SampleConfig)
 
 

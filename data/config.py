@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Iterator, Optional
 
 from model.rules import NOT_EMPTY, above, at_least, between, check_rules, matching, one_of, setting
 
@@ -70,28 +70,31 @@ class DataConfig:
     """How prepare checks shards it would reuse: their sha256 digests, or only their size (corpora too large to hash)."""
 
     def __post_init__(self) -> None:
-        check_rules(self, "DataConfig.")
-        self._check_source_needs()
-        if self.tokenizer == "bpe" and self.vocab_size is None:
-            _fail("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
-        if self.tokenizer != "bpe" and self.vocab_size is not None:
-            _fail("vocab_size", f"is read only when tokenizer is 'bpe', and this tokenizer is '{self.tokenizer}' "
-                                "(set data.tokenizer=bpe, or leave it null)", self.vocab_size)
+        check_rules(self, "DataConfig.", self._conflicts)
 
-    def _check_source_needs(self) -> None:
+    def _conflicts(self) -> Iterator[str]:
+        yield from self._source_conflicts()
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            yield _problem("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
+        if self.tokenizer != "bpe" and self.vocab_size is not None:
+            yield _problem("vocab_size", f"is read only when tokenizer is 'bpe', and this tokenizer is "
+                                         f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
+                           self.vocab_size)
+
+    def _source_conflicts(self) -> Iterator[str]:
         # A setting another source reads would be ignored, yet change the fingerprint (a rebuild).
         for source, used in (("files", {"path": None, "url": None, "document_separator": None}),
                              ("hub", {"dataset": None, "subset": None, "revision": None, "streaming": False,
                                       "split": "train"})):
             for field, unset in used.items():
                 if self.source != source and getattr(self, field) != unset:
-                    _fail(field, f"is read only when source is '{source}', and this source is '{self.source}' "
-                                 f"(choose a data= preset of source {source}, or leave it {json.dumps(unset)})",
-                          getattr(self, field))
+                    yield _problem(field, f"is read only when source is '{source}', and this source is "
+                                          f"'{self.source}' (choose a data= preset of source {source}, or leave it "
+                                          f"{json.dumps(unset)})", getattr(self, field))
         if self.source == "files" and self.path is None and self.url is None:
-            _fail("path", "must name a file, directory or glob when source is 'files'", None)
+            yield _problem("path", "must name a file, directory or glob when source is 'files'", None)
         if self.source == "hub" and self.dataset is None:
-            _fail("dataset", "must name a Hub dataset or a local dataset directory when source is 'hub'", None)
+            yield _problem("dataset", "must name a Hub dataset or a local dataset directory when source is 'hub'", None)
 
     def resolved_data_dir(self) -> Path:
         return Path(self.data_dir or Path(DEFAULT_DATA_ROOT) / self.name).expanduser()
@@ -111,5 +114,5 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _fail(field: str, rule: str, value: object) -> NoReturn:
-    raise ValueError(f"DataConfig.{field} {rule}, got {value!r}")
+def _problem(field: str, rule: str, value: object) -> str:
+    return f"DataConfig.{field} {rule}, got {value!r}"

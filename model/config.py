@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from .rules import above, at_least, between, check_rules, one_of, setting
 
@@ -66,22 +66,20 @@ class GPTConfig:
     """Cap the logits smoothly at +-c: c * tanh(logits / c) (modded-nanogpt); null: no cap."""
 
     def __post_init__(self) -> None:
-        check_rules(self, "GPTConfig.")
+        check_rules(self, "GPTConfig.", self._conflicts)
+
+    def _conflicts(self) -> Iterator[str]:
         if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            yield f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
         if self.n_head % self.kv_heads:
-            raise ValueError(
-                f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
-                "each key/value head serves an equal group of query heads"
-            )
+            yield (f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
+                   "each key/value head serves an equal group of query heads")
         if self.position != "rope" and self.rope_base != GPTConfig.rope_base:  # it would be ignored without a word
-            raise ValueError(f"GPTConfig.rope_base ({self.rope_base:g}) is read only when position is rope, and "
-                             f"position is {self.position}: set position=rope too, or leave rope_base unset")
+            yield (f"GPTConfig.rope_base ({self.rope_base:g}) is read only when position is rope, and "
+                   f"position is {self.position}: set position=rope too, or leave rope_base unset")
         if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"GPTConfig.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
-                "rotary turns channels in pairs"
-            )
+            yield (f"GPTConfig.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
+                   "rotary turns channels in pairs")
 
     @property
     def kv_heads(self) -> int:

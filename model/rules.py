@@ -1,15 +1,32 @@
 """Declarative rules for settings. A dataclass field states its range or its choices once,
 as `setting(default, rule)`; `check_rules` enforces every field's rule and names the field,
-and the configuration reference (`python -m conf`) prints the same rule. Types are not
-checked here: OmegaConf's typed merge refuses a value of the wrong type where a config
-enters, and code that builds a dataclass itself is trusted."""
+and the configuration reference (`python -m conf`) prints the same rule. A config is checked
+whole: inside `all_problems()` every section notes its problems and one SettingsError lists
+them all, so that one run shows everything to fix. Types are not checked here: OmegaConf's
+typed merge refuses a value of the wrong type where a config enters, and code that builds a
+dataclass itself is trusted."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
+
+# The problems noted inside all_problems(): each field's rule's, then the cross-field checks'.
+_noted: ContextVar[tuple[list[str], list[str]] | None] = ContextVar("noted_problems", default=None)
+
+
+class SettingsError(ValueError):
+    """Every problem found in some settings: one line each, under a header line when there are several."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        header = [f"{len(problems)} settings are wrong:"] if len(problems) > 1 else []
+        lines = header + [("  " if header else "") + problem for problem in problems]
+        super().__init__("\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -84,13 +101,44 @@ def rule_of(f) -> Rule | None:
     return f.metadata.get("rule")
 
 
-def check_rules(settings: Any, prefix: str = "") -> None:
-    """ValueError naming the first field of the dataclass `settings` that breaks its rule."""
+def check_rules(settings: Any, prefix: str = "", conflicts: Callable[[], Iterable[str]] | None = None) -> None:
+    """SettingsError naming every field of the dataclass `settings` that breaks its rule or,
+    when each keeps it, every problem `conflicts` finds across fields (those may assume each
+    field valid). Inside all_problems() the problems are noted instead, for one error at its end."""
+    broken = broken_rules(settings, prefix)
+    crossed = list(conflicts()) if conflicts is not None and not broken else []
+    noted = _noted.get()
+    if noted is not None:
+        noted[0].extend(broken)
+        noted[1].extend(crossed)
+    elif broken or crossed:
+        raise SettingsError(broken + crossed)
+
+
+@contextlib.contextmanager
+def all_problems() -> Iterator[None]:
+    """Settings dataclasses built inside (a whole config, section by section) note their
+    problems and go on; at the end one SettingsError lists them all, the rules' first."""
+    noted: tuple[list[str], list[str]] = ([], [])
+    token = _noted.set(noted)
+    try:
+        yield
+    finally:
+        _noted.reset(token)
+    problems = list(dict.fromkeys(noted[0] + noted[1]))  # one built from another's fields repeats them
+    if problems:
+        raise SettingsError(problems)
+
+
+def broken_rules(settings: Any, prefix: str = "") -> list[str]:
+    """A line for each field of the dataclass `settings` that breaks its rule."""
+    problems = []
     for f in fields(settings):
         rule, value = rule_of(f), getattr(settings, f.name)
         if rule is not None and not rule.allows(value):
             each = "'s every item" if isinstance(value, list) else ""
-            raise ValueError(f"{prefix}{f.name}{each} must be {rule}, got {value!r}")
+            problems.append(f"{prefix}{f.name}{each} must be {rule}, got {value!r}")
+    return problems
 
 
 def _number(value: float) -> str:

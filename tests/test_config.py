@@ -14,7 +14,7 @@ from omegaconf.errors import ValidationError
 from conf import CONF_DIR, Config, load_config, model_preset
 from data import DataConfig
 from model import GPT, GPTConfig
-from model.rules import NOT_EMPTY, above, at_least, between, one_of
+from model.rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
 
@@ -76,6 +76,31 @@ def test_rule_violations_are_rejected_when_the_model_config_is_built():
     cfg = compose_train("model=nano", "model.n_kv_head=3")
     with pytest.raises(ValueError, match=r"n_kv_head \(3\) must divide n_head \(4\)"):
         build_model_config(cfg)
+
+
+def test_every_bad_setting_is_reported_at_once():
+    cfg = compose_train("model.n_head=0", "optim.learning_rate=-1", "data.val_fraction=2")
+    with pytest.raises(SettingsError) as err:  # a ValueError, which the commands print as one error
+        load_config(cfg)
+    assert str(err.value).splitlines() == [
+        "3 settings are wrong:",
+        "  GPTConfig.n_head must be >= 1, got 0",  # n_embd % n_head is not tried: it assumes n_head valid
+        "  DataConfig.val_fraction must be in (0, 1), got 2.0",
+        "  optim.learning_rate must be > 0, got -1.0",
+    ]
+
+
+def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
+    cfg = compose_train("model.n_head=3", "optim.min_lr=1", "data.val_fraction=2", "max_iters=-1")
+    with pytest.raises(SettingsError) as err:
+        load_config(cfg)
+    assert err.value.problems == [
+        "DataConfig.val_fraction must be in (0, 1), got 2.0", "max_iters must be >= 0, got -1",
+        "GPTConfig.n_embd (128) must be divisible by n_head (3)",
+        "optim.min_lr (1.0) must not exceed optim.learning_rate (0.002)",
+    ]
+    with pytest.raises(SettingsError, match=r"^2 settings are wrong:\n  GPTConfig.n_layer .*\n  GPTConfig.n_head "):
+        GPTConfig(n_layer=0, n_head=0)  # built in code, it says every problem too
 
 
 def test_the_committed_reference_is_the_generated_one():
