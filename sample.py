@@ -37,11 +37,9 @@ from omegaconf import DictConfig
 from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import Tokenizer
-from model import GPT, GPTConfig, KVCache, stream, to_decode_layout, to_weight_format
-from model.engine import StopCheck
+from model import GPT, KVCache, cut_at_stop, stop_string_check, stream
 from system import exits
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.hf_io import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
+from training.inference import load_model
 from training.runtime import available_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
@@ -65,13 +63,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     (when given) and return them with what produced them, as a JSON-able dict."""
     device = resolve_device(config.device)
     dtype = resolve_precision(config.dtype, device).dtype
-    if config.weights == "int8" and device.type != "cpu":
-        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul), and this run is on "
-                         f"{device}: use weights=bf16 there")
-    if config.decode == "graph" and device.type != "cuda":
-        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
-                         "(use decode=eager there)")
-    source, tokenizer, model = load_model(config, device, dtype)
+    source, tokenizer, model = load_sampled_model(config, device, dtype)
     prompt = read_prompt(config.prompt)
     prompt_ids = encode_prompt(tokenizer, prompt)
     check_memory(model, config, len(prompt_ids), dtype, device)
@@ -84,7 +76,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     steps = stream(
         model, [prompt_ids] * config.num_samples, config.max_new_tokens, config.sampling,
         stop_tokens=[] if tokenizer.eot_id is None else [tokenizer.eot_id],
-        stop=stop_string_check(tokenizer, stops),
+        stop=stop_string_check(tokenizer.decode, stops),
         vocab_size=tokenizer.vocab_size,
         decode=config.decode,
     )
@@ -109,40 +101,16 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     }
 
 
-def load_model(config: SampleConfig, device: torch.device, dtype: torch.dtype) -> tuple[Path, Tokenizer, GPT]:
+def load_sampled_model(config: SampleConfig, device: torch.device, dtype: torch.dtype) -> tuple[Path, Tokenizer, GPT]:
     """Where the weights were read from, their tokenizer and the model ready to generate:
-    a gptlab checkpoint, or (init_from=hf) a Hugging Face model imported as train.py imports it."""
-    if config.init_from == "hf":
-        source = resolve_hf_dir(config.model_path)
-        tokenizer = hf_tokenizer(source)  # before the weights: a refusal reads no gigabytes
-        model = inference_model(*load_hf_pretrained(source), device, dtype, config.weights)
-    else:
-        checkpoint = load_checkpoint(find_checkpoint(config.checkpoint, config.runs_root))
-        if config.checkpoint is None:
-            print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
-        source, tokenizer = checkpoint.path, checkpoint.tokenizer()
-        model = checkpoint_model(checkpoint, device, dtype, config.weights)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"{source}: its tokenizer has {tokenizer.vocab_size} ids but its model "
-                              f"only {model.config.vocab_size}: the two do not belong together")
-    return source, tokenizer, model
-
-
-def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
-    """The checkpoint's model in eval mode on device, computing in dtype, its Linear
-    weights converted to the `weights` format (in memory only)."""
-    checkpoint.check_finite()
-    return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
-
-
-def inference_model(model_config: GPTConfig, state: dict[str, torch.Tensor], device: torch.device,
-                    dtype: torch.dtype, weights: str = "fp32") -> GPT:
-    """GPT(model_config) holding `state`, in eval mode on device, computing in dtype, its
-    Linear weights in the `weights` format and laid out for decoding."""
-    model = GPT(model_config)
-    load_weights(model, state)
-    model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
-    return to_decode_layout(model)
+    a gptlab checkpoint, or (init_from=hf) a Hugging Face model imported as train.py imports it.
+    The checkpoint's own copy of the weights is let go here: the model holds them."""
+    hf = config.init_from == "hf"
+    model, tokenizer, checkpoint = load_model(config.model_path if hf else config.checkpoint, config.runs_root,
+                                              device, dtype, weights=config.weights, decode=config.decode, hf=hf)
+    if not hf and config.checkpoint is None:
+        print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
+    return checkpoint.path, tokenizer, model
 
 
 def check_memory(model: GPT, config: SampleConfig, prompt_tokens: int, dtype: torch.dtype,
@@ -191,22 +159,6 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
         raise ValueError(f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "
                          f"{listed} (its vocabulary is the characters of its training text)")
     return tokenizer.encode(prompt)
-
-
-def stop_string_check(tokenizer: Tokenizer, stops: list[str]) -> StopCheck | None:
-    """Ends a sample once its text contains one of the stop strings. A stop string that
-    the newest token completes lies within the last `window` tokens (each is at least one
-    byte), so the check decodes only those: linear, not quadratic, in the sample's length."""
-    if not stops:
-        return None
-    window = max(len(stop.encode("utf-8")) for stop in stops)
-    return lambda generated: cut_at_stop(tokenizer.decode(generated[-window:]), stops)[1]
-
-
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """text up to the first stop string in it, and whether there was one."""
-    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return (text[: min(found)], True) if found else (text, False)
 
 
 class Completion:

@@ -54,8 +54,7 @@ from training.optim import build_optimizer, schedule_scale
 from training.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
-    Prefetcher, StepResult, TrainWindow, WindowSummary, agree_across_ranks, check_finite, gradient_sync, learning_rate,
-    schedule_warnings, update_unless_skipped,
+    Prefetcher, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings, train_step,
 )
 
 
@@ -269,52 +268,6 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
                 break
             window_start = time.perf_counter()  # evaluation and saving are not training time
     return checkpoint, step
-
-
-@dataclass
-class Trainer:
-    """What an optimizer step works with."""
-
-    model: torch.nn.Module  # the model that trains: compiled and wrapped in DDP when asked
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # scales fp16 losses (disabled otherwise)
-    autocast: contextlib.AbstractContextManager  # the forward's precision
-    accum_steps: int
-    grad_clip: float  # 0: no clipping
-    ranks: Ranks
-
-    def __post_init__(self) -> None:
-        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-
-
-def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool = False) -> StepResult:
-    """One optimizer step: forward and backward over accum_steps micro-batches, then
-    unscale, measure and clip the gradients, and update. A step whose loss or gradients
-    are not finite updates nothing. The host waits for nothing here."""
-    loss_sum = 0.0
-    for micro in range(t.accum_steps):
-        x, y = batches.get(step, micro)
-        with gradient_sync(t.model, sync=micro == t.accum_steps - 1):  # DDP averages on the last backward
-            with t.autocast:
-                _, loss = t.model(x, y)
-            batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
-            t.scaler.scale(loss / t.accum_steps).backward()  # the gradients add up
-        loss_sum = loss_sum + loss.detach().float()
-    loss, loss_bad, stop = agree_across_ranks(t.ranks, loss_sum / t.accum_steps, stop_requested)
-
-    t.scaler.unscale_(t.optimizer)  # true gradients for the norm and the clip (no-op unless fp16)
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in t.parameters if p.grad is not None])
-    if t.grad_clip > 0:
-        torch.nn.utils.clip_grads_with_norm_(t.parameters, t.grad_clip, grad_norm)
-    grads_bad = ~torch.isfinite(grad_norm)  # the same on every rank: DDP averaged the gradients
-    skipped = loss_bad | grads_bad
-    update_unless_skipped(t.optimizer, skipped)
-    t.scaler.update()  # fp16: lower the scale after an overflow, raise it after a quiet stretch
-    t.optimizer.zero_grad(set_to_none=True)
-    # Under fp16, overflowing gradients are the loss scale's business (skipped, scale
-    # lowered), not a fault of the run; a non-finite loss always is.
-    nonfinite = loss_bad | (grads_bad & (not t.scaler.is_enabled()))
-    return StepResult(loss=loss, grad_norm=grad_norm, skipped=skipped, nonfinite=nonfinite, stop=stop)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:

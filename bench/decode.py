@@ -62,6 +62,7 @@ from conf import model_preset  # noqa: E402
 from model import (  # noqa: E402
     GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,
 )
+from training.inference import check_inference_settings  # noqa: E402
 from training.runtime import describe_machine, synchronize  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
@@ -280,6 +281,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
+    for weights in args.weights:
+        check_inference_settings(device, weights)  # int8 on the CPU only
     if args.threads:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]

@@ -39,7 +39,7 @@ from bench.provenance import provenance  # noqa: E402
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from train import Trainer, train_step  # noqa: E402
+from training.step import Trainer, train_step  # noqa: E402
 from training.distributed import Ranks  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
@@ -250,7 +250,7 @@ def write_json(path: Path, args: argparse.Namespace, device: torch.device, peaks
         "device": f"{device.type} ({describe_machine(device)})",
         "torch": torch.__version__,
         "method": {
-            "step": "train.train_step: forward + loss under autocast, backward, grad norm + clip, "
+            "step": "training.step.train_step: forward + loss under autocast, backward, grad norm + clip, "
                     "fused AdamW (found_inf skip), zero_grad(set_to_none)",
             "warmup_steps": args.warmup, "timed_steps": args.steps, "tokens_per_s": "fastest timed step",
         },

@@ -28,19 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from bench.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
-from model import GPT, WEIGHT_FORMATS, Sampling, generate, to_decode_layout, to_weight_format  # noqa: E402
-from training.checkpoint import (  # noqa: E402
-    Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights,
-)
+from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
+from training.inference import checkpoint_model  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 SEED = 1234  # which validation windows
-
-
-def load_model(checkpoint: Checkpoint, weights: str) -> GPT:
-    model = GPT(checkpoint.model_config)
-    load_weights(model, checkpoint.model_state)
-    return to_decode_layout(to_weight_format(model.eval(), weights))
 
 
 @torch.inference_mode()
@@ -71,7 +64,7 @@ def measure(checkpoint: Checkpoint, loader: BatchLoader, args: argparse.Namespac
     prompts = loader.get_batch(0)[0][: args.prompts, : args.prompt_tokens].tolist()
     rows, reference = [], None
     for weights in WEIGHT_FORMATS:
-        model = load_model(checkpoint, weights)
+        model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32, weights)
         loss = validation_loss(model, loader, args.eval_iters)
         texts = generate(model, prompts, args.tokens, GREEDY)
         if reference is None:

@@ -8,8 +8,8 @@ report.py shows the tasks beside the loss (conf/experiment/attention_ablation_gp
           _target_: evaluation.after_training.DownstreamAfterTraining
           tasks: [hellaswag]
 
-It runs downstream.py's evaluation on the latest checkpoint of the run the job wrote, on
-the run's device, in rank 0 alone (under torchrun the other
+It runs downstream.py's evaluation (evaluation/downstream.py) on the latest checkpoint of
+the run the job wrote, on the run's device, in rank 0 alone (under torchrun the other
 ranks end). A failure (the harness not installed, a task's data out of reach) costs no
 training: it is a warning with the command that evaluates the run later.
 """
@@ -35,7 +35,7 @@ class DownstreamAfterTraining(Callback):
         if job_return.status != JobStatus.COMPLETED or os.environ.get("RANK", "0") != "0":
             return
         from conf.downstream_config import DownstreamConfig  # imported here: train.py starts without them
-        from downstream import evaluate
+        from evaluation.downstream import evaluate
 
         run = job_return.return_value  # the directory train.py wrote (None for max_iters=0)
         if run is None:

@@ -4,9 +4,9 @@
     lm_eval.simple_evaluate(model=lm, tasks=["hellaswag"])
 
 It loads any checkpoint (a run directory or one step, any attention layout, any weight
-format) as sample.py does, with the tokenizer the model was trained with, and scores
-requests as the harness's own transformers model (`hf`) does, so that the figures compare
-with any transformers model's:
+format) with the tokenizer the model was trained with, through training/inference.py's
+load_model as sample.py does, and scores requests as the harness's own transformers
+model (`hf`) does, so that the figures compare with any transformers model's:
 - loglikelihood: context and continuation are encoded together and split on token ids
   (the harness's TemplateLM), the last block_size + 1 tokens are kept, and the
   continuation's log-probabilities are summed over the model's whole (padded) vocabulary;
@@ -37,9 +37,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from model import WEIGHT_FORMATS, Sampling, generate
-from sample import checkpoint_model, cut_at_stop, stop_string_check
-from training.checkpoint import find_checkpoint, load_checkpoint
+from model import Sampling, cut_at_stop, generate, stop_string_check
+from training.inference import load_model
 from training.runtime import resolve_device, resolve_precision
 
 GENERATION_SETTINGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
@@ -57,13 +56,8 @@ class GptlabLM(TemplateLM):
         super().__init__()
         self.batch_size = _positive_int(batch_size)
         self._device = resolve_device(device or "auto")
-        if weights not in WEIGHT_FORMATS or (weights == "int8" and self._device.type != "cpu"):
-            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)} (int8 on a CPU only), got "
-                             f"{weights!r} on {self._device}")
-        self.checkpoint = load_checkpoint(find_checkpoint(checkpoint, runs_root))
-        self.text_tokenizer = self.checkpoint.tokenizer()
-        self.model = checkpoint_model(self.checkpoint, self._device, resolve_precision(dtype, self._device).dtype,
-                                      weights)
+        self.model, self.text_tokenizer, self.checkpoint = load_model(
+            checkpoint, runs_root, self._device, resolve_precision(dtype, self._device).dtype, weights=weights)
         self.max_length = self.model.config.block_size
 
     @property
@@ -135,7 +129,8 @@ class GptlabLM(TemplateLM):
                    for context in contexts]
         eot = self.text_tokenizer.eot_id
         outputs = generate(self.model, prompts, int(settings.get("max_gen_toks", MAX_GEN_TOKS)), sampling,
-                           stop_tokens=[] if eot is None else [eot], stop=stop_string_check(self.text_tokenizer, stops),
+                           stop_tokens=[] if eot is None else [eot],
+                           stop=stop_string_check(self.text_tokenizer.decode, stops),
                            vocab_size=self.text_tokenizer.vocab_size)
         return [cut_at_stop(self.text_tokenizer.decode(tokens), stops)[0] for tokens in outputs]
 

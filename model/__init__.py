@@ -6,6 +6,7 @@ from .decode_layout import to_decode_layout
 from .engine import DECODE_MODES, KVCache, Sampling, generate, sample_next, stream
 from .gpt import GPT, IGNORE_INDEX
 from .memory import huge_page_zeros
+from .stop_strings import cut_at_stop, stop_string_check
 from .weight_formats import WEIGHT_FORMATS, to_weight_format
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "sample_next",
     "generate",
     "stream",
+    "stop_string_check",
+    "cut_at_stop",
     "to_decode_layout",
     "to_weight_format",
     "WEIGHT_FORMATS",

@@ -22,6 +22,7 @@ from data.bpe import TOKENIZER_FILE
 from test_generate import reference_greedy
 from test_sample import settings
 from training.checkpoint import DIGESTS, find_checkpoint, load_checkpoint
+from training.inference import checkpoint_model
 
 PYTHON = Path(data.preparation.__file__).read_text(encoding="utf-8")
 TEXT = "def f(x):\n        return x  # naïve 🤖\n\tpass"  # no literal <|endoftext|>: transformers reads it as eot
@@ -54,7 +55,7 @@ def test_sample_decodes_with_the_runs_tokenizer(run_dir, tmp_path):
                            out=io.StringIO())
     checkpoint = load_checkpoint(find_checkpoint(run_dir, run_dir.parent))
     tokenizer = checkpoint.tokenizer()
-    model = sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
+    model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
     assert result["samples"][0]["text"] == tokenizer.decode(reference_greedy(model, tokenizer.encode("def"), 12))
     copy = tmp_path / "copy"
     shutil.copytree(checkpoint.path, copy)

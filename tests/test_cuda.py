@@ -110,7 +110,7 @@ def test_torchrun_with_nccl_through_train_py(tmp_path):
 
 def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
     from conf import OptimConfig
-    from train import Trainer, train_step
+    from training.step import Trainer, train_step
     from training.distributed import Ranks
     from training.optim import build_optimizer
     from training.runtime import resolve_precision

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("lm_eval")  # the `eval` extra
 from conf.downstream_config import DownstreamConfig  # noqa: E402
-from downstream import evaluate  # noqa: E402
+from evaluation.downstream import evaluate  # noqa: E402
 from evaluation import __main__ as evaluation_cli  # noqa: E402
 from system import UserError  # noqa: E402
 

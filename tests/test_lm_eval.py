@@ -22,12 +22,12 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-import downstream  # noqa: E402
 import export  # noqa: E402
 from conf import CONF_DIR  # noqa: E402
 from conf.downstream_config import DownstreamConfig  # noqa: E402
 from data import load_tokenizer  # noqa: E402
 from data.bpe import train_bpe  # noqa: E402
+from evaluation import downstream  # noqa: E402
 from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402

@@ -11,11 +11,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-import downstream
 from conf import CONF_DIR
 from conf.cli import check_overrides, options_first
 from conf.downstream_config import DownstreamConfig, load_downstream_config
-from evaluation import NO_HARNESS
+from evaluation import NO_HARNESS, downstream
 from evaluation.after_training import DownstreamAfterTraining
 from test_docs import COMMANDS
 

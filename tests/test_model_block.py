@@ -29,6 +29,7 @@ from model import attention as attention_module
 from model.attention import CausalSelfAttention
 from model.rotary import apply_rotary, rotary_angles
 from training.checkpoint import find_checkpoint, load_checkpoint
+from training.inference import checkpoint_model
 from training.logger import read_metrics
 
 from test_generate import reference_greedy
@@ -247,7 +248,7 @@ def test_llama_block_with_gqa_trains_resumes_exactly_and_samples(tmp_path):
                                                            "max_new_tokens=20"])
     result = sample.sample(load_sample_config(request), out=io.StringIO())
     tokenizer = checkpoint.tokenizer()
-    model = sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
+    model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
     expected = tokenizer.decode(reference_greedy(model, tokenizer.encode("First"), 20))
     assert result["samples"][0]["text"] == expected
 

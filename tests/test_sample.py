@@ -21,8 +21,10 @@ from conf import CONF_DIR
 from conf.sample_config import load_sample_config
 from conftest import training_overrides
 from data import CharTokenizer, Gpt2Tokenizer, Tokenizer
+from model import cut_at_stop, stop_string_check
 from model.weight_formats import weight_format
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
+from training.inference import checkpoint_model
 
 from test_generate import reference_greedy
 
@@ -53,7 +55,7 @@ def greedy_text(runs_root: Path, prompt: str, max_new_tokens: int) -> str:
     """What the checkpoint continues with greedily, by the uncached reference loop."""
     checkpoint = load_checkpoint(find_checkpoint(None, runs_root))
     tokenizer = checkpoint.tokenizer()
-    model = sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
+    model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
     return tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), max_new_tokens))
 
 
@@ -227,7 +229,7 @@ def test_weight_formats_sample_the_checkpoint_and_say_so(runs_root, weights):
     assert result["settings"]["weights"] == weights
     assert result["samples"][0]["new_tokens"] == 40 and printed == "First" + result["samples"][0]["text"] + "\n"
     checkpoint = load_checkpoint(find_checkpoint(None, runs_root))
-    assert weight_format(sample.checkpoint_model(checkpoint, torch.device("cpu"), torch.float32, weights)) == weights
+    assert weight_format(checkpoint_model(checkpoint, torch.device("cpu"), torch.float32, weights)) == weights
 
 
 def test_int8_off_the_cpu_is_refused_before_the_checkpoint_is_read(tmp_path, monkeypatch):
@@ -304,7 +306,7 @@ def test_live_text_prints_what_the_whole_decoded_text_allows_token_by_token():
     for i, token in enumerate(ids, 1):
         live.add(tokenizer.decode_bytes([token]))
         assert out.getvalue() == reference_live_text(tokenizer.decode(ids[:i]), stops)
-    whole = sample.cut_at_stop(tokenizer.decode(ids), stops)[0]
+    whole = cut_at_stop(tokenizer.decode(ids), stops)[0]
     live.finish(whole)
     assert out.getvalue() == whole and len(whole) == 519
 
@@ -312,7 +314,7 @@ def test_live_text_prints_what_the_whole_decoded_text_allows_token_by_token():
 @pytest.mark.parametrize("stop", MULTIBYTE_STOPS)
 def test_the_windowed_stop_check_ends_a_sample_where_the_whole_text_check_would(stop):
     tokenizer, ids = multibyte_tokens(stop)
-    check = sample.stop_string_check(tokenizer, [stop, "zz"])
+    check = stop_string_check(tokenizer.decode, [stop, "zz"])
     first = next(i for i in range(1, len(ids) + 1) if check(ids[:i]))
     expected = next(i for i in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:i]))
     assert first == expected
@@ -323,7 +325,7 @@ def test_the_stop_check_finds_a_stop_spelt_one_byte_per_token(stop):
     tokenizer = Gpt2Tokenizer()
     byte_token = {tokenizer.decode_bytes([i]): i for i in range(256 * 4)}  # GPT-2's first ids: the 256 bytes
     ids = [byte_token[bytes([b])] for b in ("so " + stop).encode("utf-8")]
-    check = sample.stop_string_check(tokenizer, [stop])
+    check = stop_string_check(tokenizer.decode, [stop])
     assert [check(ids[:i]) for i in range(1, len(ids) + 1)] == [False] * (len(ids) - 1) + [True]
 
 

@@ -1,4 +1,4 @@
-"""train.train_step: the real optimizer step of train.py, decided on the device.
+"""training.step.train_step: the real optimizer step of train.py, decided on the device.
 
 Accumulated micro-batches give one backward's gradients over the whole batch, clipping
 scales them to grad_clip only above it, non-finite steps leave no trace, fp16 unscales
@@ -14,7 +14,7 @@ import torch
 
 from conf import OptimConfig
 from model import GPT
-from train import Trainer, train_step
+from training.step import Trainer, train_step
 from training.distributed import Ranks
 from training.optim import build_optimizer
 from training.runtime import resolve_precision

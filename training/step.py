@@ -1,5 +1,6 @@
-"""What train.py's optimizer step uses besides the model: the learning rate, the next
-batch, and the device-side bookkeeping that keeps the host from waiting.
+"""train.py's optimizer step (`train_step` on a `Trainer`) and what it uses besides the
+model: the learning rate, the next batch, and the device-side bookkeeping that keeps the
+host from waiting.
 
 A step never waits for the GPU: the loss, the gradient norm and the "skip this
 update" decision stay device tensors, and the host reads them only when the loop
@@ -129,6 +130,52 @@ def update_unless_skipped(optimizer: torch.optim.Optimizer, skip: Tensor) -> Non
         optimizer.step()
     finally:
         del optimizer.grad_scale, optimizer.found_inf
+
+
+@dataclass
+class Trainer:
+    """What an optimizer step works with."""
+
+    model: torch.nn.Module  # the model that trains: compiled and wrapped in DDP when asked
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # scales fp16 losses (disabled otherwise)
+    autocast: contextlib.AbstractContextManager  # the forward's precision
+    accum_steps: int
+    grad_clip: float  # 0: no clipping
+    ranks: Ranks
+
+    def __post_init__(self) -> None:
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+
+
+def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool = False) -> StepResult:
+    """One optimizer step: forward and backward over accum_steps micro-batches, then
+    unscale, measure and clip the gradients, and update. A step whose loss or gradients
+    are not finite updates nothing. The host waits for nothing here."""
+    loss_sum = 0.0
+    for micro in range(t.accum_steps):
+        x, y = batches.get(step, micro)
+        with gradient_sync(t.model, sync=micro == t.accum_steps - 1):  # DDP averages on the last backward
+            with t.autocast:
+                _, loss = t.model(x, y)
+            batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
+            t.scaler.scale(loss / t.accum_steps).backward()  # the gradients add up
+        loss_sum = loss_sum + loss.detach().float()
+    loss, loss_bad, stop = agree_across_ranks(t.ranks, loss_sum / t.accum_steps, stop_requested)
+
+    t.scaler.unscale_(t.optimizer)  # true gradients for the norm and the clip (no-op unless fp16)
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in t.parameters if p.grad is not None])
+    if t.grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(t.parameters, t.grad_clip, grad_norm)
+    grads_bad = ~torch.isfinite(grad_norm)  # the same on every rank: DDP averaged the gradients
+    skipped = loss_bad | grads_bad
+    update_unless_skipped(t.optimizer, skipped)
+    t.scaler.update()  # fp16: lower the scale after an overflow, raise it after a quiet stretch
+    t.optimizer.zero_grad(set_to_none=True)
+    # Under fp16, overflowing gradients are the loss scale's business (skipped, scale
+    # lowered), not a fault of the run; a non-finite loss always is.
+    nonfinite = loss_bad | (grads_bad & (not t.scaler.is_enabled()))
+    return StepResult(loss=loss, grad_norm=grad_norm, skipped=skipped, nonfinite=nonfinite, stop=stop)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""The scripts at the top of the repository (train.py, sample.py, ...) are entry points over
+the packages: no module of a package imports one, at its top or inside a function."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MAIN_GUARD = 'if __name__ == "__main__":'
+
+
+def scripts() -> set[str]:
+    """Module names of the repository's top-level scripts: its .py files run as commands."""
+    return {path.stem for path in REPO.glob("*.py") if MAIN_GUARD in path.read_text(encoding="utf-8")}
+
+
+def package_files() -> list[Path]:
+    """Every .py file under the repository's top-level directories but tests/."""
+    return [path for path in sorted(REPO.glob("*/**/*.py")) if path.relative_to(REPO).parts[0] != "tests"]
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level module name) of each absolute import in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def test_no_package_module_imports_a_script():
+    entry_points = scripts()
+    assert {"train", "sample", "downstream", "export", "report"} <= entry_points
+    packages = {path.relative_to(REPO).parts[0] for path in package_files()}
+    assert {"model", "data", "training", "evaluation", "ablation", "conf", "bench"} <= packages
+    upward = [f"{path.relative_to(REPO)}:{line} imports {name}.py"
+              for path in package_files() for line, name in imported_modules(path) if name in entry_points]
+    assert upward == []

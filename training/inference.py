@@ -1,0 +1,75 @@
+"""A model loaded for inference, the one way sample.py, evaluation/ and bench/ load one:
+
+    model, tokenizer, checkpoint = load_model("runs/<run>", "runs", device, torch.float32, weights="int8")
+
+It checks the settings that decide how the model computes (the weight format and the
+decode mode against the device) before any weights are read, then reads a gptlab
+checkpoint (safetensors only) and the tokenizer it was trained with, or imports a Hugging
+Face model as train.py's init_from=hf does, with its tokenizer; the model comes back in
+eval mode on the device, computing in dtype, its Linear weights in the `weights` format
+and laid out for decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from data import Tokenizer
+from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
+from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from training.hf_io import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
+
+
+def load_model(target: str | Path | None, runs_root: str | Path, device: torch.device, dtype: torch.dtype, *,
+               weights: str = "fp32", decode: str = "eager", hf: bool = False) -> tuple[GPT, Tokenizer, Checkpoint]:
+    """The model, its tokenizer and the checkpoint it came from. target: a checkpoint or run
+    directory (None: the newest run under runs_root's latest checkpoint), or with hf=True a
+    transformers directory or Hub name (the checkpoint returned then holds the imported
+    weights, its path the directory they were read from)."""
+    check_inference_settings(device, weights, decode)
+    if hf:
+        directory = resolve_hf_dir(str(target))
+        tokenizer = hf_tokenizer(directory)  # before the weights: a refusal reads no gigabytes
+        model_config, state = load_hf_pretrained(directory)
+        checkpoint = Checkpoint(path=directory, config={"model": asdict(model_config)}, model_state=state)
+        model = inference_model(model_config, state, device, dtype, weights)
+    else:
+        checkpoint = load_checkpoint(find_checkpoint(target, runs_root))
+        tokenizer = checkpoint.tokenizer()
+        model = checkpoint_model(checkpoint, device, dtype, weights)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
+                              f"only {model.config.vocab_size}: the two do not belong together")
+    return model, tokenizer, checkpoint
+
+
+def check_inference_settings(device: torch.device, weights: str, decode: str = "eager") -> None:
+    """Refuse a weight format or decode mode the device cannot run, in one line."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    if weights == "int8" and device.type != "cpu":
+        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul), and this run is on "
+                         f"{device}: use weights=bf16 there")
+    if decode == "graph" and device.type != "cuda":
+        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
+                         "(use decode=eager there)")
+
+
+def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
+    """The checkpoint's model in eval mode on device, computing in dtype, its Linear
+    weights converted to the `weights` format (in memory only)."""
+    checkpoint.check_finite()
+    return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
+
+
+def inference_model(model_config: GPTConfig, state: dict[str, torch.Tensor], device: torch.device,
+                    dtype: torch.dtype, weights: str = "fp32") -> GPT:
+    """GPT(model_config) holding `state`, in eval mode on device, computing in dtype, its
+    Linear weights in the `weights` format and laid out for decoding."""
+    model = GPT(model_config)
+    load_weights(model, state)
+    model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
+    return to_decode_layout(model)
