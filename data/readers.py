@@ -7,7 +7,8 @@ it starts a document and with the position a later reader can resume from.
 A document longer than a piece is cut only where GPT-2's pre-tokeniser would split
 anyway (see `cut_point`), so its pieces tokenise to exactly the tokens of the whole
 text; the tokens never depend on the piece size. Bytes that are not UTF-8 become
-U+FFFD, and are counted.
+U+FFFD, and are counted; a source that is not UTF-8 text at all is refused as it is read
+(data/encoding.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from data.encoding import SAMPLE_BYTES, EncodingCheck
 from data.errors import DataError, describe_error
 
 log = logging.getLogger(__name__)
@@ -38,15 +40,6 @@ FORCED_CUT_CHARS = 1 << 16
 # How surrogateescape spells an undecodable byte (and what a JSON "\\udXXX" escape can leave)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _READ_BYTES = 1 << 18  # bytes per read from a file
-# Text files are UTF-8. One in a wider encoding is refused, found by its byte-order mark
-# (iconv's name for the encoding; UTF-32-LE's mark begins with UTF-16-LE's, so it comes
-# first) or else by where NUL bytes fall in its first _SNIFF_BYTES: in UTF-16 of Latin
-# text every other byte is NUL, in UTF-32 three of four; UTF-8 text has almost none.
-_WIDE_MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
-               (codecs.BOM_UTF16_BE, "UTF-16"))
-_WIDE_NULS = {"UTF-32LE": (1, 2, 3), "UTF-32BE": (0, 1, 2), "UTF-16LE": (1, 3), "UTF-16BE": (0, 2)}  # NUL at i % 4
-_SNIFF_BYTES = 4096
-_BINARY_NUL_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -124,26 +117,25 @@ class TextFiles:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
         lookahead = FORCED_CUT_CHARS + 2 + self.piece_chars  # what cut_point may look at
         buffer, start, at_end, replaced_in_file = "", 0, False, 0
-        with open_source(path) as f:
-            f.seek(offset)
-            while True:
-                while not at_end and len(buffer) - start < lookahead:
-                    chunk = read_source(f, path)
-                    at_end = not chunk
-                    buffer, start = buffer[start:] + decoder.decode(chunk, final=at_end), 0
-                if start == len(buffer) and not new_document:
-                    if replaced_in_file:
-                        log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, replaced_in_file)
-                    return
-                end, separated = self._piece_end(buffer, start)
-                text, replaced, size = _decoded(buffer[start:end])
-                replaced_in_file += replaced
-                yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
-                offset += size
-                start, new_document = end, separated
-                if separated:
-                    offset += len(self.separator.encode("utf-8"))
-                    start += len(self.separator)
+        chunks = source_chunks(path, offset)
+        while True:
+            while not at_end and len(buffer) - start < lookahead:
+                chunk = next(chunks, b"")
+                at_end = not chunk
+                buffer, start = buffer[start:] + decoder.decode(chunk, final=at_end), 0
+            if start == len(buffer) and not new_document:
+                if replaced_in_file:
+                    log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, replaced_in_file)
+                return
+            end, separated = self._piece_end(buffer, start)
+            text, replaced, size = _decoded(buffer[start:end])
+            replaced_in_file += replaced
+            yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
+            offset += size
+            start, new_document = end, separated
+            if separated:
+                offset += len(self.separator.encode("utf-8"))
+                start += len(self.separator)
 
     def _piece_end(self, buffer: str, start: int) -> tuple[int, bool]:
         """Where this piece ends, and whether a separator (skipped, not tokenised) follows it."""
@@ -169,7 +161,7 @@ class JsonLines:
         for index in range(at["file"], len(self.files)):
             resumed = index == at["file"]
             start = (at["byte"], at["char"], at["line"], at.get("element", 0)) if resumed else (0, 0, 1, 0)
-            yield from self._file_pieces(index, *start)
+            yield from checked_texts(self._file_pieces(index, *start), str(self.files[index]))
 
     def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, element: int) -> Iterator[Piece]:
         path = self.files[index]
@@ -190,8 +182,7 @@ class JsonLines:
         if path.stat().st_size > self.JSON_ARRAY_BYTES:
             raise DataError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, too large to read at once: "
                             "convert it to JSON Lines (one object per line), which is read as a stream")
-        with open_source(path) as f:
-            rows = json_row(f.read().decode("utf-8", "surrogateescape"), str(path))
+        rows = json_row(b"".join(source_chunks(path, 0)).decode("utf-8", "surrogateescape"), str(path))
         for element in range(first, len(rows)):
             where = f"element {element} of the JSON array in {path}"
             text = lambda: document_text(rows[element], where, self.column)  # noqa: E731
@@ -212,6 +203,9 @@ class Rows:
         self.batches, self.column, self.origin, self.piece_chars = batches, column, origin, piece_chars
 
     def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        return checked_texts(self._pieces(position), self.origin)
+
+    def _pieces(self, position: Optional[dict]) -> Iterator[Piece]:
         at = position or {"row": 0, "char": 0}
         row, skip_chars = at["row"], at["char"]
         for texts in self.batches(row):
@@ -232,6 +226,9 @@ class Stream:
         self.open_stream, self.column, self.origin, self.piece_chars = open_stream, column, origin, piece_chars
 
     def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+        return checked_texts(self._pieces(position), self.origin)
+
+    def _pieces(self, position: Optional[dict]) -> Iterator[Piece]:
         at = position or {"state": None, "since": 0, "row": 0, "char": 0}
         stream = self.open_stream()
         if at["state"] is not None:
@@ -297,19 +294,15 @@ def json_row(line: str, where: str) -> Any:
 
 def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:
     """(line, its byte offset) from `offset` on, decoded with undecodable bytes kept as surrogates."""
-    with open_source(path) as f:
-        f.seek(offset)
-        rest = b""
-        while True:
-            chunk = read_source(f, path)
-            rest += chunk
-            lines = rest.split(b"\n")
-            rest = lines.pop() if chunk else b""
-            for line in lines + ([rest] if not chunk and rest else []):
-                yield line.decode("utf-8", "surrogateescape"), offset
-                offset += len(line) + 1
-            if not chunk:
-                return
+    rest = b""
+    for chunk in source_chunks(path, offset):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line.decode("utf-8", "surrogateescape"), offset
+            offset += len(line) + 1
+    if rest:
+        yield rest.decode("utf-8", "surrogateescape"), offset
 
 
 def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
@@ -327,24 +320,39 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
 
 
 def check_utf8(path: Path) -> None:
-    """Refuse a text file in UTF-16 or UTF-32, or one that is not text at all: read as
-    UTF-8, it would prepare "successfully" into NULs and noise."""
+    """Refuse a file that is not UTF-8 text by its first SAMPLE_BYTES, before any work (the
+    readers go on checking the rest as they read it)."""
     with open_source(path) as f:
-        head = read_source(f, path, _SNIFF_BYTES)
-    encoding = next((name for mark, name in _WIDE_MARKS if head.startswith(mark)), None)
-    evidence = f"it starts with a {encoding} byte-order mark"
-    nul_share = {r: head[r::4].count(0) / max(len(head[r::4]), 1) for r in range(4)}
-    if encoding is None:
-        encoding = next((name for name, where in _WIDE_NULS.items()
-                         if all((nul_share[r] > 0.5) == (r in where) for r in range(4))), None)
-        evidence = f"{head.count(0):,} of its first {len(head):,} bytes are NUL, in {encoding}'s pattern"
-    if encoding is not None:
-        raise DataError(f"{path} is {encoding} text ({evidence}), and gptlab reads UTF-8: convert it, e.g. "
-                        f"`iconv -f {encoding} -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`, and point data.path "
-                        "at the result")
-    if head and head.count(0) / len(head) >= _BINARY_NUL_SHARE:
-        raise DataError(f"{path} is not text: {head.count(0):,} of its first {len(head):,} bytes are NUL; point "
-                        "data.path at UTF-8 text files")
+        head = read_source(f, path, SAMPLE_BYTES)
+    check = EncodingCheck(str(path), path)
+    check.add(head, 0)
+    check.finish()
+
+
+def source_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    """The file's bytes from `offset` on, a read at a time, each checked before it is yielded:
+    a file that is not UTF-8 text is refused before its text is used (data/encoding.py)."""
+    check = EncodingCheck(str(path), path)
+    with open_source(path) as f:
+        f.seek(offset)
+        while chunk := read_source(f, path):
+            check.add(chunk, offset)
+            offset += len(chunk)
+            yield chunk
+    check.finish()
+
+
+def checked_texts(pieces: Iterator[Piece], origin: str) -> Iterator[Piece]:
+    """Pieces of rows (a table's, a JSON file's), their texts checked as UTF-8 bytes aligned
+    at each document's start: text that came in another encoding is refused (data/encoding.py)."""
+    check, offset = EncodingCheck(origin), 0
+    for piece in pieces:
+        data = piece.text.encode("utf-8")
+        offset = 0 if piece.new_document else offset
+        check.add(data, offset)
+        offset += len(data)
+        yield piece
+    check.finish()
 
 
 def open_source(path: Path):

@@ -7,7 +7,8 @@
   dataset directory (a `save_to_disk` one, memory-mapped; else its data files, streamed).
 
 Text files are decoded as UTF-8; bytes that are not UTF-8 become U+FFFD, and how many
-did is counted, logged and stored in meta.json.
+did is counted, logged and stored in meta.json. A source that is not UTF-8 text at all is
+refused as it is read (data/encoding.py).
 """
 
 from __future__ import annotations

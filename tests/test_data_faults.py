@@ -7,8 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,13 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import data.cli
 from conf import CONF_DIR, load_config
 from data import BatchLoader, DataConfig, DataError, load_tokenizer, prepare
-from data.readers import check_utf8
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom.\n" * 20
@@ -294,42 +289,3 @@ def test_a_damaged_parquet_file_is_named(tmp_path, where):
     with pytest.raises(DataError, match=rf"^cannot read {path} as parquet \(.+\); replace the file, or leave it out "
                                         r"of data.path$"):
         prepare(cfg)
-
-
-WIDE_ENCODINGS = {  # Python's codec: the name iconv knows it by, as the error gives it
-    "utf-16": "UTF-16", "utf-16-le": "UTF-16LE", "utf-16-be": "UTF-16BE",
-    "utf-32": "UTF-32", "utf-32-le": "UTF-32LE", "utf-32-be": "UTF-32BE",
-}
-
-
-@pytest.mark.parametrize("codec", WIDE_ENCODINGS)
-def test_text_in_utf16_or_utf32_is_refused_naming_the_encoding_and_the_conversion(tmp_path, codec):
-    """Read as UTF-8, every other character would be NUL, and prepare would 'succeed'."""
-    cfg = char_config(tmp_path)
-    Path(cfg.path).write_text(TEXT, encoding=codec)  # with a byte-order mark for utf-16 and utf-32 only
-    encoding = WIDE_ENCODINGS[codec]
-    with pytest.raises(DataError) as refused:
-        prepare(cfg)
-    assert str(refused.value).startswith(f"{cfg.path} is {encoding} text (")
-    command = re.search(r"`(iconv [^`]+)`", str(refused.value)).group(1)
-    if shutil.which("iconv"):  # the advice works: the converted file is the text
-        subprocess.run(command, shell=True, cwd=tmp_path, check=True)
-        assert (tmp_path / "book.utf8.txt").read_text(encoding="utf-8") == TEXT
-    assert not (Path(cfg.data_dir) / "meta.json").exists()
-
-
-def test_a_binary_file_is_refused_as_not_text(tmp_path):
-    cfg = char_config(tmp_path)
-    Path(cfg.path).write_bytes(b"\x1f\x8b\x08\x01" + bytes(1000))
-    with pytest.raises(DataError, match=rf"^{cfg.path} is not text: 1,000 of its first 1,004 bytes are NUL"):
-        prepare(cfg)
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"), min_size=30, max_size=300),
-       nuls=st.integers(0, 2))
-def test_utf8_text_of_any_script_is_never_mistaken_for_a_wider_encoding(tmp_path_factory, text, nuls):
-    """NUL is a legal UTF-8 character: a few are text; only a large share is not."""
-    path = tmp_path_factory.mktemp("utf8") / "any.txt"
-    path.write_text(text[:15] + "\0" * nuls + text[15:], encoding="utf-8")
-    check_utf8(path)

@@ -1,6 +1,7 @@
 """The report's downstream tables: hand-written downstream.json files under runs of three
 arms, summed up against scipy's t distribution and t-tests and Holm's rule done by hand."""
 
+import html
 from dataclasses import asdict
 
 import pytest
@@ -10,6 +11,7 @@ from ablation.downstream import downstream_section, task_rows
 from ablation.runs import Arm, Run
 from evaluation.results import write_results
 from model import GPTConfig
+from system import UserError
 from training.checkpoint import Checkpoint
 
 MHA = [0.300, 0.310, 0.305]  # acc_norm of seeds 1, 2, 3
@@ -86,3 +88,48 @@ def test_no_section_without_results(tmp_path, arms):
     for run in arms[0].runs:
         (run.checkpoint.path / "downstream.json").unlink()
     assert downstream_section(arms, arms[0]) is None
+
+
+@pytest.mark.parametrize("value, problem", [
+    ('"high"', 'is the string "high", not a number'), ('{"deep": {"er": [1]}}', "is an object, not a number"),
+    ("NaN", "is NaN, not a finite number"), ("-Infinity", "is -Infinity, not a finite number"),
+])
+def test_a_metric_the_tables_cannot_use_is_named_with_its_file(arms, value, problem):
+    path = arms[1].runs[1].checkpoint.path / "downstream.json"
+    path.write_text('{"hellaswag": {"metrics": {"acc_norm": %s, "acc": 0.2}}}' % value)
+    with pytest.raises(UserError) as refused:
+        downstream_section(arms, arms[0])
+    assert str(refused.value) == (f'{path}: ["hellaswag"]["metrics"]["acc_norm"] {problem}; mend the file, or '
+                                  "delete it and evaluate the tasks again")
+
+
+def test_every_bad_results_file_is_named_at_once(arms):
+    deep, counts = (run.checkpoint.path / "downstream.json" for run in (arms[0].runs[2], arms[2].runs[0]))
+    deep.write_text('{"hellaswag": {"metrics": {"acc": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
+    counts.write_text('{"hellaswag": {"metrics": {"acc_norm": 0.3, "acc": true}, "limit": "all", "items": 2.5}}')
+    with pytest.raises(UserError) as refused:
+        downstream_section(arms, arms[0])
+    assert str(refused.value) == (
+        f"2 problems: {deep} is nested too deeply to be a results file of downstream.py; delete it and evaluate the "
+        f'tasks again; {counts}: ["hellaswag"]["metrics"]["acc"] is true, not a number, ["hellaswag"]["limit"] is '
+        'the string "all", not null or a whole number >= 1, ["hellaswag"]["items"] is 2.5, not null or a whole '
+        "number >= 0; mend the file, or delete it and evaluate the tasks again")
+    assert "\n" not in str(refused.value)
+
+
+def test_task_names_are_shown_as_written_without_breaking_the_table(arms):
+    """A task file may name its task anything: a pipe would split a cell, a line break end the
+    table, HTML render (or run) in the report's viewer."""
+    task = 'ev|il\n<script>alert("x")</script> a\\|b `c`'
+    for arm in arms:
+        for run in arm.runs:
+            write_results(run.checkpoint.path, {task: {"metrics": {"acc": 0.5 + 0.01 * run.seed}},
+                                                f"{task} quick": {"metrics": {"acc": 1.0}, "limit": 2, "items": 2}})
+    section = downstream_section(arms, arms[0])
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(table) == 2 * (2 + 3) and all(line.count("|") == 7 for line in table)  # this task's and hellaswag's
+    assert "<" not in section and "`c`" not in section
+    shown = task.replace("\n", "\\n")  # as its Python escape
+    assert html.unescape(table[0].split("|")[3].strip()) == f"{shown} acc"
+    partial = [line for line in section.splitlines() if "was scored on" in line]  # a line per run
+    assert len(partial) == 9 and html.unescape(partial[0]).startswith(f"- kv4_seed1: {shown} quick was scored")
