@@ -36,7 +36,7 @@ from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptrain
 from ablation.fairness import changes, check_same_data
 from ablation.runs import GPT2_BLOCK, Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
 from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, p_value, seeds_needed
-from bench.provenance import provenance
+from training.provenance import provenance
 from model import GPT, to_decode_layout
 from system import exits
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout
 
 import data.bpe as bpe  # noqa: E402
-from bench.provenance import provenance  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 from data import DataConfig, Gpt2Tokenizer  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
 

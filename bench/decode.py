@@ -57,7 +57,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from bench.provenance import provenance  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import (  # noqa: E402
     GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,

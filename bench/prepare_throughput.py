@@ -55,12 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import torch  # the version only (bench.provenance imports it anyway)
+import torch  # the version only (training.provenance imports it anyway)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout: data.tokenizer for the reference
 
-from bench.provenance import git_state, utc_now  # noqa: E402
+from training.provenance import git_state, utc_now  # noqa: E402
 from bench.synthetic_corpus import (  # noqa: E402
     GB, KINDS, SEED, PoolDocument, corpus_path, document_stream, load_pool, prepare_corpora,
 )

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout
 
 from ablation.stats import mean_ci, paired_difference  # noqa: E402
-from bench.provenance import provenance  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 
 # What each corpus needs on top of the recipes, and whether the modern arms train a BPE on it
 # (a character corpus keeps its characters).

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from bench.provenance import provenance  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from bench.provenance import provenance  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
 from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402

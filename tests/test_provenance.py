@@ -8,7 +8,7 @@ import subprocess
 import torch
 
 import report
-from bench.provenance import ROOT
+from training.provenance import ROOT
 from bench.train_throughput import write_json
 
 

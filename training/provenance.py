@@ -12,7 +12,7 @@ import torch
 
 from training.runtime import describe_machine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
 def provenance(device: torch.device | None = None) -> dict:
