@@ -19,8 +19,8 @@ if __name__ == "__main__":  # before the imports below: torch alone takes second
     quiet_interrupt_while_starting()
 
 from system import exits
-from training.checkpoint import find_checkpoint
-from training.hf_io import export_checkpoint
+from run.checkpoint import find_checkpoint
+from hf.files import export_checkpoint
 
 
 def main(argv: list[str] | None = None) -> None:

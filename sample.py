@@ -39,8 +39,8 @@ from conf.sample_config import SampleConfig, load_sample_config
 from data import Tokenizer
 from model import GPT, KVCache, cut_at_stop, stop_string_check, stream
 from system import exits
-from training.inference import load_model
-from training.runtime import available_memory, resolve_device, resolve_precision
+from run.load import load_model
+from run.runtime import available_memory, resolve_device, resolve_precision
 
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input

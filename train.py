@@ -40,19 +40,19 @@ from data import BatchLoader, PreparedData, prepare
 from model import GPT
 from system import GracefulStop, Interrupted, command_finished, exits
 from training.budget import grad_accum_steps, run_budget
-from training.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
-from training.distributed import (
+from run.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
+from run.distributed import (
     Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, peers_watched, shutdown,
     wrap_model,
 )
 from training.estimate import WARMUP_STEPS, estimate_line, tokens_line
 from training.evaluate import Evaluator
-from training.init_from import check_model_path, initial_model
+from run.init_from import check_model_path, initial_model
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
 from training.optim import build_optimizer, schedule_scale
-from training.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
-from training.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
+from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
+from run.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from training.step import (
     Prefetcher, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings, train_step,
 )

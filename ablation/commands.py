@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from ablation.runs import Arm, flatten
 from conf import CONF_DIR
-from training.run_dir import RUN_GROUPS, group_choices, read_run_yaml
+from run.run_dir import RUN_GROUPS, group_choices, read_run_yaml
 
 NOT_CARRIED = {"seed", "out_dir", "resume"}  # what differs from run to run, or would make a run anything but new
 

@@ -19,11 +19,11 @@ from typing import Any
 from data import Tokenizer
 import model.config
 from model import GPT, GPTConfig
-from training.checkpoint import (
+from run.checkpoint import (
     CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint, load_weights,
 )
-from training.logger import METRICS, read_metrics
-from training.run_dir import RUN_CONFIG, logged_a_save, read_run_yaml
+from run.metrics import METRICS, read_metrics
+from run.run_dir import RUN_CONFIG, logged_a_save, read_run_yaml
 
 
 @dataclass

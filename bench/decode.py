@@ -62,8 +62,8 @@ from conf import model_preset  # noqa: E402
 from model import (  # noqa: E402
     GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,
 )
-from training.inference import check_inference_settings  # noqa: E402
-from training.runtime import describe_machine, synchronize  # noqa: E402
+from run.load import check_inference_settings  # noqa: E402
+from run.runtime import describe_machine, synchronize  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
 GREEDY = Sampling(temperature=0)

@@ -83,7 +83,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench import gpu_figures  # noqa: E402
 from bench.gpu_report import missing, render  # noqa: E402
-from training.runtime import configure_cuda, synchronize  # noqa: E402
+from run.runtime import configure_cuda, synchronize  # noqa: E402
 
 STAGES = ("environment", "throughput", "decode", "train", "cuda_tests", "time_to_loss")  # the order they run in: by value
 ROW_STAGES = {"throughput": gpu_figures.throughput, "decode": gpu_figures.decode}  # measured variant by variant

@@ -19,7 +19,7 @@ from bench.train_throughput import FixedBatch, build_trainers, timed_steps, trai
 from conf import model_preset
 from model import GPT, KVCache
 from training.mfu import estimate_mfu, peak_flops
-from training.runtime import resolve_precision, synchronize
+from run.runtime import resolve_precision, synchronize
 
 # variant: its overrides of the gpt2 preset (12 heads). Decode measures the attention layouts;
 # throughput also trains Llama's block (rotary, RMSNorm, SwiGLU), eagerly: no extra cold compile.

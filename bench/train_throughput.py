@@ -40,10 +40,10 @@ from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from training.step import Trainer, train_step  # noqa: E402
-from training.distributed import Ranks  # noqa: E402
+from run.distributed import Ranks  # noqa: E402
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
-from training.runtime import (  # noqa: E402
+from run.runtime import (  # noqa: E402
     DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
 )
 

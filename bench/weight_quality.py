@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from training.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
-from training.inference import checkpoint_model  # noqa: E402
+from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
+from run.load import checkpoint_model  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 SEED = 1234  # which validation windows

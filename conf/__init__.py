@@ -1,7 +1,7 @@
 """Typed schemas for the YAML files in this directory, and the one place each setting lives.
 
 A field holds a setting's type, its default, its rule (`setting(default, rule)`, see
-model/rules.py) and, in the docstring under it, its one-line documentation; `python -m conf`
+rules.py) and, in the docstring under it, its one-line documentation; `python -m conf`
 writes docs/configuration.md from them. train.yaml only chooses presets, and a preset
 only sets what it changes.
 
@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
-from model.rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, one_of, setting
+from rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")

@@ -17,7 +17,7 @@ from conf import CONF_DIR, Config
 from conf.cli import describe, setting_type
 from conf.downstream_config import DownstreamConfig
 from conf.sample_config import SampleConfig
-from model.rules import rule_of
+from rules import rule_of
 
 REFERENCE = CONF_DIR.parent / "docs" / "configuration.md"
 INTRO = """\

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from conf import load_config
 from conf.sample_config import DTYPES
 from model import WEIGHT_FORMATS
-from model.rules import NOT_EMPTY, at_least, check_rules, one_of, setting
+from rules import NOT_EMPTY, at_least, check_rules, one_of, setting
 
 
 @dataclass

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from conf import load_config
 from model import DECODE_MODES, WEIGHT_FORMATS, Sampling
-from model.rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
+from rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 from model.engine import TEMPERATURE, TOP_K, TOP_P
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from model.rules import NOT_EMPTY, above, at_least, between, check_rules, matching, one_of, setting
+from rules import NOT_EMPTY, above, at_least, between, check_rules, matching, one_of, setting
 
 SOURCES = ("stdlib", "files", "hub")
 TOKENIZERS = ("gpt2", "char", "bpe")

@@ -4,7 +4,7 @@
     lm_eval.simple_evaluate(model=lm, tasks=["hellaswag"])
 
 It loads any checkpoint (a run directory or one step, any attention layout, any weight
-format) with the tokenizer the model was trained with, through training/inference.py's
+format) with the tokenizer the model was trained with, through run/load.py's
 load_model as sample.py does, and scores requests as the harness's own transformers
 model (`hf`) does, so that the figures compare with any transformers model's:
 - loglikelihood: context and continuation are encoded together and split on token ids
@@ -38,8 +38,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from model import Sampling, cut_at_stop, generate, stop_string_check
-from training.inference import load_model
-from training.runtime import resolve_device, resolve_precision
+from run.load import load_model
+from run.runtime import resolve_device, resolve_precision
 
 GENERATION_SETTINGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 MAX_GEN_TOKS = 256  # the harness's own default

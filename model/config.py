@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from .rules import above, at_least, between, check_rules, one_of, setting
+from rules import above, at_least, between, check_rules, one_of, setting
 
 ATTENTION_IMPLS = ("sdpa", "manual")
 POSITIONS = ("learned", "rope")

@@ -26,7 +26,7 @@ from .config import GPTConfig
 from .cuda_graph import GraphedDecodeStep
 from .gpt import GPT
 from .memory import huge_page_zeros
-from .rules import SEED, at_least, between, check_rules, setting
+from rules import SEED, at_least, between, check_rules, setting
 
 # Sampling: choosing the next token from logits, greedy, temperature, top-k and top-p (nucleus)
 TEMPERATURE = between(0, math.inf, "[)")

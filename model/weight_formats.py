@@ -40,7 +40,7 @@ def to_weight_format(model: GPT, weights: str) -> GPT:
     `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
     a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
     inference; call it after moving the model to its device (int8: the CPU, where torch's
-    int8 kernel runs; training/inference.py refuses it elsewhere)."""
+    int8 kernel runs; run/load.py refuses it elsewhere)."""
     assert weights in WEIGHT_FORMATS, weights
     if weights == "fp32":
         return model

@@ -17,7 +17,7 @@ from scipy import stats
 
 from ablation.compare import EQUAL_FLOPS, EQUAL_TOKENS, baseline_of, results
 from ablation.runs import Arm, Run
-from training.checkpoint import Checkpoint
+from run.checkpoint import Checkpoint
 
 from conftest import tiny_config
 

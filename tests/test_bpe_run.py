@@ -21,8 +21,8 @@ from data import DataError
 from data.bpe import TOKENIZER_FILE
 from test_generate import reference_greedy
 from test_sample import settings
-from training.checkpoint import DIGESTS, find_checkpoint, load_checkpoint
-from training.inference import checkpoint_model
+from run.checkpoint import DIGESTS, find_checkpoint, load_checkpoint
+from run.load import checkpoint_model
 
 PYTHON = Path(data.preparation.__file__).read_text(encoding="utf-8")
 TEXT = "def f(x):\n        return x  # naïve 🤖\n\tpass"  # no literal <|endoftext|>: transformers reads it as eot

@@ -10,8 +10,8 @@ import train
 from conf import CONF_DIR, Config
 from model import GPT
 from training.budget import training_budget
-from training.checkpoint import find_checkpoint, load_checkpoint
-from training.logger import read_metrics
+from run.checkpoint import find_checkpoint, load_checkpoint
+from run.metrics import read_metrics
 
 from conftest import tiny_config, training_overrides
 

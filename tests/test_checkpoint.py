@@ -9,13 +9,13 @@ import torch
 from safetensors import SafetensorError
 
 from conf import Config, OptimConfig
-from training import checkpoint as ckpt
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
-from training.distributed import Ranks
-from training.logger import read_metrics
+from run import checkpoint as ckpt
+from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from run.distributed import Ranks
+from run.metrics import read_metrics
 from training.optim import build_optimizer
-from training.run_dir import restore
-from training.runtime import Precision, resolve_precision, rng_state
+from run.run_dir import restore
+from run.runtime import Precision, resolve_precision, rng_state
 
 from test_train import run_in_process
 

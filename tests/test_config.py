@@ -14,7 +14,7 @@ from omegaconf.errors import ValidationError
 from conf import CONF_DIR, Config, load_config, model_preset
 from data import DataConfig
 from model import GPT, GPTConfig
-from model.rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of
+from rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
 

@@ -23,8 +23,8 @@ import torch
 from devices import tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import GPT, Sampling, generate
 from model.weight_formats import to_weight_format
-from training.checkpoint import find_checkpoint, load_checkpoint
-from training.logger import read_metrics
+from run.checkpoint import find_checkpoint, load_checkpoint
+from run.metrics import read_metrics
 
 from conftest import tiny_config, training_overrides
 
@@ -111,9 +111,9 @@ def test_torchrun_with_nccl_through_train_py(tmp_path):
 def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
     from conf import OptimConfig
     from training.step import Trainer, train_step
-    from training.distributed import Ranks
+    from run.distributed import Ranks
     from training.optim import build_optimizer
-    from training.runtime import resolve_precision
+    from run.runtime import resolve_precision
 
     model = cuda_model().train()
     precision = resolve_precision("fp16", CUDA)

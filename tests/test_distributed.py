@@ -14,13 +14,13 @@ import torch
 
 from conf import Config
 from model import GPT
-from training.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from training.distributed import Ranks
+from run.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from run.distributed import Ranks
 from training.evaluate import Evaluator
-from training.logger import read_metrics
+from run.metrics import read_metrics
 from training.optim import build_optimizer
-from training.run_dir import restore
-from training.runtime import resolve_precision, rng_state, set_rng_state
+from run.run_dir import restore
+from run.runtime import resolve_precision, rng_state, set_rng_state
 
 from conftest import tiny_config, training_overrides
 
@@ -157,7 +157,7 @@ def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):
     import torch.distributed as dist
 
     from training.evaluate import Evaluator
-    from training.runtime import resolve_precision
+    from run.runtime import resolve_precision
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -219,7 +219,7 @@ def test_shutdown_frees_the_group_before_the_interpreter_exits(tmp_path):
 
     import torch.distributed as dist
 
-    from training.distributed import shutdown
+    from run.distributed import shutdown
 
     def wrapped_model_goes_out_of_scope():
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint import last_good_checkpoint
+from run.checkpoint import last_good_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]

@@ -10,7 +10,7 @@ import train
 from conf import CONF_DIR, load_config
 from data.meta import read_meta
 from training.estimate import WARMUP_STEPS, duration, estimate, estimate_line, rounded, tokens_line
-from training.logger import read_metrics
+from run.metrics import read_metrics
 
 from test_train import run_in_process
 

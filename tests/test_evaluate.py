@@ -15,11 +15,11 @@ import train
 from conf import CONF_DIR
 from data import BatchLoader
 from model import GPT
-from training.checkpoint import find_checkpoint, load_checkpoint, load_weights
-from training.distributed import Ranks
+from run.checkpoint import find_checkpoint, load_checkpoint, load_weights
+from run.distributed import Ranks
 from training.evaluate import EVAL_SEED, Evaluator
-from training.logger import read_metrics
-from training.runtime import resolve_precision
+from run.metrics import read_metrics
+from run.runtime import resolve_precision
 
 from conftest import training_overrides
 

@@ -22,10 +22,10 @@ from conf import CONF_DIR
 from data import DataError
 from report import write_report
 from system import GracefulStop, Interrupted, interrupts_raise
-from training import checkpoint as ckpt
-from training.checkpoint import CheckpointError
-from training.logger import read_metrics
-from training.run_dir import resolve_resume
+from run import checkpoint as ckpt
+from run.checkpoint import CheckpointError
+from run.metrics import read_metrics
+from run.run_dir import resolve_resume
 
 REPO = Path(__file__).resolve().parents[1]
 

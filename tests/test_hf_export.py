@@ -15,9 +15,9 @@ import export
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from training.checkpoint import CheckpointError, save_checkpoint
-from training import hf_io
-from training.hf_io import load_hf_pretrained, save_hf
+from run.checkpoint import CheckpointError, save_checkpoint
+from hf import files as hf_io
+from hf.files import load_hf_pretrained, save_hf
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
 SAMPLE_TEXT = "Hello world! It's 2024: naïve café,   spaces\n\n\ttabs, émojis 🤖 and 1234567 numbers."

@@ -12,10 +12,10 @@ from transformers import GPT2Config, GPTBigCodeConfig, LlamaConfig
 from conftest import tiny_config
 from hf_reference import TINY, assert_same_logits, build, edit_config, hf_bigcode, hf_gpt2, random_tokens
 from model import GPT, GPTConfig, Sampling, generate
-from model import hf, hf_llama
-from model.hf import config_from_hf, pool_kv_heads
-from training.checkpoint import CheckpointError
-from training.hf_io import load_hf_pretrained
+from hf import gpt2 as hf, llama as hf_llama
+from hf.gpt2 import config_from_hf, pool_kv_heads
+from run.checkpoint import CheckpointError
+from hf.files import load_hf_pretrained
 
 
 @pytest.fixture(scope="module")

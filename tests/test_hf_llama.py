@@ -17,9 +17,9 @@ from conf import CONF_DIR, load_config
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from training.checkpoint import CheckpointError, save_checkpoint
-from training.hf_io import load_hf_pretrained, save_hf
-from training.init_from import initial_model
+from run.checkpoint import CheckpointError, save_checkpoint
+from hf.files import load_hf_pretrained, save_hf
+from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
 SHAPE = dict(vocab_size=997, block_size=48, n_layer=3, n_head=6, n_embd=60)

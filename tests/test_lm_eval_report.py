@@ -12,7 +12,7 @@ from ablation.runs import Arm, Run
 from evaluation.results import write_results
 from model import GPTConfig
 from system import UserError
-from training.checkpoint import Checkpoint
+from run.checkpoint import Checkpoint
 
 MHA = [0.300, 0.310, 0.305]  # acc_norm of seeds 1, 2, 3
 MQA = [0.290, 0.296, 0.297]  # a planted loss of about one point, the same seeds

@@ -23,8 +23,8 @@ from conftest import training_overrides
 from data import CharTokenizer, Gpt2Tokenizer, Tokenizer
 from model import cut_at_stop, stop_string_check
 from model.weight_formats import weight_format
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
-from training.inference import checkpoint_model
+from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
+from run.load import checkpoint_model
 
 from test_generate import reference_greedy
 
@@ -397,7 +397,7 @@ def test_a_batch_that_would_not_fit_in_memory_is_refused_before_generating(runs_
 
 def test_the_memory_check_counts_the_cache_the_engine_allocates(make_model):
     from model import KVCache
-    from training.runtime import available_memory
+    from run.runtime import available_memory
 
     for n_kv_head in (4, 1):
         config = make_model(n_kv_head=n_kv_head).config

@@ -18,13 +18,13 @@ from tokenizers.models import WordLevel
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
 
 import sample
-import training.inference
+import run.load
 from conf.cli import prompt_from_words
 from data import Gpt2Tokenizer
 from data.tokenizer import GPT2_FILES_DIR, GPT2_VOCAB_SIZE
 from hf_reference import randomized
 from test_sample import REPO, settings
-from training.checkpoint import CheckpointError
+from run.checkpoint import CheckpointError
 
 EOT = GPT2_VOCAB_SIZE - 1
 PROMPT = "Hello, I'm a language model,"
@@ -155,7 +155,7 @@ def test_a_llama_tokenizer_gptlab_cannot_read_is_refused_before_the_weights(mode
     directory = tmp_path / "llama"
     models["llama"][1].save_pretrained(directory)
     tokenizer(directory)
-    monkeypatch.setattr(training.inference, "load_hf_pretrained", lambda *args: pytest.fail("the weights were read"))
+    monkeypatch.setattr(run.load, "load_hf_pretrained", lambda *args: pytest.fail("the weights were read"))
     with pytest.raises(CheckpointError, match=message):
         run_hf(directory)
 

@@ -111,12 +111,12 @@ def test_a_symlink_is_swapped_in_one_rename(tmp_path):
 
 def test_the_run_lock_holds_against_another_process(tmp_path):
     """filelock's lock, taken by another process, refuses this one with that process's id."""
-    from training.run_dir import run_lock
+    from run.run_dir import run_lock
 
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from training.run_dir import run_lock
+        from run.run_dir import run_lock
         with run_lock(Path({str(tmp_path)!r}), new_run=False):
             print("locked", flush=True)
             sys.stdin.readline()

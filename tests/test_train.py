@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 import train
 from conf import CONF_DIR
 from data import DataError
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-from training.logger import read_metrics
+from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from run.metrics import read_metrics
 from training.step import NonFiniteLoss
 
 REPO = Path(__file__).resolve().parents[1]

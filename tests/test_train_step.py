@@ -15,9 +15,9 @@ import torch
 from conf import OptimConfig
 from model import GPT
 from training.step import Trainer, train_step
-from training.distributed import Ranks
+from run.distributed import Ranks
 from training.optim import build_optimizer
-from training.runtime import resolve_precision
+from run.runtime import resolve_precision
 from training.step import Prefetcher, StepResult, TrainWindow
 
 from conftest import tiny_config

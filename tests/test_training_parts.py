@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from training.logger import RunLogger, read_metrics
+from run.metrics import read_metrics
+from training.logger import RunLogger
 from training.mfu import estimate_mfu, gpu_datasheet_peak, measure_matmul_flops
-from training.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
+from run.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
 from training.step import learning_rate
 
 
@@ -198,7 +199,7 @@ def test_a_last_record_without_its_newline_is_kept_and_the_next_starts_a_new_lin
 
 
 def test_a_malformed_line_before_the_last_is_an_error_naming_the_file_and_line(tmp_path):
-    from training.logger import MetricsError
+    from run.metrics import MetricsError
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(MetricsError, match=r"metrics.jsonl line 2 is not a JSON record"):
@@ -217,7 +218,7 @@ def test_a_resume_that_trains_nothing_keeps_the_whole_log(tmp_path):
 def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
     import os
 
-    from training.run_dir import run_lock
+    from run.run_dir import run_lock
 
     with run_lock(tmp_path, new_run=False):
         with pytest.raises(ValueError, match=f"is in use: process {os.getpid()} is writing it"):
@@ -282,7 +283,7 @@ def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
     """A kill between the two leaves no config.yaml without groups.yaml, which would look foreign."""
     from omegaconf import OmegaConf
 
-    from training import run_dir
+    from run import run_dir
 
     written, save, write_atomic = [], OmegaConf.save, run_dir.write_atomic
     monkeypatch.setattr(OmegaConf, "save", lambda config, path, **kwargs: (written.append(Path(path).name),

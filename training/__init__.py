@@ -1,1 +1,1 @@
-"""Training mechanics that train.py and sample.py call: checkpoints, schedules, runtime, logging."""
+"""Training mechanics that train.py calls: the step, schedules, optimizers, budget, evaluation, logging."""

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import BatchLoader, DataError
-from training.distributed import Ranks, all_reduce_sum
-from training.runtime import Precision
+from run.distributed import Ranks, all_reduce_sum
+from run.runtime import Precision
 
 EVAL_SEED = 1_000_003  # the evaluation windows' own draw, the same for every run
 SPLITS = ("train", "val")

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from training.runtime import DTYPES
+from run.runtime import DTYPES
 
 # Dense peak FLOP/s per GPU from NVIDIA's datasheets (the sparsity figures halved),
 # by the precision the matmuls run in: "tf32" is precision=fp32 on TF32 tensor cores
-# (the default, see training.runtime.configure_cuda), "fp32" is true fp32 (tf32=false).
+# (the default, see run.runtime.configure_cuda), "fp32" is true fp32 (tf32=false).
 # Each entry: (label, pattern the whole normalised device name must match, peaks).
 _H100_SXM = {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12}
 _NVL = {"bf16": 835e12, "fp16": 835e12, "tf32": 417e12, "fp32": 60e12}  # H100 NVL and H200 NVL

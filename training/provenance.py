@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from training.runtime import describe_machine
+from run.runtime import describe_machine
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 

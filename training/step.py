@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from data import BatchLoader
 from system import UserError
-from training.distributed import Ranks
+from run.distributed import Ranks
 from training.logger import RunLogger
 
 

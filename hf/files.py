@@ -7,7 +7,7 @@ tokenizer that reads its text.
 
 Export: `export_checkpoint` writes a gptlab checkpoint as a directory that
 transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer
-and a trained bpe one, the tokenizer's files. The conversions themselves are in model/hf.py.
+and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from data.bpe import BpeTokenizer
 from data.errors import DataError
 from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
-from model.hf import crop_block_size, from_hf, pool_kv_heads, to_hf
-from model.hf_llama import LLAMA
+from hf.gpt2 import crop_block_size, from_hf, pool_kv_heads, to_hf
+from hf.llama import LLAMA
 from system import temp_path
-from training.checkpoint import CheckpointError, load_checkpoint
+from run.checkpoint import CheckpointError, load_checkpoint
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
 HF_TOKENIZER = "tokenizer.json"  # the `tokenizers` library's one-file form
@@ -46,7 +46,7 @@ def load_hf_pretrained(
     model_path: a local transformers directory, or a Hub name such as "gpt2" (fetched
     through the Hugging Face cache; offline, only what is already cached).
     n_kv_head: fewer key/value heads than the weights have (e.g. 1 for MQA from GPT-2's
-    MHA), made by mean-pooling heads (model.hf.pool_kv_heads); None keeps the weights'.
+    MHA), made by mean-pooling heads (hf.gpt2.pool_kv_heads); None keeps the weights'.
     block_size: a shorter context than the weights' n_positions or max_position_embeddings
     (a position table is cropped); None keeps theirs.
 

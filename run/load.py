@@ -19,8 +19,8 @@ import torch
 
 from data import Tokenizer
 from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
-from training.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from training.hf_io import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
+from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from hf.files import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
 
 
 def load_model(target: str | Path | None, runs_root: str | Path, device: torch.device, dtype: torch.dtype, *,

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from .config import GPT2_BLOCK, LLAMA_BLOCK, NORM_EPS, GPTConfig
+from model.config import GPT2_BLOCK, LLAMA_BLOCK, NORM_EPS, GPTConfig
 
 LLAMA = "llama"
 ARCHITECTURE = "LlamaForCausalLM"

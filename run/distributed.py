@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from system import UserError, command_finished
-from training.runtime import resolve_device
+from run.runtime import resolve_device
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How gloo says a peer's end of the connection closed: the peer process ended.

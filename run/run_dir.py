@@ -17,13 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, one_line_errors
 from model import GPT
-from training.checkpoint import (
+from run.checkpoint import (
     WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, last_good_checkpoint, load_checkpoint,
     load_weights, remove_interrupted_saves,
 )
-from training.distributed import Ranks
-from training.logger import METRICS, read_metrics
-from training.runtime import reseed, seed_everything, set_rng_state
+from run.distributed import Ranks
+from run.metrics import METRICS, read_metrics
+from run.runtime import reseed, seed_everything, set_rng_state
 from system import write_atomic
 
 RUN_CONFIG = "config.yaml"  # the resolved config the run started with

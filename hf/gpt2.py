@@ -14,7 +14,7 @@ Both always have biases; lm_head is wte's matrix unless tie_word_embeddings is f
 activation_function "relu2" computes our mlp=relu2. GQA (1 < n_kv_head < n_head) has no
 equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
 Our Llama block (model/block=llama) goes to and from LlamaForCausalLM, any number of
-key/value heads included: model/hf_llama.py.
+key/value heads included: hf/llama.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .config import GPTConfig
-from .gpt import GPT
-from .hf_llama import (
+from model.config import GPTConfig
+from model.gpt import GPT
+from .llama import (
     DEFAULTS, LLAMA, TIED_HEAD, block_family, check_tied_head, config_from_llama, config_to_llama, from_llama,
     shared_names, tied, to_llama, unsupported,
 )

@@ -16,9 +16,9 @@ from torch import Tensor
 from conf import Config
 from data import Tokenizer
 from model import GPTConfig
-from model.hf import crop_block_size, pool_kv_heads
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-from training.hf_io import load_hf_pretrained, local_hf_dir
+from hf.gpt2 import crop_block_size, pool_kv_heads
+from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from hf.files import load_hf_pretrained, local_hf_dir
 
 
 def check_model_path(config: Config) -> None:
