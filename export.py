@@ -12,15 +12,27 @@ LlamaForCausalLM. A gpt2-tokenized model also gets its tokenizer files, so in th
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from system import quiet_interrupt_while_starting
 
 if __name__ == "__main__":  # before the imports below: torch alone takes seconds
     quiet_interrupt_while_starting()
 
+from hf.files import save_hf
+from run.checkpoint import find_checkpoint, load_checkpoint
 from system import exits
-from run.checkpoint import find_checkpoint
-from hf.files import export_checkpoint
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
+    """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
+    (new or empty). Returns one line per thing written, for the user. The weights are
+    exported as saved: nothing runs, so no model is built (load_model is for running one); a checkpoint that names no tokenizer exports
+    its weights only."""
+    loaded = load_checkpoint(checkpoint)
+    loaded.check_finite()
+    tokenizer = loaded.tokenizer() if loaded.config.get("tokenizer") else None
+    return save_hf(out_dir, loaded.model_config, loaded.model_state, tokenizer)
 
 
 def main(argv: list[str] | None = None) -> None:

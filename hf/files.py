@@ -5,9 +5,13 @@ model.safetensors or pytorch_model.bin) or, when the network allows, a Hub name,
 into a GPTConfig and a state dict for GPT(config); `hf_tokenizer` gives the gptlab
 tokenizer that reads its text.
 
-Export: `export_checkpoint` writes a gptlab checkpoint as a directory that
+Export: `save_hf` writes a GPTConfig and its state dict as a directory that
 transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer
-and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py.
+and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py
+and hf/llama.py.
+
+Nothing here knows gptlab's runs or checkpoints: run/ reads these directories (init_from=hf,
+load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
 from hf.gpt2 import crop_block_size, from_hf, pool_kv_heads, to_hf
 from hf.llama import LLAMA
-from system import temp_path
-from run.checkpoint import CheckpointError, load_checkpoint
+from system import UserError, temp_path
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
 HF_TOKENIZER = "tokenizer.json"  # the `tokenizers` library's one-file form
 # A Hub repository id: "name" or "owner/name".
 HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+class HFError(UserError):
+    """A Hugging Face model cannot be read, converted or written; the message says why."""
 
 
 def load_hf_pretrained(
@@ -51,7 +58,7 @@ def load_hf_pretrained(
     (a position table is cropped); None keeps theirs.
 
     The config has dropout 0.0 and attn_impl "sdpa"; change those with
-    dataclasses.replace. Raises CheckpointError with the reason on any failure.
+    dataclasses.replace. Raises HFError with the reason on any failure.
     """
     directory = resolve_hf_dir(str(model_path))
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
@@ -62,7 +69,7 @@ def load_hf_pretrained(
         if block_size is not None and block_size != config.block_size:
             config, state = crop_block_size(state, config, block_size)
     except ValueError as err:
-        raise CheckpointError(f"cannot import {directory}: {err}") from err
+        raise HFError(f"cannot import {directory}: {err}") from err
     return config, state
 
 
@@ -73,14 +80,14 @@ def resolve_hf_dir(model_path: str) -> Path:
 
 
 def local_hf_dir(model_path: str) -> Path | None:
-    """model_path as a local directory, None for a Hub name; CheckpointError for neither."""
+    """model_path as a local directory, None for a Hub name; HFError for neither."""
     path = Path(model_path).expanduser()
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{model_path} is a file: pass the directory holding {HF_CONFIG} and the weights")
+        raise HFError(f"{model_path} is a file: pass the directory holding {HF_CONFIG} and the weights")
     if not HUB_NAME.match(model_path):
-        raise CheckpointError(f"no directory {model_path}")
+        raise HFError(f"no directory {model_path}")
     return None
 
 
@@ -102,29 +109,29 @@ def _download(repo_id: str) -> Path:
         except EntryNotFoundError:
             pass
     except LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE or no network) and not cached
-        raise CheckpointError(
+        raise HFError(
             f"{where}, which cannot be reached (offline), and it is not in the local cache: download it "
             f"where there is a network (e.g. `hf download {repo_id}`) and pass its local directory"
         ) from err
     except RepositoryNotFoundError as err:
-        raise CheckpointError(f"{where}: no such model there (or it is private or gated)") from err
+        raise HFError(f"{where}: no such model there (or it is private or gated)") from err
     except EntryNotFoundError as err:
-        raise CheckpointError(f"{where}: it has no {HF_CONFIG}, or neither {HF_SAFETENSORS} nor {HF_PICKLE}") from err
+        raise HFError(f"{where}: it has no {HF_CONFIG}, or neither {HF_SAFETENSORS} nor {HF_PICKLE}") from err
     except HfHubHTTPError as err:
-        raise CheckpointError(f"{where}: the Hub answered {err}") from err
+        raise HFError(f"{where}: the Hub answered {err}") from err
     return config_file.parent  # the files of one revision share a snapshot directory
 
 
 def _read_hf_config(directory: Path) -> dict:
     path = directory / HF_CONFIG
     if not path.is_file():
-        raise CheckpointError(f"{directory} has no {HF_CONFIG}: not a transformers model directory")
+        raise HFError(f"{directory} has no {HF_CONFIG}: not a transformers model directory")
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {path}: {err}") from err
+        raise HFError(f"cannot read {path}: {err}") from err
     if not isinstance(config, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
+        raise HFError(f"{path} is not a JSON object")
     return config
 
 
@@ -136,17 +143,17 @@ def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
         try:
             return load_file(safetensors_file)
         except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"cannot read {safetensors_file}: {err}") from err
+            raise HFError(f"cannot read {safetensors_file}: {err}") from err
     if not pickle_file.is_file():
-        raise CheckpointError(
+        raise HFError(
             f"{directory} has no weights: expected {HF_SAFETENSORS} or {HF_PICKLE} (sharded weights are not supported)"
         )
     try:
         state = torch.load(pickle_file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for damaged or unsafe pickles
-        raise CheckpointError(f"cannot load {pickle_file} as plain tensors (weights_only=True): {err}") from err
+        raise HFError(f"cannot load {pickle_file} as plain tensors (weights_only=True): {err}") from err
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(f"{pickle_file} is not a state dict of tensors")
+        raise HFError(f"{pickle_file} is not a state dict of tensors")
     return state
 
 
@@ -154,17 +161,17 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
     """The gptlab tokenizer of the transformers model in `directory`, from its tokenizer.json:
     GPT-2's byte-level BPE, or a byte-level BPE trained by data.tokenizer=bpe (gptlab's exports
     of such runs). A GPT-2-family directory without the file gets GPT-2's; anything else is
-    refused in one line (CheckpointError)."""
+    refused in one line (HFError)."""
     path = directory / HF_TOKENIZER
     if not path.is_file():
         if _read_hf_config(directory).get("model_type") != LLAMA:
             return Gpt2Tokenizer()  # another model_type than gpt2 or gpt_bigcode is refused by the import
-        raise CheckpointError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from there")
+        raise HFError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from there")
     try:
         text = path.read_text(encoding="utf-8")
         tokenizer = json.loads(text)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {path}: {err}") from err
+        raise HFError(f"cannot read {path}: {err}") from err
     bpe = tokenizer.get("model") if isinstance(tokenizer, dict) else None
     bpe = bpe if isinstance(bpe, dict) else {}
     # tokenizers writes a merge as "a b" or, since 0.20, as ["a", "b"]
@@ -175,17 +182,8 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
     try:
         return BpeTokenizer(text)
     except DataError as err:
-        raise CheckpointError(f"{path} is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe "
+        raise HFError(f"{path} is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe "
                               f"trains, the two gptlab reads ({err})") from err
-
-
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
-    """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
-    (new or empty). Returns one line per thing written, for the user."""
-    loaded = load_checkpoint(checkpoint)
-    loaded.check_finite()
-    tokenizer = loaded.tokenizer() if loaded.config.get("tokenizer") else None
-    return save_hf(out_dir, loaded.model_config, loaded.model_state, tokenizer)
 
 
 def save_hf(
@@ -195,12 +193,12 @@ def save_hf(
     tokenizer's files when it is gpt2 or a trained bpe. Returns one line per thing written."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise CheckpointError(f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or "
+        raise HFError(f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or "
                               "empty directory")
     try:
         hf_config, hf_state = to_hf(config, state, tokenizer.eot_id if tokenizer else None)
     except ValueError as err:
-        raise CheckpointError(f"cannot export: {err}") from err
+        raise HFError(f"cannot export: {err}") from err
     # Written whole beside out_dir, then renamed onto it (rename replaces an empty directory):
     # out_dir holds a complete export or none, whenever the command is killed.
     temp = temp_path(out_dir.resolve())
@@ -210,7 +208,7 @@ def save_hf(
         lines = _write_hf(temp, hf_config, hf_state, config.block_size, tokenizer, shown_as=out_dir)
         temp.rename(out_dir.resolve())
     except (OSError, SafetensorError) as err:  # a path under a file, no permission, a full disk
-        raise CheckpointError(f"cannot write the export to {out_dir}: {getattr(err, 'strerror', None) or err}") from err
+        raise HFError(f"cannot write the export to {out_dir}: {getattr(err, 'strerror', None) or err}") from err
     finally:
         shutil.rmtree(temp, ignore_errors=True)  # gone after the rename; after a failure, the partial export
     return lines

@@ -10,15 +10,18 @@ and attention path.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
+
 from torch import Tensor
 
 from conf import Config
 from data import Tokenizer
 from model import GPTConfig
+from hf.files import HFError, load_hf_pretrained, local_hf_dir
 from hf.gpt2 import crop_block_size, pool_kv_heads
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-from hf.files import load_hf_pretrained, local_hf_dir
 
 
 def check_model_path(config: Config) -> None:
@@ -27,7 +30,18 @@ def check_model_path(config: Config) -> None:
     if config.init_from == "checkpoint":
         find_checkpoint(config.model_path, config.runs_root, setting="model_path")
     elif config.init_from == "hf":
-        local_hf_dir(config.model_path)
+        with reading_hf():
+            local_hf_dir(config.model_path)
+
+
+@contextlib.contextmanager
+def reading_hf() -> Iterator[None]:
+    """A Hugging Face model that cannot be read is refused as any other model a run or
+    load_model reads: a CheckpointError, with hf/'s message."""
+    try:
+        yield
+    except HFError as err:
+        raise CheckpointError(str(err)) from err
 
 
 def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict[str, Tensor] | None]:
@@ -40,7 +54,8 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
     if config.init_from == "hf":
         if tokenizer.name != "gpt2":
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
-        source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
+        with reading_hf():
+            source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
     else:
         checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root, setting="model_path"))
         if checkpoint.config.get("tokenizer") != tokenizer.describe():

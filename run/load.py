@@ -19,8 +19,9 @@ import torch
 
 from data import Tokenizer
 from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
-from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from hf.files import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
+from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from run.init_from import reading_hf
 
 
 def load_model(target: str | Path | None, runs_root: str | Path, device: torch.device, dtype: torch.dtype, *,
@@ -31,9 +32,10 @@ def load_model(target: str | Path | None, runs_root: str | Path, device: torch.d
     weights, its path the directory they were read from)."""
     check_inference_settings(device, weights, decode)
     if hf:
-        directory = resolve_hf_dir(str(target))
-        tokenizer = hf_tokenizer(directory)  # before the weights: a refusal reads no gigabytes
-        model_config, state = load_hf_pretrained(directory)
+        with reading_hf():
+            directory = resolve_hf_dir(str(target))
+            tokenizer = hf_tokenizer(directory)  # before the weights: a refusal reads no gigabytes
+            model_config, state = load_hf_pretrained(directory)
         checkpoint = Checkpoint(path=directory, config={"model": asdict(model_config)}, model_state=state)
         model = inference_model(model_config, state, device, dtype, weights)
     else:

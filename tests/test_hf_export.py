@@ -15,9 +15,9 @@ import export
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from run.checkpoint import CheckpointError, save_checkpoint
-from hf import files as hf_io
-from hf.files import load_hf_pretrained, save_hf
+import hf.files
+from hf.files import HFError, load_hf_pretrained, save_hf
+from run.checkpoint import save_checkpoint
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
 SAMPLE_TEXT = "Hello world! It's 2024: naïve café,   spaces\n\n\ttabs, émojis 🤖 and 1234567 numbers."
@@ -156,7 +156,7 @@ def test_a_full_disk_during_export_leaves_no_half_written_model(tmp_path, monkey
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hf_io, "save_file", full)
+    monkeypatch.setattr(hf.files, "save_file", full)
     with pytest.raises(SystemExit, match="cannot write the export to .*hf: No space left on device"):
         export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     assert not (tmp_path / "hf").exists()
@@ -176,7 +176,7 @@ def test_an_export_killed_before_its_tokenizer_files_leaves_no_finished_looking_
         seen_at_the_kill.append(sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else None)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hf_io, "_save_gpt2_tokenizer", killed)
+    monkeypatch.setattr(hf.files, "_save_gpt2_tokenizer", killed)
     with pytest.raises(KeyboardInterrupt):
         save_hf(out_dir, config, state, gpt2)
     untouched = None if out_dir_before == "absent" else []
@@ -188,7 +188,7 @@ def test_an_export_killed_before_its_tokenizer_files_leaves_no_finished_looking_
     save_hf(out_dir, config, state, gpt2)
     exported = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     assert {"model.safetensors", "tokenizer.json"} <= set(exported)
-    with pytest.raises(CheckpointError, match="is not empty"):  # a finished export is never written over
+    with pytest.raises(HFError, match="is not empty"):  # a finished export is never written over
         save_hf(out_dir, config, state, gpt2)
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == exported
 

@@ -12,10 +12,10 @@ from transformers import GPT2Config, GPTBigCodeConfig, LlamaConfig
 from conftest import tiny_config
 from hf_reference import TINY, assert_same_logits, build, edit_config, hf_bigcode, hf_gpt2, random_tokens
 from model import GPT, GPTConfig, Sampling, generate
-from hf import gpt2 as hf, llama as hf_llama
+import hf.gpt2
+import hf.llama
+from hf.files import HFError, load_hf_pretrained
 from hf.gpt2 import config_from_hf, pool_kv_heads
-from run.checkpoint import CheckpointError
-from hf.files import load_hf_pretrained
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_import_into_fewer_kv_heads_pools(gpt2_dir):
 
 
 def test_kv_heads_that_do_not_divide_n_head_are_refused(gpt2_dir):
-    with pytest.raises(CheckpointError, match="must divide n_head"):
+    with pytest.raises(HFError, match="must divide n_head"):
         load_hf_pretrained(gpt2_dir, n_kv_head=3)
 
 
@@ -156,17 +156,17 @@ def test_pooling_refuses_what_it_cannot_do(n_kv_head, match_mha_params, n_target
 )
 def test_configs_that_do_not_describe_these_weights_are_refused(gpt2_dir, changes, reason):
     edit_config(gpt2_dir, **changes)
-    with pytest.raises(CheckpointError, match=reason):
+    with pytest.raises(HFError, match=reason):
         load_hf_pretrained(gpt2_dir)
 
 
 # Per config class: gptlab's table of defaults, its required sizes, and sizes small enough to build
 # a GPTConfig fast that gptlab can reproduce (the class's own value stays for the key under test).
 DEFAULTS_OF = {
-    GPT2Config: (hf.SAME_FUNCTION[hf.GPT2], hf.SHAPE_KEYS, {**TINY}),
-    GPTBigCodeConfig: (hf.SAME_FUNCTION[hf.BIGCODE], hf.SHAPE_KEYS, {**TINY}),
-    LlamaConfig: ({**hf_llama.SAME_FUNCTION, **{key: (value, None) for key, value in hf_llama.DEFAULTS.items()}},
-                  hf_llama.SHAPE_KEYS, dict(vocab_size=97, max_position_embeddings=16, hidden_size=60,
+    GPT2Config: (hf.gpt2.SAME_FUNCTION[hf.gpt2.GPT2], hf.gpt2.SHAPE_KEYS, {**TINY}),
+    GPTBigCodeConfig: (hf.gpt2.SAME_FUNCTION[hf.gpt2.BIGCODE], hf.gpt2.SHAPE_KEYS, {**TINY}),
+    LlamaConfig: ({**hf.llama.SAME_FUNCTION, **{key: (value, None) for key, value in hf.llama.DEFAULTS.items()}},
+                  hf.llama.SHAPE_KEYS, dict(vocab_size=97, max_position_embeddings=16, hidden_size=60,
                                             num_hidden_layers=1, num_attention_heads=6, intermediate_size=160,
                                             rms_norm_eps=1e-5)),
 }
@@ -201,30 +201,30 @@ def test_every_default_gptlab_assumes_is_the_config_class_own(config_class):
 
 def test_multi_head_gpt_bigcode_is_refused(tmp_path):
     hf_bigcode(multi_query=False).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="multi_query=False"):
+    with pytest.raises(HFError, match="multi_query=False"):
         load_hf_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize("remove, reason", [("config.json", "has no config.json"), ("model.safetensors", "has no weights")])
 def test_missing_files_are_named(gpt2_dir, remove, reason):
     (gpt2_dir / remove).unlink()
-    with pytest.raises(CheckpointError, match=reason):
+    with pytest.raises(HFError, match=reason):
         load_hf_pretrained(gpt2_dir)
 
 
 def test_a_pickle_with_more_than_tensors_is_not_unpickled(gpt2_dir):
     (gpt2_dir / "model.safetensors").unlink()
     torch.save({"transformer.wte.weight": torch.zeros(2), "extra": argparse.Namespace()}, gpt2_dir / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="weights_only=True"):
+    with pytest.raises(HFError, match="weights_only=True"):
         load_hf_pretrained(gpt2_dir)
 
 
 def test_hub_name_offline_says_so(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never touch the network
-    with pytest.raises(CheckpointError, match=r"cannot be reached \(offline\).*pass its local directory"):
+    with pytest.raises(HFError, match=r"cannot be reached \(offline\).*pass its local directory"):
         load_hf_pretrained("gptlab-tests/never-downloaded")
 
 
 def test_a_missing_path_is_not_sent_to_the_hub(tmp_path):
-    with pytest.raises(CheckpointError, match="no directory"):
+    with pytest.raises(HFError, match="no directory"):
         load_hf_pretrained(str(tmp_path / "nowhere"))

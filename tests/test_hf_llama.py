@@ -17,8 +17,8 @@ from conf import CONF_DIR, load_config
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from run.checkpoint import CheckpointError, save_checkpoint
-from hf.files import load_hf_pretrained, save_hf
+from hf.files import HFError, load_hf_pretrained, save_hf
+from run.checkpoint import save_checkpoint
 from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
@@ -136,7 +136,7 @@ def test_llama_configs_gptlab_cannot_reproduce_are_refused(tmp_path, change, rea
     hf_llama(2).save_pretrained(tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
-    with pytest.raises(CheckpointError, match=reason):
+    with pytest.raises(HFError, match=reason):
         load_hf_pretrained(tmp_path / "hf")
 
 
@@ -209,13 +209,13 @@ def test_rotary_settings_are_read_as_transformers_reads_them_and_scaling_is_refu
     if their_type == "default":
         assert load_hf_pretrained(tmp_path / "hf")[0].rope_base == their_theta
     else:
-        with pytest.raises(CheckpointError, match=f"rotary scaling rope_type='{their_type}'"):
+        with pytest.raises(HFError, match=f"rotary scaling rope_type='{their_type}'"):
             load_hf_pretrained(tmp_path / "hf")
 
 
 def test_a_head_dim_other_than_hidden_over_heads_is_refused_by_name_in_one_line(tmp_path):
     hf_llama(2, head_dim=20).save_pretrained(tmp_path / "hf")  # transformers computes it: 6 heads of 20 dims
-    with pytest.raises(CheckpointError, match=r"head_dim=20 \(supported: hidden_size / num_attention_heads = 10\)"
+    with pytest.raises(HFError, match=r"head_dim=20 \(supported: hidden_size / num_attention_heads = 10\)"
                        ) as raised:
         load_hf_pretrained(tmp_path / "hf")
     assert "\n" not in str(raised.value)
@@ -237,7 +237,7 @@ FAMILIES = pytest.mark.parametrize("make, embedding", [
 @FAMILIES
 def test_a_tied_file_whose_stored_head_is_another_matrix_is_refused(tmp_path, make, embedding):
     saved_with(tmp_path / "hf", make(), lambda state: state.update({"lm_head.weight": state[embedding] + 0.01}))
-    with pytest.raises(CheckpointError, match=f"lm_head.weight differs from {embedding}, but config.json ties them"):
+    with pytest.raises(HFError, match=f"lm_head.weight differs from {embedding}, but config.json ties them"):
         load_hf_pretrained(tmp_path / "hf")
 
 
@@ -245,5 +245,5 @@ def test_a_tied_file_whose_stored_head_is_another_matrix_is_refused(tmp_path, ma
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_weights_are_refused_at_import_naming_the_tensor(tmp_path, make, embedding, value):
     saved_with(tmp_path / "hf", make(), lambda state: state[embedding].view(-1)[7].fill_(value))
-    with pytest.raises(CheckpointError, match=f"NaN or infinite values, in {embedding}$"):
+    with pytest.raises(HFError, match=f"NaN or infinite values, in {embedding}$"):
         load_hf_pretrained(tmp_path / "hf")

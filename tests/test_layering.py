@@ -37,3 +37,19 @@ def test_no_package_module_imports_a_script():
     upward = [f"{path.relative_to(REPO)}:{line} imports {name}.py"
               for path in package_files() for line, name in imported_modules(path) if name in entry_points]
     assert upward == []
+
+
+def imports_from(package: str, forbidden: set[str]) -> list[str]:
+    """'path:line imports name' for each import of a forbidden top-level module in the package."""
+    return [f"{path.relative_to(REPO)}:{line} imports {name}"
+            for path in sorted((REPO / package).glob("**/*.py")) for line, name in imported_modules(path)
+            if name in forbidden]
+
+
+def test_hf_knows_no_runs_and_run_knows_none_of_its_users():
+    """hf/ converts and reads Hugging Face models for whoever asks (run/ reads its directories,
+    export.py writes them), so it imports neither run/ nor training/; run/ is the floor below
+    every script and tool, so it imports none of them."""
+    assert (REPO / "hf").is_dir() and (REPO / "run").is_dir()
+    assert imports_from("hf", {"run", "training"}) == []
+    assert imports_from("run", scripts() | {"evaluation", "ablation", "bench", "training"}) == []
