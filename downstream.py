@@ -32,7 +32,7 @@ from system import exits
 
 @hydra.main(config_path="conf", config_name="downstream", version_base=None)
 def main(cfg: DictConfig) -> None:
-    with exits(out_of_memory="lower batch_size, or the activations' memory with dtype=bf16"):
+    with exits(out_of_memory="lower batch_size, or the activations' memory with precision=bf16"):
         config = load_downstream_config(cfg)
         print(f"results: {evaluate(config)}")
 

@@ -62,7 +62,7 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     """Generate config.num_samples continuations; print them to `out` as they grow
     (when given) and return them with what produced them, as a JSON-able dict."""
     device = resolve_device(config.device)
-    dtype = resolve_precision(config.dtype, device).dtype
+    dtype = resolve_precision(config.precision, device).dtype
     source, tokenizer, model = load_sampled_model(config, device, dtype)
     prompt = read_prompt(config.prompt)
     prompt_ids = encode_prompt(tokenizer, prompt)

@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
-from rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, one_of, setting
+from rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, matching, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
@@ -37,6 +37,13 @@ SEED_SCOPES = ("all", "weights", "data")
 OPTIMIZERS = ("adamw", "muon")
 MUON_ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 MUON_TORCH = "2.9"  # the first torch release with torch.optim.Muon
+# The precisions train.py, sample.py and downstream.py compute in, and the torch dtype each
+# names; auto is resolved for the device when it is known (run/runtime.py resolve_precision).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("auto", *DTYPES)
+PRECISION = one_of(*PRECISIONS)
+# A device as it may be spelt; whether it is there is checked where it is used (run/runtime.py resolve_device).
+DEVICE = matching(r"auto|cpu|cuda(:(0|[1-9][0-9]*))?", "auto, cpu, cuda or cuda:N")
 
 
 @dataclass
@@ -163,10 +170,10 @@ class Config:
     """Batches per split per evaluation: the same windows for every seed of a sweep."""
     eval_whole_val: str = setting("never", one_of(*WHOLE_VAL))
     """never, final or always: which evaluations cover the whole val split, every non-overlapping window."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    precision: str = "auto"
-    """auto (bf16 on CUDA that has it, else fp16; fp32 on a CPU), fp32, bf16 or fp16."""
+    device: str = setting("auto", DEVICE)
+    """auto: CUDA when present, else the CPU."""
+    precision: str = setting("auto", PRECISION)
+    """What the forward pass computes in (weights and optimizer state stay fp32); auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU."""
     tf32: bool = True
     """CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32."""
     compile: bool = False

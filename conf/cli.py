@@ -35,6 +35,8 @@ HYDRA_OPTIONS: dict[str, bool | tuple[str, ...]] = {
                      "--config-dir", "-cd", "--experimental-rerun"], True),
     **dict.fromkeys(["--info", "-i"], INFO_TOPICS),
 }
+# Settings' names in other tools, suggested as a near spelling is: torch and transformers say dtype.
+OTHER_NAMES = {"dtype": "precision", "torch_dtype": "precision"}
 
 
 def check_overrides(args: list[str], schema: type, config_name: str) -> None:
@@ -128,7 +130,8 @@ def setting_type(key: str, schema: type) -> tuple[Any, str | None]:
             return None, f"{'.'.join(path)} is a value, not a section: it has no {part}"
         known = [f.name for f in fields(hint)]
         if part not in known:
-            close = difflib.get_close_matches(part, known, n=1)
+            close = ([OTHER_NAMES[part]] if OTHER_NAMES.get(part) in known
+                     else difflib.get_close_matches(part, known, n=1))
             suggestion = f" (did you mean {'.'.join([*path, close[0]])}?)" if close else ""
             return None, (f"{'.'.join([*path, part])} is not a setting of {hint.__name__}{suggestion}; "
                           f"known: {', '.join(known)}")

@@ -8,8 +8,7 @@ from typing import Iterator, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from conf import load_config
-from conf.sample_config import DTYPES
+from conf import DEVICE, PRECISION, load_config
 from model import WEIGHT_FORMATS
 from rules import NOT_EMPTY, at_least, check_rules, one_of, setting
 
@@ -32,12 +31,12 @@ class DownstreamConfig:
     """Evaluate only the first this many items of each task (a quick look, not a result); null: all."""
     batch_size: int = setting(8, at_least(1))
     """Sequences scored together."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    dtype: str = setting("fp32", one_of(*DTYPES))
-    """Activations: fp32 (log-likelihoods as the harness's transformers model computes them), bf16 or fp16 (faster on a GPU), or auto (bf16 on CUDA, fp32 on a CPU)."""
+    device: str = setting("auto", DEVICE)
+    """auto: CUDA when present, else the CPU."""
+    precision: str = setting("fp32", PRECISION)
+    """What the activations are computed in: fp32 (log-likelihoods as the harness's transformers model computes them), bf16 or fp16 (faster on a GPU), or auto (bf16 on CUDA that has it, else fp16; fp32 on a CPU)."""
     weights: str = setting("fp32", one_of(*WEIGHT_FORMATS))
-    """fp32 (as trained, in dtype), bf16, or int8 (CPU only)."""
+    """fp32 (as trained, held in the activations' precision), bf16, or int8 (CPU only)."""
 
     def __post_init__(self) -> None:
         check_rules(self, "", self._conflicts)

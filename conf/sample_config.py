@@ -8,12 +8,11 @@ from typing import Iterator, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from conf import load_config
+from conf import DEVICE, PRECISION, load_config
 from model import DECODE_MODES, WEIGHT_FORMATS, Sampling
 from rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 from model.engine import TEMPERATURE, TOP_K, TOP_P
 
-DTYPES = ("auto", "fp32", "bf16", "fp16")
 DECODE = tuple(mode for mode in DECODE_MODES if mode != "static")  # static is for checking the graph's step
 SOURCES = ("checkpoint", "hf")
 
@@ -46,12 +45,12 @@ class SampleConfig:
     """The same seed, checkpoint and settings give the same text; null: random."""
     stop: list[str] = setting(factory=list, rule=NOT_EMPTY)
     """Stop strings, e.g. 'stop=["\\n\\n"]': a sample ends at the first (left out)."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    dtype: str = setting("auto", one_of(*DTYPES))
-    """Activations: auto (bf16 on CUDA, fp32 on a CPU), fp32, bf16 or fp16."""
+    device: str = setting("auto", DEVICE)
+    """auto: CUDA when present, else the CPU."""
+    precision: str = setting("auto", PRECISION)
+    """What the activations are computed in; auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU."""
     weights: str = setting("fp32", one_of(*WEIGHT_FORMATS))
-    """fp32 (as trained, in dtype), bf16, or int8 (CPU only): fewer bytes read per token."""
+    """fp32 (as trained, held in the activations' precision), bf16, or int8 (CPU only): fewer bytes read per token."""
     decode: str = setting("eager", one_of(*DECODE))
     """eager, or graph: each decode step replayed as a CUDA graph (CUDA only)."""
     json: bool = False

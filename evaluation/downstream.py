@@ -30,7 +30,7 @@ def evaluate(config: DownstreamConfig) -> Path:
     if config.include_path:  # before the model loads: the harness would only say its tasks are not found
         check_include_path(config.include_path, "include_path=")
     model = GptlabLM(checkpoint=config.checkpoint, runs_root=config.runs_root, device=config.device,
-                     dtype=config.dtype, weights=config.weights, batch_size=config.batch_size)
+                     precision=config.precision, weights=config.weights, batch_size=config.batch_size)
     print(f"evaluating {model.checkpoint.path} on {', '.join(config.tasks)}", file=sys.stderr)
     tasks = TaskManager(include_path=config.include_path)
     missing = [name for name in config.tasks if name not in tasks.all_tasks]

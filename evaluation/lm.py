@@ -48,16 +48,16 @@ MAX_GEN_TOKS = 256  # the harness's own default
 @register_model("gptlab")
 class GptlabLM(TemplateLM):
     def __init__(self, checkpoint: str | None = None, runs_root: str = "runs", device: str | None = "auto",
-                 dtype: str = "fp32", weights: str = "fp32", batch_size: int | str = 8) -> None:
+                 precision: str = "fp32", weights: str = "fp32", batch_size: int | str = 8) -> None:
         """checkpoint: a checkpoint or run directory (None: the newest run under runs_root);
-        dtype: the activations (fp32, as the harness's transformers model computes GPT-2;
-        bf16 or fp16 for speed; auto: bf16 on CUDA, fp32 on a CPU); weights: fp32, bf16 or
-        int8 (CPU only), as for sample.py."""
+        precision: the activations' (fp32, as the harness's transformers model computes GPT-2;
+        bf16 or fp16 for speed; auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU);
+        weights: fp32, bf16 or int8 (CPU only), as for sample.py."""
         super().__init__()
         self.batch_size = _positive_int(batch_size)
         self._device = resolve_device(device or "auto")
         self.model, self.text_tokenizer, self.checkpoint = load_model(
-            checkpoint, runs_root, self._device, resolve_precision(dtype, self._device).dtype, weights=weights)
+            checkpoint, runs_root, self._device, resolve_precision(precision, self._device).dtype, weights=weights)
         self.max_length = self.model.config.block_size
 
     @property

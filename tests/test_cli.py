@@ -44,6 +44,7 @@ def hydra_refuses(config_name: str, arg: str) -> bool:
     ("sample", arg) for arg in [
         "seed=abc", "seed=null", "num_samples=1.5", "num_samples=4", "stop=[a,b]", "stop=abc", "top_k=null",
         "top_k=1.5", "temperature=1", "json=true", "json=sometimes", "prompt='a, b'", "prompt=x=1", "model=gpt2",
+        "precision=bf16", "dtype=bf16",
     ]
 ])
 def test_an_override_is_refused_exactly_when_hydra_refuses_it(config_name, arg):
@@ -63,6 +64,8 @@ def test_an_override_is_refused_exactly_when_hydra_refuses_it(config_name, arg):
     ("train", "+uptraining=nope", "uptraining=nope: there is no preset conf/uptraining/nope.yaml"),
     ("train", "model=null", "model=null: model takes one of its presets: gpt2, micro, mini, nano, small"),
     ("sample", "model=gpt2", "model is not a setting of SampleConfig (did you mean model_path?); known: checkpoint, runs_root"),
+    ("sample", "dtype=bf16", "dtype is not a setting of SampleConfig (did you mean precision?)"),  # torch's word
+    ("train", "torch_dtype=bf16", "torch_dtype is not a setting of Config (did you mean precision?)"),  # transformers'
     ("train", "seed=x=1", "seed=x=1: Hydra cannot read this value (mismatched input '=' expecting <EOF>); "
                           "quote it, e.g. \"seed='...'\""),
 ])

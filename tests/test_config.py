@@ -2,7 +2,7 @@
 
 import itertools
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import pytest
 import torch
@@ -11,10 +11,12 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, Config, load_config, model_preset
+from conf import CONF_DIR, DEVICE, DTYPES, PRECISION, Config, load_config, model_preset
+from conf.downstream_config import DownstreamConfig
+from conf.sample_config import SampleConfig
 from data import DataConfig
 from model import GPT, GPTConfig
-from rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of
+from rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of, rule_of
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
 
@@ -88,6 +90,31 @@ def test_every_bad_setting_is_reported_at_once():
         "  DataConfig.val_fraction must be in (0, 1), got 2.0",
         "  optim.learning_rate must be > 0, got -1.0",
     ]
+
+
+def test_a_bad_device_and_precision_are_refused_with_the_other_problems():
+    cfg = compose_train("precision=fp8", "device=cuda:x", "max_iters=-1")
+    with pytest.raises(SettingsError) as err:  # before train.py starts processes or takes the run's lock
+        load_config(cfg)
+    assert err.value.problems == [
+        "max_iters must be >= 0, got -1", "device must be auto, cpu, cuda or cuda:N, got 'cuda:x'",
+        "precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'",
+    ]
+
+
+@pytest.mark.parametrize("device, allowed", [
+    ("auto", True), ("cpu", True), ("cuda", True), ("cuda:0", True), ("cuda:12", True),  # whether it exists: later
+    ("tpu", False), ("cuda:x", False), ("cuda:", False), ("cuda:01", False), ("cpu:0", False), ("CUDA", False),
+])
+def test_the_device_rule_checks_the_spelling_only(device, allowed):
+    assert DEVICE.allows(device) is allowed
+
+
+def test_every_config_names_the_precision_alike():
+    for schema in (Config, SampleConfig, DownstreamConfig):
+        known = {f.name: rule_of(f) for f in fields(schema)}
+        assert "dtype" not in known and known["precision"] == PRECISION and known["device"] == DEVICE
+    assert PRECISION.choices == ("auto", *DTYPES) and set(DTYPES.values()) == {torch.float32, torch.bfloat16, torch.float16}
 
 
 def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
