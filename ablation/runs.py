@@ -131,7 +131,7 @@ def layout_name(config: GPTConfig) -> str:
 
 Shape = tuple[int, int, int, str]  # layers, width, query heads, block
 GPT2_BLOCK, LLAMA_BLOCK = "GPT-2 block", "Llama block"
-BLOCK_SETTINGS = {GPT2_BLOCK: model.config.GPT2_BLOCK, LLAMA_BLOCK: model.config.LLAMA_BLOCK}  # by name
+BLOCK_NAMES = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}  # model.config.BLOCKS' presets, as the report names them
 
 
 def shape_of(config: GPTConfig) -> Shape:
@@ -140,10 +140,10 @@ def shape_of(config: GPTConfig) -> Shape:
 
 def block_name(config: GPTConfig) -> str:
     """'GPT-2 block', 'Llama block', or another block's settings ('position=rope, norm=layernorm, ...')."""
-    for name, wanted in BLOCK_SETTINGS.items():
+    for preset, wanted in model.config.BLOCKS.items():
         if all(getattr(config, key) == value for key, value in wanted.items()):
-            return name
-    return ", ".join(f"{key}={getattr(config, key)}" for key in BLOCK_SETTINGS[LLAMA_BLOCK])
+            return BLOCK_NAMES[preset]
+    return ", ".join(f"{key}={getattr(config, key)}" for key in model.config.LLAMA_BLOCK)  # the most settings
 
 
 def shape_order(shape: Shape) -> tuple[int, bool, str]:

@@ -16,6 +16,7 @@ from conf.downstream_config import DownstreamConfig
 from conf.sample_config import SampleConfig
 from data import DataConfig
 from model import GPT, GPTConfig
+from model.config import BLOCKS, GPT2_BLOCK, LLAMA_BLOCK
 from rules import NOT_EMPTY, SettingsError, above, at_least, between, one_of, rule_of
 
 PRESETS = ["nano", "mini", "small", "gpt2"]
@@ -158,6 +159,15 @@ def test_a_preset_sets_only_what_it_changes(group, schema):
         restated = {key for key, value in (OmegaConf.to_container(OmegaConf.load(path)) or {}).items()
                     if defaults[key] == value}
         assert not restated, f"{path.name} restates the defaults of {sorted(restated)}"
+
+
+def test_the_block_presets_are_model_configs_blocks():
+    files = {path.stem: OmegaConf.to_container(OmegaConf.load(path))
+             for path in (CONF_DIR / "model" / "block").glob("*.yaml")}
+    assert files == BLOCKS and (BLOCKS["gpt2"], BLOCKS["llama"]) == (GPT2_BLOCK, LLAMA_BLOCK)
+    for name, settings in BLOCKS.items():  # and the command line's model/block=<name> composes to them
+        model = model_preset("nano", f"model/block={name}")
+        assert {key: getattr(model, key) for key in settings} == settings
 
 
 POINTS = [-2, -1, -0.5, 0, 0.25, 1, 1.5, 2, math.inf]
