@@ -209,9 +209,9 @@ def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -
 def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, preset, steps: int) -> str:
     """Decode speed of each layout on its trained model and, at a size where the cache
     matters, on random weights of the same layout."""
-    groups = [("trained", [(r, r.arm.runs[0].model()) for r in rows])]
+    groups = [("trained", [(r, r.arm.runs[0].model(device)) for r in rows])]
     if preset is not None:
-        groups.append(("random weights", [(r, _random_model(preset(r.arm.config))) for r in rows]))
+        groups.append(("random weights", [(r, _random_model(preset(r.arm.config), device)) for r in rows]))
     lines = ["## Quality and decode speed", "",
              f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
              f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
@@ -224,7 +224,7 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
     for title, models in groups:
         points = []
         for row, model in models:
-            speeds = measure_layout(_decode_ready(model, device), DECODE_BATCHES, steps=steps, repeats=DECODE_REPEATS)
+            speeds = measure_layout(model, DECODE_BATCHES, steps=steps, repeats=DECODE_REPEATS)
             short, long = sorted({s.context for s in speeds})
             cache = kv_cache_bytes_per_token(model.config)
             layout = row.arm.label if model.config == row.arm.config else layout_name(model.config)
@@ -247,7 +247,7 @@ def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
         note = (f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
                 f"{prompt!r}.")
     ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
-    last_layer = [attention_maps(a.runs[0].model(), torch.tensor([ids]))[-1][0] for a in arms]
+    last_layer = [attention_maps(a.runs[0].model(torch.device("cpu")), torch.tensor([ids]))[-1][0] for a in arms]
     layouts = [AttentionLayout(a.label, a.config.n_kv_head, weights) for a, weights in zip(arms, last_layer)]
     plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png",
                    f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}")
@@ -301,14 +301,10 @@ def _curves_image(shape) -> str:
     return f"val_loss_L{shape[0]}d{shape[1]}{block}.png"
 
 
-def _random_model(config) -> GPT:
+def _random_model(config, device: torch.device) -> GPT:
+    """Seeded random weights of config, on device in the layout load_model gives a trained model."""
     torch.manual_seed(0)
-    return GPT(config).eval()
-
-
-def _decode_ready(model: GPT, device: torch.device) -> GPT:
-    model = model.to(device)
-    return to_decode_layout(model) if device.type == "cpu" else model
+    return to_decode_layout(GPT(config).to(device).eval())
 
 
 def main(argv: list[str] | None = None) -> None:

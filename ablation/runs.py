@@ -16,12 +16,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from data import Tokenizer
 import model.config
 from model import GPT, GPTConfig
-from run.checkpoint import (
-    CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint, load_weights,
-)
+from run.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
+from run.load import load_model
 from run.metrics import METRICS, read_metrics
 from run.run_dir import RUN_CONFIG, logged_a_save, read_run_yaml
 
@@ -58,10 +59,9 @@ class Run:
         """The run an uptraining run started from (init_from=checkpoint), else None."""
         return self.settings.get("model_path") if self.settings.get("init_from") == "checkpoint" else None
 
-    def model(self) -> GPT:
-        model = GPT(self.model_config)
-        load_weights(model, self.checkpoint.model_state)
-        return model.eval()
+    def model(self, device: torch.device) -> GPT:
+        """The run's model for inference on device, in fp32 (load_model, from the checkpoint already read)."""
+        return load_model(self.checkpoint, None, device, torch.float32)[0]
 
     def tokenizer(self) -> Tokenizer:
         return self.checkpoint.tokenizer()

@@ -30,7 +30,7 @@ from training.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
 from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
-from run.load import checkpoint_model  # noqa: E402
+from run.load import load_model  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 SEED = 1234  # which validation windows
@@ -64,7 +64,7 @@ def measure(checkpoint: Checkpoint, loader: BatchLoader, args: argparse.Namespac
     prompts = loader.get_batch(0)[0][: args.prompts, : args.prompt_tokens].tolist()
     rows, reference = [], None
     for weights in WEIGHT_FORMATS:
-        model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32, weights)
+        model = load_model(checkpoint, None, torch.device("cpu"), torch.float32, weights=weights)[0]
         loss = validation_loss(model, loader, args.eval_iters)
         texts = generate(model, prompts, args.tokens, GREEDY)
         if reference is None:

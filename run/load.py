@@ -1,13 +1,14 @@
-"""A model loaded for inference, the one way sample.py, evaluation/ and bench/ load one:
+"""A model loaded for inference, the one way every tool that runs a trained model loads one
+(sample.py, evaluation/, report.py and ablation/, bench/):
 
     model, tokenizer, checkpoint = load_model("runs/<run>", "runs", device, torch.float32, weights="int8")
 
 It checks the settings that decide how the model computes (the weight format and the
 decode mode against the device) before any weights are read, then reads a gptlab
-checkpoint (safetensors only) and the tokenizer it was trained with, or imports a Hugging
-Face model as train.py's init_from=hf does, with its tokenizer; the model comes back in
-eval mode on the device, computing in dtype, its Linear weights in the `weights` format
-and laid out for decoding.
+checkpoint (safetensors only) and the tokenizer it was trained with, takes a checkpoint
+its caller has already read, or imports a Hugging Face model as train.py's init_from=hf
+does, with its tokenizer; the model comes back in eval mode on the device, computing in
+dtype, its Linear weights in the `weights` format and laid out for decoding.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_ch
 from run.init_from import reading_hf
 
 
-def load_model(target: str | Path | None, runs_root: str | Path, device: torch.device, dtype: torch.dtype, *,
-               weights: str = "fp32", decode: str = "eager", hf: bool = False) -> tuple[GPT, Tokenizer, Checkpoint]:
+def load_model(target: str | Path | Checkpoint | None, runs_root: str | Path | None, device: torch.device,
+               dtype: torch.dtype, *, weights: str = "fp32", decode: str = "eager",
+               hf: bool = False) -> tuple[GPT, Tokenizer, Checkpoint]:
     """The model, its tokenizer and the checkpoint it came from. target: a checkpoint or run
-    directory (None: the newest run under runs_root's latest checkpoint), or with hf=True a
-    transformers directory or Hub name (the checkpoint returned then holds the imported
+    directory (None: the newest run under runs_root's latest checkpoint; runs_root is read
+    only then), a Checkpoint already read (its weights are not read again), or with hf=True
+    a transformers directory or Hub name (the checkpoint returned then holds the imported
     weights, its path the directory they were read from)."""
     check_inference_settings(device, weights, decode)
     if hf:
@@ -39,7 +42,7 @@ def load_model(target: str | Path | None, runs_root: str | Path, device: torch.d
         checkpoint = Checkpoint(path=directory, config={"model": asdict(model_config)}, model_state=state)
         model = inference_model(model_config, state, device, dtype, weights)
     else:
-        checkpoint = load_checkpoint(find_checkpoint(target, runs_root))
+        checkpoint = target if isinstance(target, Checkpoint) else load_checkpoint(find_checkpoint(target, runs_root))
         tokenizer = checkpoint.tokenizer()
         model = checkpoint_model(checkpoint, device, dtype, weights)
     if tokenizer.vocab_size > model.config.vocab_size:
