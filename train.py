@@ -7,18 +7,18 @@
     python train.py experiment=gpt2_fineweb          # GPT-2 small on a GPU: llm.c's recipe, cited
     torchrun --nproc_per_node=8 train.py experiment=gpt2_fineweb  # data parallel over 8 GPUs (or CPU processes)
 
-The story of one run, top to bottom: validate the config, join the process group
-(under torchrun), find or create the run directory, prepare the data, build the
-model (fresh or from a checkpoint), then step (train_step): forward under autocast,
-backward with gradient accumulation, clip, update, all decided on the device. The
-host reads the step's results only at boundaries (every log_interval steps, at
-evaluation and at a stop), where it logs; every eval_interval steps all ranks
-evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
+The story of one run, top to bottom through train() and run_training(): validate the config,
+join the process group (under torchrun), start the run (its directory, new or resumed, held
+by one writer), prepare the data, build the model (fresh or from a checkpoint) and restore a
+resume's state, build the step, loop, finish. A step (train_step): forward under autocast,
+backward with gradient accumulation, clip, update, all decided on the device. The host reads
+the step's results only at boundaries (every log_interval steps, at evaluation and at a stop),
+where it logs; every eval_interval steps all ranks evaluate and rank 0 saves a checkpoint; a
+signal stops the run cleanly at a boundary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -32,27 +32,27 @@ if __name__ == "__main__":  # before the imports below, on purpose: torch alone 
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from conf import Config, load_config
+from conf import Config
 from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
-from system import GracefulStop, Interrupted, command_finished, exits
+from system import GracefulStop, command_finished, exits
 from training.budget import grad_accum_steps, run_budget
-from run.checkpoint import Checkpoint, CheckpointError, load_weights, save_checkpoint
+from run.checkpoint import CheckpointError, load_weights
+from run.checkpoints import Checkpoints
 from run.distributed import (
-    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, peers_watched, shutdown,
-    wrap_model,
+    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, shutdown, wrap_model,
 )
 from training.estimate import WARMUP_STEPS, estimate_line, tokens_line
 from training.evaluate import Evaluator
-from run.init_from import check_model_path, initial_model
+from run.init_from import check_model_path
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
 from training.optim import build_optimizer, schedule_scale
-from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, restore, run_lock, save_run_config
 from run.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
+from run.start import RunSpec, StartedRun, build_model, resolve_run, start_run
 from training.step import (
     Prefetcher, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings, train_step,
 )
@@ -68,46 +68,38 @@ def main(cfg: DictConfig) -> Path | None:
 def train(cfg: DictConfig) -> Path | None:
     """Run training for a composed config; returns the run directory (None for
     max_iters=0, which evaluates the model, and for estimate=true: both write nothing)."""
-    cfg, resume_from = resolve_resume(cfg)
-    config = load_config(cfg)  # every rule checked here, before any heavy work
+    # The config: a resume continues its run's own; every rule is checked here, before any heavy work.
+    spec = resolve_run(cfg)
+    config = spec.config
+    # The processes: this one alone, or one of torchrun's.
     ranks, device = init_distributed(config.device)
     try:
         main_decides(ranks, lambda: check_wandb(config.logging.wandb.mode))
-        if resume_from is None:
+        if spec.resume_from is None:
             check_model_path(config)
         if config.max_iters == 0:
-            return evaluate_only(cfg, config, resume_from, ranks, device)
-        # The context of the model about to be built (a new run's from init_from is cropped to it).
-        block_size = resume_from.model_config.block_size if resume_from else config.model.block_size
+            return evaluate_only(spec, ranks, device)
         accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
-                                 batch_size=config.batch_size, block_size=block_size,
+                                 batch_size=config.batch_size, block_size=spec.block_size,
                                  world_size=ranks.world_size)  # checked before any heavy work
         if config.estimate:
-            return estimate_only(config, ranks, device, block_size=block_size, accum=accum)
-        # Only rank 0 chooses (a timestamp read on each rank could differ) and locks: one writer.
-        run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(config))
-        with contextlib.ExitStack() as held:
-            takeover = main_decides(ranks, lambda: held.enter_context(
-                run_lock(run_dir, new_run=resume_from is None)))
-            held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
-            try:
-                return run(cfg, config, resume_from, ranks, device, run_dir=run_dir, block_size=block_size,
-                           accum=accum, takeover=takeover)
-            except Interrupted as stop:
-                stop.detail = interrupted(stop.signal, run_dir)
-                raise
+            return estimate_only(config, ranks, device, block_size=spec.block_size, accum=accum)
+        # The run: its directory, made or a resume's, held by one writer until the run ends.
+        with start_run(spec, ranks, device) as run:
+            return run_training(run, accum)
     finally:
         shutdown(ranks)
 
 
 @dataclass
 class Session:
-    """Everything the loop works with, built once by run()."""
+    """Everything the loop works with, built once by run_training()."""
 
     config: Config
     ranks: Ranks
     device: torch.device
     run_dir: Path
+    checkpoints: Checkpoints
     model: GPT  # the plain model: what checkpoints hold
     compiled: torch.nn.Module  # what evaluation runs (torch.compile'd when asked)
     trainer: Trainer
@@ -121,34 +113,33 @@ class Session:
     peak: Peak | None
 
 
-def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: Ranks,
-        device: torch.device, *, run_dir: Path, block_size: int, accum: int, takeover: str = "") -> Path:
+def run_training(run: StartedRun, accum: int) -> Path:
+    config, ranks, device, block_size = run.spec.config, run.ranks, run.device, run.spec.block_size
+    # The data: this rank's random streams seeded, the corpus prepared.
     precision, data = seed_and_prepare(config, ranks, device)
     tokenizer = data.tokenizer()
-    model, origin = build_model(config, resume_from, tokenizer, device)
+    # The model (fresh, from init_from's weights, or in a resume's shape) and what trains it.
+    model, origin = build_model(config, run.spec.resume_from, tokenizer, device)
     tokens_per_step, budget = run_budget(config, model.config, block_size, accum, ranks.world_size)
     config = replace(config, max_iters=budget.max_iters)
     optimizer = build_optimizer(model, config.optim, device.type)
     scaler = precision.grad_scaler()
     peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
-    step, best_val_loss, resumed = 0, math.inf, ""
-    if resume_from:  # nothing draws from the random streams between this and the first step
-        step, best_val_loss, resumed = restore(resume_from, model, optimizer, scaler, config, ranks, device)
-    if ranks.is_main:  # a resume records its own overrides (max_iters=...) for the next one and for report.py
-        save_run_config(run_dir, cfg)
+    # A resume's training state restored, the run's config recorded.
+    step, best_val_loss, resumed = run.restore(model, optimizer, scaler, config)
+    # The step: the model compiled and wrapped for DDP, its batches, the evaluation and the log.
     compiled = torch.compile(model) if config.compile else model
     train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
-
     session = Session(
-        config=config, ranks=ranks, device=device, run_dir=run_dir, model=model, compiled=compiled,
+        config=config, ranks=ranks, device=device, run_dir=run.run_dir, checkpoints=run.checkpoints, model=model,
+        compiled=compiled,
         trainer=Trainer(train_model, optimizer, scaler, precision.autocast(), accum_steps=accum,
                         grad_clip=config.optim.grad_clip, ranks=ranks),
         batches=train_batches(config, data, block_size, ranks, device, accum),
         evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
-            run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
-            wandb_settings=asdict(config.logging.wandb), config=OmegaConf.to_container(cfg, resolve=True),
-            enabled=ranks.is_main,
+            run.run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
+            wandb_settings=asdict(config.logging.wandb), config=run.spec.settings, enabled=ranks.is_main,
         ),
         checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
         checkpoint_files=tokenizer.files(),
@@ -156,24 +147,27 @@ def run(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: 
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
+    # The loop.
     session.logger.print(header(session, precision.name, accum, train_tokens=data.meta["tokens"]["train"],
-                                notes=(takeover, origin, budget.reason, resumed)))
+                                notes=(run.takeover, origin, budget.reason, resumed)))
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
+    resume_from = run.spec.resume_from
     checkpoint, step = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
+    # The end: every rank waits for the last checkpoint, then where it is and how to go on.
     session.logger.close()
     barrier(ranks)  # no rank leaves before rank 0 has written the last checkpoint
     command_finished()  # nothing prints after the lines below, whatever signal comes
-    session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run_dir}")
+    session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run.run_dir}")
     if step < config.max_iters:  # a signal stopped it (under torchrun, the launcher's traceback follows)
-        session.logger.print(f"stopped cleanly at step {step} of {config.max_iters}: resume={run_dir} continues it")
-    return run_dir
+        session.logger.print(f"stopped cleanly at step {step} of {config.max_iters}: resume={run.run_dir} continues it")
+    return run.run_dir
 
 
-def evaluate_only(cfg: DictConfig, config: Config, resume_from: Checkpoint | None, ranks: Ranks,
-                  device: torch.device) -> None:
+def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
+    config, resume_from = spec.config, spec.resume_from
     precision, data = seed_and_prepare(config, ranks, device)
     model, origin = build_model(config, resume_from, data.tokenizer(), device)
     if resume_from:
@@ -321,8 +315,8 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
             "scaler": s.trainer.scaler.state_dict(), "rng": rng_states,
         }
         try:
-            checkpoint = save_checkpoint(s.run_dir, step, s.model, s.checkpoint_config, state, s.config.keep_last,
-                                         is_best, keep_state=s.config.keep_state, files=s.checkpoint_files)
+            checkpoint = s.checkpoints.save(step, s.model, s.checkpoint_config, state, is_best=is_best,
+                                            files=s.checkpoint_files)
         except CheckpointError as err:
             failure = str(err)
     failure = broadcast_from_main(s.ranks, failure)  # a failed save stops every rank, not only rank 0
@@ -342,20 +336,6 @@ def header(s: Session, precision: str, accum: int, train_tokens: int, notes: tup
         *notes,
     ]
     return "\n".join(line for line in lines if line)
-
-
-def build_model(config: Config, resume_from: Checkpoint | None, tokenizer,
-                device: torch.device) -> tuple[GPT, str]:
-    """The model of this run and a line saying where its weights come from ('' for a fresh one)."""
-    if resume_from and config.init_from != "scratch":
-        model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
-    else:
-        model_config, initial_state = initial_model(config, tokenizer)
-    model = GPT(model_config).to(device)
-    if initial_state is None or resume_from:
-        return model, ""
-    load_weights(model, initial_state)
-    return model, f"weights: init_from={config.init_from} {config.model_path} at context {model_config.block_size}"
 
 
 def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:

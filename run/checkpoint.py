@@ -1,4 +1,4 @@
-"""Checkpoints: one directory per save, written whole or not at all.
+"""Checkpoints: their layout, and how one is found and read.
 
     <run_dir>/checkpoints/
         step_000250/  model.safetensors  weights only (safe to load from anyone)
@@ -11,18 +11,14 @@
         latest -> step_000250            the newest complete checkpoint
         best   -> step_000250            the one with the lowest validation loss
 
-A checkpoint is written into a temporary directory, fsynced and renamed into
-place, and only then does `latest` move (an atomic symlink swap), so a crash or a
-kill at any moment leaves the previous good checkpoint where it was. A save that
-fails (a full disk) removes its temporary directory and says which checkpoint is intact.
+The run's one writer keeps them with run/checkpoints.py's Checkpoints (save, prune, the
+links, resume); anyone reads them here.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +27,18 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from data import Tokenizer, load_tokenizer
 from data.meta import file_sha256
 from conf import read_settings
 from model import GPTConfig
-from system import UserError, replace_atomically
+from system import UserError
 
 WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"^step_(\d+)$")
-LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
 # What state.pt holds, by key and type: anything else is not a training state of train.py.
 STATE_FIELDS = {"step": int, "best_val_loss": float, "optimizer": dict, "scaler": dict, "rng": list}
 # A tied head shares its matrix with the token embedding; only one copy is stored.
@@ -112,85 +107,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    model: nn.Module,
-    config: dict[str, Any],
-    state: dict[str, Any],
-    keep_last: int = 3,
-    is_best: bool = False,
-    keep_state: str = "all",
-    files: dict[str, str] | None = None,
-) -> Path:
-    """Write checkpoint `step` under run_dir/checkpoints, point `latest` (and `best`
-    if is_best) at it, and delete all but the newest keep_last others. keep_state="latest"
-    also drops state.pt from every checkpoint but the newest (weights stay). `files` are
-    written beside config.yaml by name (the tokenizer's, Tokenizer.files()). Returns its path."""
-    root = Path(run_dir) / CHECKPOINTS
-    final = root / f"step_{step:06d}"
-    weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items()
-               if k not in _stored_once(model)}
-    _check_finite(weights, final)
-    tmp = root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _write_files(tmp, weights, config, state, files or {})
-        _move_into_place(tmp, final, is_best)
-        _prune(root, keep_last)
-    except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
-        what = f"{_write_failure(err, root)} writing checkpoint {final}"
-        if tmp.resolve() not in _linked(root):  # a re-save may have pointed a link at it already
-            shutil.rmtree(tmp, ignore_errors=True)
-        intact = last_good_checkpoint(Path(run_dir))
-        intact = f"the last good checkpoint {intact} is intact" if intact else "there is no earlier checkpoint"
-        raise CheckpointError(f"{what}; {intact}") from err
-    if keep_state == "latest":
-        for older in _step_dirs(root):
-            if older != final:
-                (older / STATE).unlink(missing_ok=True)
-    return final
-
-
-def _move_into_place(tmp: Path, final: Path, is_best: bool) -> None:
-    """Rename the complete checkpoint tmp to final, then point `latest` (and `best`) at it."""
-    root = final.parent
-    best = root / "best"
-    links = [root / "latest"] + ([best] if is_best else [])
-    if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
-        leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
-        _replace_keeping_links_valid(final, tmp, links + leads_here)
-    else:
-        tmp.rename(final)
-        _fsync(root)
-    for link in links:
-        _point(link, final)
-    _fsync(root)
-
-
-def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any],
-                 files: dict[str, str]) -> None:
-    """The checkpoint's files in `tmp`, fsynced, with their digests written last."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(weights, tmp / WEIGHTS)
-    OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
-    torch.save(state, tmp / STATE)
-    for name, content in files.items():
-        (tmp / name).write_text(content, encoding="utf-8")
-    write_digests(tmp)
-    for path in tmp.iterdir():
-        _fsync(path)
-    _fsync(tmp)
-
-
-def _write_failure(err: Exception, root: Path) -> str:
-    """A full disk in plain words, whichever library reported it (torch's message names no errno)."""
-    if getattr(err, "errno", None) == errno.ENOSPC or (root.is_dir() and shutil.disk_usage(root).free < 2**20):
-        return "no space left on device"
-    return f"could not write the checkpoint ({type(err).__name__}: {err})"
-
-
 def write_digests(path: Path) -> None:
     """Record the sha256 of checkpoint `path`'s files in its SHA256SUMS."""
     names = [name for name in (WEIGHTS, CONFIG, STATE) if (path / name).is_file()]
@@ -231,19 +147,6 @@ def read_digests(listing: Path) -> dict[str, str]:
 def _damaged_digests(listing: Path, why: str) -> CheckpointError:
     return CheckpointError(f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
                            f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked")
-
-
-def remove_interrupted_saves(run_dir: Path) -> list[Path]:
-    """Delete the temporary directories of saves that were killed, except one that a link
-    still leads to; call it only as the run's one writer. Returns what it removed."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    protected = _linked(root)
-    leftovers = [p for p in root.iterdir() if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected]
-    for leftover in leftovers:
-        shutil.rmtree(leftover)
-    return leftovers
 
 
 def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
@@ -307,7 +210,7 @@ def last_good_checkpoint(run_dir: Path) -> Path | None:
 
 def _newest_complete(root: Path) -> Path | None:
     """The newest step checkpoint under root that has its weights and config."""
-    complete = [p for p in _step_dirs(root) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
+    complete = [p for p in step_dirs(root) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
     return complete[-1] if complete else None
 
 
@@ -319,7 +222,7 @@ def has_checkpoint(run_dir: Path) -> bool:
     return root.is_dir() and ((root / "latest").is_symlink() or _newest_complete(root) is not None)
 
 
-def _step_dirs(root: Path) -> list[Path]:
+def step_dirs(root: Path) -> list[Path]:
     """The step checkpoints under root, oldest first (by step number, not by name:
     step_1000000 is newer than step_999999)."""
     steps = (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink())
@@ -348,12 +251,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load weights saved by save_checkpoint (or from a compiled / DDP model's
+    """Load weights saved by Checkpoints.save (or from a compiled / DDP model's
     state_dict) into `model`, explaining any mismatch in plain words."""
     target = unwrap_model(model)
     state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
     expected = target.state_dict()
-    missing = sorted(set(expected) - set(state) - _stored_once(target))
+    missing = sorted(set(expected) - set(state) - stored_once(target))
     unexpected = sorted(set(state) - set(expected))
     wrong_shape = [
         f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -372,64 +275,10 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     target.load_state_dict(state, strict=False)
 
 
-def _stored_once(model: nn.Module) -> set[str]:
+def stored_once(model: nn.Module) -> set[str]:
     """The tied head's name when the model ties it to the token table (its matrix is saved
     as transformer.wte.weight), else none: an untied head is saved as itself."""
     return {TIED_WEIGHT} if unwrap_model(model).config.tie_embeddings else set()
-
-
-def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> None:
-    """Swap the complete checkpoint `new` in for `final` so that every link in `links`
-    always leads to a complete checkpoint: first to `new`, then to the new `final`
-    (hard links to new's files, so nothing is copied)."""
-    for link in links:
-        _point(link, new)
-    stale = final.with_name(f".stale_{final.name}_{os.getpid()}")
-    final.rename(stale)
-    shutil.copytree(new, final, copy_function=_link_or_copy)
-    for path in final.iterdir():
-        _fsync(path)
-    _fsync(final.parent)
-    for link in links:
-        _point(link, final)
-    shutil.rmtree(stale)
-    shutil.rmtree(new)
-
-
-def _link_or_copy(source: str, destination: str) -> None:
-    try:
-        os.link(source, destination)
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(source, destination)
-
-
-def _point(link: Path, target: Path) -> None:
-    """Atomically make `link` a relative symlink to `target`."""
-    replace_atomically(link, lambda temp: temp.symlink_to(target.name))
-
-
-def _linked(root: Path) -> set[Path]:
-    """The checkpoints `latest` and `best` lead to: never deleted."""
-    return {(root / name).resolve() for name in ("latest", "best") if (root / name).exists()}
-
-
-def _prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest keep_last step checkpoints and leftovers of interrupted
-    saves, never what `latest` or `best` points at."""
-    protected = _linked(root)
-    steps = _step_dirs(root)
-    for old in steps[: max(len(steps) - keep_last, 0)]:
-        if old.resolve() not in protected:
-            shutil.rmtree(old)
-    remove_interrupted_saves(root.parent)
-
-
-def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:
-    bad = non_finite(weights)
-    if bad:
-        raise CheckpointError(
-            f"refusing to write {destination}: non-finite weights in {bad}; the earlier checkpoints are untouched"
-        )
 
 
 def non_finite(weights: dict[str, torch.Tensor]) -> str:
@@ -453,11 +302,3 @@ def _check_state(state: object, path: Path) -> None:
 
 def _first_few(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

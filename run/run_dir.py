@@ -1,5 +1,5 @@
-"""Run directories: where a new run goes, its one writer, what `resume=...` continues
-and how a checkpoint's training state is restored."""
+"""Run directories: where a new run goes, its one writer, what `resume=...` continues,
+and the config a run records."""
 
 from __future__ import annotations
 
@@ -10,20 +10,16 @@ from datetime import datetime
 from pathlib import Path
 
 import filelock
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, one_line_errors
-from model import GPT
 from run.checkpoint import (
     WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, last_good_checkpoint, load_checkpoint,
-    load_weights, remove_interrupted_saves,
 )
-from run.distributed import Ranks
+from run.checkpoints import Checkpoints
 from run.metrics import METRICS, read_metrics
-from run.runtime import reseed, seed_everything, set_rng_state
 from system import write_atomic
 
 RUN_CONFIG = "config.yaml"  # the resolved config the run started with
@@ -86,7 +82,7 @@ def run_lock(run_dir: Path, *, new_run: bool) -> Iterator[str]:
         if new_run:  # another run may have taken it between our check and the lock
             _refuse_a_run_with_checkpoints(run_dir)
         (run_dir / HOLDER).write_text(f"{os.getpid()}\n")
-        remove_interrupted_saves(run_dir)
+        Checkpoints(run_dir).remove_interrupted_saves()
         yield _take_over(run_dir) if new_run else ""
     finally:
         lock.release()
@@ -148,13 +144,13 @@ def left_behind(run_dir: Path) -> str:
     return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
 
 
-def save_run_config(run_dir: Path, cfg: DictConfig) -> None:
+def save_run_config(run_dir: Path, settings: dict) -> None:
+    """The run's settings, resolved (no interpolation left to re-resolve), as config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # groups.yaml first: a config.yaml without one is not a run's (see _take_over), even if a kill lands between.
     OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
-    as_run = OmegaConf.merge(cfg, {"resume": None})  # what it trains to, wherever it was resumed from
-    # As it ran (no interpolation left to re-resolve), replaced whole: a resume rewrites it.
-    write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml(as_run, resolve=True))
+    as_run = {**settings, "resume": None}  # what it trains to, wherever it was resumed from
+    write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml(as_run))  # replaced whole: a resume rewrites it
 
 
 def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
@@ -236,39 +232,6 @@ def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> d
         raise CheckpointError(f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
                               f"weights with init_from=checkpoint model_path={run_dir}")
     return content
-
-
-def restore(checkpoint: Checkpoint, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-            config: Config, ranks: Ranks, device: torch.device) -> tuple[int, float, str]:
-    """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
-    if checkpoint.model_config != model.config:
-        raise CheckpointError(
-            f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
-        )
-    checkpoint.check_finite()
-    load_weights(model, checkpoint.model_state)
-    state = checkpoint.training_state()
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-    except (KeyError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {checkpoint.path} holds another optimizer's state than "
-                              f"optim.name={config.optim.name}'s: resume with the optim.name the run was started with") from err
-    if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
-        scaler.load_state_dict(state["scaler"])
-    step, rng_states = state["step"], state["rng"]
-    note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
-    latest = last_good_checkpoint(checkpoint.run_dir)
-    if latest is not None and latest != checkpoint.path.resolve():
-        note += (f" (an older checkpoint than latest, {latest.name}: "
-                 + ("the log after it is replaced as the run goes on)" if step < config.max_iters
-                    else "nothing to train, so the log is kept whole)"))
-    if len(rng_states) == ranks.world_size:  # each rank continues its own random streams
-        set_rng_state(rng_states[ranks.rank], device)
-    else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
-        seed_everything(reseed(config.weights_seed, ranks.rank, step))
-        note += (f" (saved by {len(rng_states)} process(es), resumed on {ranks.world_size}: "
-                 "the data order is exact, the dropout masks are new)")
-    return step, state["best_val_loss"], note
 
 
 def group_choices() -> dict[str, str | None]:

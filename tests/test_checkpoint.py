@@ -9,22 +9,23 @@ import torch
 from safetensors import SafetensorError
 
 from conf import Config, OptimConfig
-from run import checkpoint as ckpt
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from run import checkpoints as manager
+from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from run.checkpoints import Checkpoints
 from run.distributed import Ranks
 from run.metrics import read_metrics
 from training.optim import build_optimizer
-from run.run_dir import restore
 from run.runtime import Precision, resolve_precision, rng_state
 
 from test_train import run_in_process
 
 
 
-def save(run_dir, step, model, **kwargs):
+def save(run_dir, step, model, keep_last=3, keep_state="all", is_best=False):
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
     state = {"step": step, "best_val_loss": 1.0, "optimizer": {"lr": 0.1}, "scaler": {}, "rng": [{"torch": torch.get_rng_state()}]}
-    return save_checkpoint(run_dir, step, model, config, state, **kwargs)
+    return Checkpoints(run_dir, keep_last=keep_last, keep_state=keep_state).save(step, model, config, state,
+                                                                                 is_best=is_best)
 
 
 def test_round_trip_restores_identical_weights_and_state(tmp_path, make_model):
@@ -62,7 +63,7 @@ def test_crash_while_saving_leaves_previous_checkpoint_in_place(tmp_path, make_m
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.torch, "save", crash)
+    monkeypatch.setattr(manager.torch, "save", crash)
     with pytest.raises(CheckpointError, match=f"could not write .*disk full.* checkpoint .*step_000002; the last good "
                                               f"checkpoint {good.resolve()} is intact"):
         save(tmp_path, 2, model)
@@ -86,10 +87,10 @@ def test_a_full_disk_is_one_message_and_removes_the_temporary_files(tmp_path, ma
         raise failure()
 
     if writer == "torch_save":
-        monkeypatch.setattr(ckpt.torch, "save", full)
+        monkeypatch.setattr(manager.torch, "save", full)
     else:
-        monkeypatch.setattr(ckpt, "save_file", full)
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+        monkeypatch.setattr(manager, "save_file", full)
+    monkeypatch.setattr(manager.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
     with pytest.raises(CheckpointError, match=f"^no space left on device writing checkpoint .*step_000002; the last "
                                               f"good checkpoint {good.resolve()} is intact$"):
         save(tmp_path, 2, model)
@@ -107,11 +108,11 @@ def test_saving_the_same_step_again_replaces_it_and_no_link_ever_dangles(tmp_pat
             assert (root / name / "model.safetensors").is_file() and (root / name / "state.pt").is_file(), name
         seen.append(args)
 
-    for module, name in [(ckpt.os, "rename"), (ckpt.os, "replace"), (ckpt.shutil, "rmtree"), (ckpt.shutil, "copytree")]:
+    for module, name in [(manager.os, "rename"), (manager.os, "replace"), (manager.shutil, "rmtree"), (manager.shutil, "copytree")]:
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _o=original, **k: (links_lead_to_complete_checkpoints(*a), _o(*a, **k))[1])
-    original_rename = ckpt.Path.rename
-    monkeypatch.setattr(ckpt.Path, "rename", lambda self, target: (links_lead_to_complete_checkpoints(self), original_rename(self, target))[1])
+    original_rename = manager.Path.rename
+    monkeypatch.setattr(manager.Path, "rename", lambda self, target: (links_lead_to_complete_checkpoints(self), original_rename(self, target))[1])
 
     second = make_model(seed=2)
     path = save(tmp_path, 5, second)  # not the best any more, but best still leads to step 5
@@ -131,7 +132,7 @@ def test_a_re_save_that_fails_midway_leaves_every_link_leading_to_a_complete_che
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt.shutil, "copytree", disk_full)  # after the links moved to the new copy
+    monkeypatch.setattr(manager.shutil, "copytree", disk_full)  # after the links moved to the new copy
     with pytest.raises(CheckpointError, match="no space left on device writing checkpoint"):
         save(tmp_path, 5, make_model(seed=2))
     monkeypatch.undo()
@@ -337,7 +338,7 @@ def test_leftovers_of_killed_saves_are_removed_but_never_one_a_link_leads_to(tmp
     shutil.copytree(root / "step_000001", linked)
     (root / "latest").unlink()
     (root / "latest").symlink_to(linked.name)
-    assert sorted(ckpt.remove_interrupted_saves(tmp_path)) == sorted(killed)
+    assert sorted(Checkpoints(tmp_path).remove_interrupted_saves()) == sorted(killed)
     assert sorted(p.name for p in root.iterdir()) == [linked.name, "latest", "step_000001"]
 
 
@@ -368,12 +369,13 @@ def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
     state = {"step": 5, "best_val_loss": 2.0, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
              "rng": [rng_state(CPU)]}  # as train.py saves it
-    path = save_checkpoint(tmp_path, 5, model, config, state)
+    checkpoints = Checkpoints(tmp_path)
+    path = checkpoints.save(5, model, config, state)
     fresh = resolve_precision("fp16", CPU).grad_scaler()
     assert fresh.get_scale() == 65536.0
     twin = make_model(seed=1)
-    step, _, _ = restore(load_checkpoint(path), twin, build_optimizer(twin, Config().optim, "cpu"),
-                         fresh, Config(), Ranks(), CPU)
+    step, _, _ = checkpoints.restore(load_checkpoint(path), twin, build_optimizer(twin, Config().optim, "cpu"),
+                                     fresh, Config(), Ranks(), CPU)
     assert step == 5 and fresh.get_scale() == 32768.0
     assert fresh.state_dict() == scaler.state_dict()
 
@@ -384,12 +386,13 @@ def test_resuming_under_another_optimizer_is_refused_in_one_line(tmp_path, make_
     state = {"step": 5, "best_val_loss": 2.0, "rng": [rng_state(CPU)], "scaler": {},
              "optimizer": build_optimizer(model, OptimConfig(name=saved), "cpu").state_dict()}
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
-    path = save_checkpoint(tmp_path, 5, model, config, state)
+    checkpoints = Checkpoints(tmp_path)
+    path = checkpoints.save(5, model, config, state)
     run = Config(optim=OptimConfig(name=resumed))
     with pytest.raises(CheckpointError, match=rf"^checkpoint {path} holds another optimizer's state than "
                                               rf"optim.name={resumed}'s: resume with the optim.name the run was started with$"):
-        restore(load_checkpoint(path), model, build_optimizer(model, run.optim, "cpu"),
-                resolve_precision("fp32", CPU).grad_scaler(), run, Ranks(), CPU)
+        checkpoints.restore(load_checkpoint(path), model, build_optimizer(model, run.optim, "cpu"),
+                            resolve_precision("fp32", CPU).grad_scaler(), run, Ranks(), CPU)
 
 
 @pytest.mark.cuda

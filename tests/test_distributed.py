@@ -14,12 +14,12 @@ import torch
 
 from conf import Config
 from model import GPT
-from run.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import Checkpoints, save_checkpoint
 from run.distributed import Ranks
 from training.evaluate import Evaluator
 from run.metrics import read_metrics
 from training.optim import build_optimizer
-from run.run_dir import restore
 from run.runtime import resolve_precision, rng_state, set_rng_state
 
 from conftest import tiny_config, training_overrides
@@ -122,7 +122,8 @@ def first_draws(checkpoint, rank, world_size, **settings):
     `rank` of world_size under the settings."""
     config, model = Config(**settings), GPT(checkpoint.model_config)
     scaler = resolve_precision("fp32", CPU).grad_scaler()
-    restore(checkpoint, model, build_optimizer(model, config.optim, "cpu"), scaler, config, Ranks(rank, rank, world_size), CPU)
+    Checkpoints(checkpoint.run_dir).restore(checkpoint, model, build_optimizer(model, config.optim, "cpu"), scaler, config,
+                                            Ranks(rank, rank, world_size), CPU)
     return torch.rand(1).item(), float(np.random.rand()), random.random()
 
 

@@ -23,6 +23,7 @@ from data import DataError
 from report import write_report
 from system import GracefulStop, Interrupted, interrupts_raise
 from run import checkpoint as ckpt
+from run import checkpoints as manager
 from run.checkpoint import CheckpointError
 from run.metrics import read_metrics
 from run.run_dir import resolve_resume
@@ -131,7 +132,7 @@ def test_a_signal_that_cuts_the_first_save_short_says_what_resume_then_does(trai
     def second_signal(*args, **kwargs):
         raise Interrupted(signal.SIGINT)
 
-    monkeypatch.setattr(ckpt, "save_file", second_signal)
+    monkeypatch.setattr(manager, "save_file", second_signal)
     with pytest.raises(Interrupted) as stop:
         train.train(composed(*train_overrides, f"max_iters={max_iters}", "eval_interval=2", f"out_dir={run_dir}"))
     monkeypatch.undo()
@@ -164,7 +165,7 @@ def test_a_resume_that_changes_what_the_seeds_meant_is_refused(finished_run, ove
 
 def test_a_full_disk_while_saving_ends_the_run_with_one_message_and_keeps_the_log(train_overrides, monkeypatch):
     saves = {"n": 0}
-    real_save_file = ckpt.save_file
+    real_save_file = manager.save_file
 
     def fills_the_disk_on_the_second_save(*args, **kwargs):
         saves["n"] += 1
@@ -172,7 +173,7 @@ def test_a_full_disk_while_saving_ends_the_run_with_one_message_and_keeps_the_lo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save_file(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_file", fills_the_disk_on_the_second_save)
+    monkeypatch.setattr(manager, "save_file", fills_the_disk_on_the_second_save)
     with pytest.raises(CheckpointError, match=r"^no space left on device writing checkpoint .*step_000020; the last "
                                               r"good checkpoint .*step_000010 is intact$"):
         train.train(composed(*train_overrides))

@@ -17,7 +17,7 @@ from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 import hf.files
 from hf.files import HFError, load_hf_pretrained, save_hf
-from run.checkpoint import save_checkpoint
+from run.checkpoints import save_checkpoint
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
 SAMPLE_TEXT = "Hello world! It's 2024: naïve café,   spaces\n\n\ttabs, émojis 🤖 and 1234567 numbers."

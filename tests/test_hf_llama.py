@@ -18,7 +18,7 @@ from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from hf.files import HFError, load_hf_pretrained, save_hf
-from run.checkpoint import save_checkpoint
+from run.checkpoints import save_checkpoint
 from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).

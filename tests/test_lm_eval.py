@@ -33,7 +33,8 @@ from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402
 from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
 from hf.gpt2 import pool_kv_heads  # noqa: E402
-from run.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from run.checkpoint import load_checkpoint  # noqa: E402
+from run.checkpoints import save_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "tests" / "lm_eval_tasks"

@@ -14,7 +14,8 @@ from model import KVCache, Sampling, generate, to_weight_format
 from model.config import NORM_EPS
 from model.rotary import apply_rotary, rotary_angles
 from test_generate import reference_sampled
-from run.checkpoint import load_checkpoint, load_weights, save_checkpoint
+from run.checkpoint import load_checkpoint, load_weights
+from run.checkpoints import save_checkpoint
 
 MODERN = dict(qk_norm=True, mlp="relu2", tie_embeddings=False, logit_softcap=5.0)  # zero_init_proj: its own test
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -289,6 +289,6 @@ def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
     monkeypatch.setattr(OmegaConf, "save", lambda config, path, **kwargs: (written.append(Path(path).name),
                                                                           save(config, path, **kwargs)))
     monkeypatch.setattr(run_dir, "write_atomic", lambda path, text: (written.append(path.name), write_atomic(path, text)))
-    run_dir.save_run_config(tmp_path, OmegaConf.create({"seed": 1, "resume": "somewhere"}))
+    run_dir.save_run_config(tmp_path, {"seed": 1, "resume": "somewhere"})
     assert written == ["groups.yaml", "config.yaml"]
     assert OmegaConf.load(tmp_path / "config.yaml") == {"seed": 1, "resume": None}  # replaced whole, resume cleared

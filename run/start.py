@@ -1,0 +1,117 @@
+"""Starting a run, new or resumed, in the order train.py needs it:
+
+    spec = resolve_run(cfg)                   the config (a resume's own), checked once
+    with start_run(spec, ranks, device) as run:   the run directory, made or reopened, and held
+        ... prepare the data ...
+        model, origin = build_model(...)      fresh, from init_from's weights, or a checkpoint's shape
+        ... build the optimizer ...
+        step, best, note = run.restore(...)   a resume's training state; then config.yaml
+
+The data is prepared inside start_run: a new run claims its directory before a long
+prepare, and a rank lost during it says what the run leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from conf import Config, load_config
+from data import Tokenizer
+from model import GPT
+from run.checkpoint import Checkpoint, load_weights
+from run.checkpoints import Checkpoints
+from run.distributed import Ranks, main_decides, peers_watched
+from run.init_from import initial_model
+from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, run_lock, save_run_config
+from system import Interrupted
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The run a command asks for, resolved once."""
+
+    config: Config
+    settings: dict  # the same settings as plain values: what config.yaml and wandb record
+    resume_from: Checkpoint | None  # the checkpoint a resume continues
+
+    @property
+    def block_size(self) -> int:
+        """The context of the model about to be built (a new run's from init_from is cropped to it)."""
+        return self.resume_from.model_config.block_size if self.resume_from else self.config.model.block_size
+
+
+def resolve_run(cfg: DictConfig) -> RunSpec:
+    """The run a composed config asks for. With resume set, the saved run's own config (this
+    command's single values applied) and its checkpoint. Every rule is checked here, before
+    any heavy work."""
+    cfg, resume_from = resolve_resume(cfg)
+    config = load_config(cfg)
+    return RunSpec(config=config, settings=OmegaConf.to_container(cfg, resolve=True), resume_from=resume_from)
+
+
+@dataclass
+class StartedRun:
+    """A run whose directory this process holds (rank 0 as its one writer)."""
+
+    spec: RunSpec
+    run_dir: Path
+    checkpoints: Checkpoints
+    takeover: str  # a line when a new run took over a directory whose run stopped before its first checkpoint
+    ranks: Ranks
+    device: torch.device
+
+    def restore(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                config: Config) -> tuple[int, float, str]:
+        """The step, best val loss and a line to print: a resume's, once its checkpoint's weights,
+        optimizer and scaler state and random streams are restored (nothing may draw from those
+        between this and the first step); a new run's (0, inf, ''). Then rank 0 records the run's
+        config: a resume records its own overrides (max_iters=...) for the next one and for report.py."""
+        step, best_val_loss, resumed = 0, math.inf, ""
+        if self.spec.resume_from:
+            step, best_val_loss, resumed = self.checkpoints.restore(self.spec.resume_from, model, optimizer, scaler,
+                                                                    config, self.ranks, self.device)
+        if self.ranks.is_main:
+            save_run_config(self.run_dir, self.spec.settings)
+        return step, best_val_loss, resumed
+
+
+@contextlib.contextmanager
+def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[StartedRun]:
+    """The run's directory, made (a new run's) or reopened (a resume's) and locked while the
+    run writes; a rank that loses a peer, or a signal that stops the run at once, says what
+    the run leaves behind."""
+    resume_from = spec.resume_from
+    # Only rank 0 chooses (a timestamp read on each rank could differ) and locks: one writer.
+    run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(spec.config))
+    with contextlib.ExitStack() as held:
+        takeover = main_decides(ranks, lambda: held.enter_context(run_lock(run_dir, new_run=resume_from is None)))
+        held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
+        checkpoints = Checkpoints(run_dir, keep_last=spec.config.keep_last, keep_state=spec.config.keep_state)
+        try:
+            yield StartedRun(spec=spec, run_dir=run_dir, checkpoints=checkpoints, takeover=takeover, ranks=ranks,
+                             device=device)
+        except Interrupted as stop:
+            stop.detail = interrupted(stop.signal, run_dir)
+            raise
+
+
+def build_model(config: Config, resume_from: Checkpoint | None, tokenizer: Tokenizer,
+                device: torch.device) -> tuple[GPT, str]:
+    """The model of this run and a line saying where its weights come from ('' for a fresh
+    one, and for a resume's, whose weights restore loads)."""
+    if resume_from and config.init_from != "scratch":
+        model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
+    else:
+        model_config, initial_state = initial_model(config, tokenizer)
+    model = GPT(model_config).to(device)
+    if initial_state is None or resume_from:
+        return model, ""
+    load_weights(model, initial_state)
+    return model, f"weights: init_from={config.init_from} {config.model_path} at context {model_config.block_size}"
