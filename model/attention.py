@@ -8,17 +8,14 @@ query head h reads key/value head h // (n_head // n_kv_head).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import NORM_EPS, GPTConfig
+from .kv_cache import KVCache
 from .rotary import apply_rotary, rotary_angles
-
-if TYPE_CHECKING:
-    from .engine import KVCache
 
 Rope = tuple[Tensor, Tensor]  # cos and sin of rotary's angles (rotary_angles)
 

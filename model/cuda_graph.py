@@ -4,20 +4,16 @@ At batch 1 a GPU decode step is a few hundred small kernels, and launching them 
 Python takes longer than running them. A CUDA graph records the launches of one step
 against fixed input and output tensors; replaying it launches them all at once. That
 needs a step whose shapes never change and whose state lives on the device: a
-StaticKVCache (engine.py) gives both.
+StaticKVCache (kv_cache.py) gives both.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .gpt import GPT
-
-if TYPE_CHECKING:
-    from .engine import StaticKVCache
+from .kv_cache import StaticKVCache
 
 WARMUP_STEPS = 2  # eager runs on a side stream before capture, as torch asks for
 

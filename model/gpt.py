@@ -4,8 +4,6 @@ or modded-nanogpt's as chosen (GPTConfig)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,10 +12,8 @@ from .attention import CausalSelfAttention, Rope
 from .blocks import make_mlp, make_norm
 from .config import GPTConfig
 from .init import draw_seed, init_weights
+from .kv_cache import KVCache
 from .rotary import rotary_angles
-
-if TYPE_CHECKING:
-    from .engine import KVCache
 
 IGNORE_INDEX = -1  # targets equal to this contribute nothing to the loss
 
@@ -64,6 +60,18 @@ class GPT(nn.Module):
         memory, no initialisation cost and no draw from the random streams."""
         with torch.device("meta"):
             return cls(config)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype of the activations (residual stream, logits, KV cache): the norms',
+        which every weight format keeps (weight_formats.py stores only the Linear weights,
+        and a tied token table, in bf16 or int8)."""
+        return self.transformer.ln_f.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model computes: its norms' device, which every weight shares."""
+        return self.transformer.ln_f.weight.device
 
     def forward(
         self,
@@ -117,9 +125,8 @@ class GPT(nn.Module):
         return kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
 
     def _embed(self, idx: Tensor, pos: Tensor) -> Tensor:
-        # A token table stored in another format (weight_formats.py) joins the activations'
-        # dtype, which the norms keep in every format.
-        x = self.transformer.wte(idx).to(self.transformer.ln_f.weight.dtype)
+        # A token table stored in another format (weight_formats.py) joins the activations' dtype.
+        x = self.transformer.wte(idx).to(self.activation_dtype)
         if self.config.position == "learned":
             x = x + self.transformer.wpe(pos)
         return self.transformer.drop(x)
@@ -129,8 +136,7 @@ class GPT(nn.Module):
         if self.config.position != "rope":
             return None
         cos, sin = rotary_angles(pos, self.config.head_dim, self.config.rope_base)
-        dtype = self.transformer.ln_f.weight.dtype  # the activations' (as in _embed): cast once, not per layer
-        return cos.to(dtype), sin.to(dtype)
+        return cos.to(self.activation_dtype), sin.to(self.activation_dtype)  # cast once, not per layer
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (a tied head counted once). exclude_embeddings drops

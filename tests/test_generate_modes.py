@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from attention_variants import BLOCKS
-from model import KVCache, Sampling, generate
-from model.engine import StaticKVCache
+from model import KVCache, Sampling, StaticKVCache, generate
 
 from test_generate import reference_sampled
 

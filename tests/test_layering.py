@@ -1,5 +1,6 @@
 """The scripts at the top of the repository (train.py, sample.py, ...) are entry points over
-the packages: no module of a package imports one, at its top or inside a function."""
+the packages: no module of a package imports one, at its top or inside a function. Inside,
+the packages keep their layers: hf/ below run/, and model/'s modules without an import cycle."""
 
 import ast
 from pathlib import Path
@@ -53,3 +54,52 @@ def test_hf_knows_no_runs_and_run_knows_none_of_its_users():
     assert (REPO / "hf").is_dir() and (REPO / "run").is_dir()
     assert imports_from("hf", {"run", "training"}) == []
     assert imports_from("run", scripts() | {"evaluation", "ablation", "bench", "training"}) == []
+
+
+def sibling_imports(path: Path) -> set[str]:
+    """The modules of path's own package that it imports relatively (`from .x import y`,
+    `from . import x`), under TYPE_CHECKING too: an import for annotations is a dependency."""
+    siblings = {other.stem for other in path.parent.glob("*.py")}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module.split(".")[0]] if node.module else [alias.name for alias in node.names]
+            found |= {name for name in names if name in siblings}
+    return found
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph (module -> modules it imports) as a path that ends where it
+    starts, or [] when it has none (depth-first search, a module on the path seen again)."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return []
+        for imported in sorted(graph[module]):
+            cycle = visit(imported, path + [module])
+            if cycle:
+                return cycle
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        cycle = visit(module, [])
+        if cycle:
+            return cycle
+    return []
+
+
+def test_import_cycle_finds_a_cycle_and_only_a_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_model_modules_import_each_other_without_a_cycle():
+    """model/ is layered (kv_cache below attention below gpt below engine and cuda_graph):
+    each module can be read, and imported, on top of the ones it names."""
+    graph = {path.stem: sibling_imports(path) for path in sorted((REPO / "model").glob("*.py"))}
+    assert {"kv_cache", "engine"} <= graph["__init__"] and "kv_cache" in graph["attention"]
+    assert import_cycle(graph) == []

@@ -184,7 +184,7 @@ def test_a_converted_model_computes_in_bf16_activations_too(make_model, weights,
     model = to_weight_format(make_model(**block), weights).to(torch.bfloat16)
     with torch.no_grad():
         logits, _ = model(torch.tensor([[5, 17, 3]]))
-    assert logits.dtype == torch.bfloat16
+    assert logits.dtype == model.activation_dtype == torch.bfloat16
     assert len(generate(model, [[5, 17, 3]], 6, GREEDY)[0]) == 6
 
 
