@@ -26,34 +26,17 @@ def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
     shape, values and Parameter (tied weights stay tied): column-major when it has at
     least as many outputs as inputs, row-major otherwise, all in one buffer of huge
     pages (huge_pages=False: ordinary memory, for comparison). Weights on other devices
-    are left as they are.
+    are left as they are. Returns the model, repacked in place.
 
-    The model becomes a DecodeLayoutGPT, which remembers its layout: a later .to(dtype),
-    .half() or move back to the CPU repacks the converted weights, so the order of the
-    calls does not matter. Meant for inference: every weight is now a view of the shared
-    buffer, so torch.save of a single weight would carry all of them (clone it first).
+    The last step of preparing a model for inference, after its device, dtype and weight
+    format: the layout belongs to the weights' memory, and a later .to(dtype), .half() or
+    move puts each converted weight in memory of its own. torch keeps the strides of a
+    dense tensor it converts, so the values and the orientation survive and only the
+    shared buffer is lost; calling to_decode_layout again restores it. Every weight is a
+    view of the shared buffer, so torch.save of a single weight would carry all of them
+    (clone it first).
     """
     assert isinstance(model, GPT), type(model)
-    model.__class__ = DecodeLayoutGPT  # the same module, the repacking below added to its conversions
-    model.huge_pages = huge_pages
-    _pack_linear_weights(model, huge_pages)
-    return model
-
-
-class DecodeLayoutGPT(GPT):
-    """A GPT whose Linear weights stay in the decode layout through later conversions."""
-
-    huge_pages: bool
-
-    def _apply(self, fn, recurse: bool = True) -> DecodeLayoutGPT:
-        # .to(), .half(), .cpu() and the like end here: they put converted weights in
-        # fresh row-major memory, so they are packed again.
-        super()._apply(fn, recurse)
-        _pack_linear_weights(self, self.huge_pages)
-        return self
-
-
-def _pack_linear_weights(model: nn.Module, huge_pages: bool) -> None:
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     weights = [w for w in weights.values() if w.device.type == "cpu"]
     starts = [0]
@@ -70,3 +53,4 @@ def _pack_linear_weights(model: nn.Module, huge_pages: bool) -> None:
             packed = arena[start : start + weight.nbytes].view(weight.dtype).view(rows, cols)
             packed.copy_(weight.t() if column_major else weight)
             weight.data = packed.t() if column_major else packed
+    return model

@@ -18,7 +18,6 @@ from torch import nn
 
 from attention_variants import BLOCKS
 from model import KVCache, Sampling, generate, to_decode_layout
-from model.decode_layout import DecodeLayoutGPT
 from model.weight_formats import (
     BF16Linear,
     Int8Linear,
@@ -201,22 +200,25 @@ def test_a_converted_model_is_not_converted_again(make_model):  # unknown format
 
 
 @pytest.mark.parametrize("change", ["to_bf16", "double"])
-def test_decode_layout_survives_a_later_dtype_change(make_model, change):
-    """to_decode_layout then .to(dtype) ends in the same layout as the other order."""
+def test_a_dtype_change_after_the_decode_layout_keeps_it_but_for_the_shared_buffer(make_model, change):
+    """to_decode_layout then .to(dtype) gives the values and strides of the other order (torch
+    keeps a dense tensor's strides as it converts it); to_decode_layout again puts the
+    converted weights back into one buffer, the layout of the other order."""
     convert = (lambda m: m.to(torch.bfloat16)) if change == "to_bf16" else (lambda m: m.double())
     model = make_model(n_kv_head=2)
     later = convert(to_decode_layout(copy.deepcopy(model)))
     first = to_decode_layout(convert(copy.deepcopy(model)))
-    for (name, a), (_, b) in zip(later.named_parameters(), first.named_parameters()):
-        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), name
-    column_major = later.transformer.h[0].mlp.c_fc.weight  # (128, 32): more outputs than inputs
-    assert column_major.stride() == (1, column_major.size(0))
+    for _ in range(2):
+        for (name, a), (_, b) in zip(later.named_parameters(), first.named_parameters()):
+            assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), name
+        column_major = later.transformer.h[0].mlp.c_fc.weight  # (128, 32): more outputs than inputs
+        assert column_major.stride() == (1, column_major.size(0))
+        assert later.lm_head.weight is later.transformer.wte.weight
+        to_decode_layout(later)
     weights = [m.weight for m in later.modules() if isinstance(m, nn.Linear)]
     assert len({w.untyped_storage().data_ptr() for w in weights}) == 1  # packed again into one buffer
-    assert later.lm_head.weight is later.transformer.wte.weight
 
 
 def test_a_model_never_put_in_decode_layout_keeps_plain_row_major_weights(make_model):
     model = make_model().double()
-    assert not isinstance(model, DecodeLayoutGPT)
     assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, nn.Linear))
