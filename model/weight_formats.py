@@ -153,11 +153,12 @@ class TiedEmbedding(nn.Module):
 
     def __init__(self, head: BF16Linear | Int8Linear) -> None:
         super().__init__()
-        # Not a submodule: the head belongs to the model; the table only reads it.
-        self.__dict__["head"] = head
+        # The head's row lookup, a plain attribute: the head stays the model's submodule
+        # (the table has no weights of its own to convert, move or save).
+        self.head_rows = head.rows
 
     def forward(self, idx: Tensor) -> Tensor:
-        return self.head.rows(idx)  # GPT casts it to the activations' dtype (ln_f's)
+        return self.head_rows(idx)  # GPT casts it to its activation_dtype
 
 
 def _onednn_packed(weight: Tensor) -> Tensor | None:

@@ -154,6 +154,19 @@ def test_every_linear_is_converted_and_the_token_table_reads_the_head(make_model
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_a_tied_token_table_reads_the_head_and_holds_no_second_copy_of_it(make_model, weights):
+    model = to_weight_format(make_model(), weights)
+    table = model.transformer.wte
+    assert list(table.children()) == [] and list(table.buffers()) == []
+    assert [name for name, _ in model.named_modules(remove_duplicate=False) if name.endswith("head")] == ["lm_head"]
+    idx = torch.tensor([[3, 7]])
+    assert table(idx).any()
+    stored = model.lm_head.weight if weights == "int8" else model.lm_head.weight_bits
+    stored.zero_()
+    assert not table(idx).any()
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
 @pytest.mark.parametrize("block", BLOCKS)
 def test_a_converted_model_decodes_with_its_cache_as_without(make_model, weights, block):
     model = to_weight_format(make_model(n_kv_head=1, **block).eval(), weights)
