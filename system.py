@@ -9,6 +9,7 @@ replaces a file, each in one place. (Locks are the `filelock` package's.)
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import sys
@@ -46,6 +47,7 @@ def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iter
     make smaller) is one line on stderr and exit code 1; a signal is its line and 128 +
     its number, as a shell reports a process it killed; a reader that closed the pipe
     (`| head`) ends it quietly. Anything else is a bug and keeps its traceback."""
+    write_whole_lines(sys.stderr)
     try:
         with interrupts_raise():
             yield
@@ -62,8 +64,16 @@ def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iter
             raise
         sys.exit(f"error: {message}")
     except Interrupted as stop:
-        print(f"\nerror: {stop}", file=sys.stderr)
+        sys.stderr.write(f"\nerror: {stop}\n")  # one write: see write_whole_lines
         sys.exit(stop.exit_code)
+
+
+def write_whole_lines(stream: object) -> None:
+    """Have each line written to `stream` reach its file in one write, even under python -u
+    or PYTHONUNBUFFERED: the ranks of a torchrun job share one stderr, and `sys.exit(message)`
+    writes the message and its newline in two calls, between which another rank's line lands."""
+    if isinstance(stream, io.TextIOWrapper):
+        stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def describe_out_of_memory(err: RuntimeError, advice: str) -> str | None:

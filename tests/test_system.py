@@ -154,3 +154,28 @@ def test_ctrl_c_while_a_command_imports_torch_is_one_line_and_death_by_sigint(co
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.stderr == "\nerror: SIGINT: interrupted while starting; nothing was written\n"
     assert result.returncode == -signal.SIGINT  # as Python ends on Ctrl-C: a shell reports 130
+
+
+RECORDED_EXIT = """
+import io, os, sys
+from system import UserError, exits
+
+class Recorder(io.RawIOBase):  # each write that would reach the file descriptor, on its own line
+    def writable(self):
+        return True
+
+    def write(self, data):
+        os.write(2, repr(bytes(data)).encode() + b"\\n")
+        return len(data)
+
+sys.stderr = io.TextIOWrapper(Recorder(), write_through=True, line_buffering=True)  # as under python -u
+with exits():
+    raise UserError("rank 1: stopped")
+"""
+
+
+def test_the_error_line_reaches_stderr_in_one_write_even_unbuffered():
+    """Ranks share one stderr: a line written in two pieces can be split by another rank's."""
+    result = subprocess.run([sys.executable, "-c", RECORDED_EXIT], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    assert (result.returncode, result.stderr.splitlines()) == (1, [repr(b"error: rank 1: stopped\n")])
