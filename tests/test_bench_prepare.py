@@ -1,4 +1,4 @@
-"""bench/prepare_throughput.py: its corpora, its process-tree and disk measures, and an end-to-end
+"""bench/prepare_throughput.py: its corpora, its process-tree and disk measures (bench/process_tree.py), and an end-to-end
 run at a tiny size (speed itself is never asserted)."""
 
 import json
@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.prepare_throughput import (
-    disk_bytes, extra_cache_dirs, markdown_table, measure_command, raw_tiktoken_rate, tree_pids,
-)
+from bench.prepare_throughput import extra_cache_dirs, markdown_table, raw_tiktoken_rate
+from bench.process_tree import disk_bytes, measure_command, tree_pids
 from bench.synthetic_corpus import GB, load_pool, prepare_corpora
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +49,7 @@ def test_tree_sampler_finds_a_grandchilds_memory_and_disk_at_their_peak(tmp_path
              "time.sleep(1); os.remove(p)")
     # `; exit 0` keeps the shell from exec-ing python: python is its child, the grandchild measured
     command = ["sh", "-c", f"{sys.executable} -c \"{child}\"; exit 0"]
-    measurement = measure_command(command, [tmp_path / "data"], tmp_path / "logs")
+    measurement = measure_command(command, [tmp_path / "data"], tmp_path / "logs", cwd=ROOT)
     assert measurement.returncode == 0, (tmp_path / "logs" / "stderr.log").read_text()
     peaks = measurement.peaks
     assert peaks.processes >= 2 and peaks.samples >= 3
