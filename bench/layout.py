@@ -4,14 +4,16 @@ which packages import which, and how the lines are spread over the packages.
     python bench/layout.py                                   # this checkout
     python bench/layout.py --repo /tmp/old --json old.json   # another checkout (same python)
 
-1. The path a reader follows: train.py from its main() to the first optimizer step, and
-   sample.py from its main() to the first generated token (the first yield of model/'s
-   `stream` generator), each traced with sys.setprofile in a subprocess run in the measured
-   checkout (a tiny CPU run on tinyshakespeare). Only functions in the checkout's own files
-   count (not site-packages, tests/ or bench/; module bodies run by an import are not a
-   step of the story; only the main thread). A stop is entering a function in another file
-   than the innermost checkout frame below it; a return is a stop into a file already
-   visited (the script itself counts as visited), so stops = files - 1 + returns.
+1. The path a reader follows: train.py from its main() to the first optimizer step (on data
+   an earlier run prepared, and preparing it afresh), and sample.py from its main() to the
+   first generated token (the first yield of model/'s `stream` generator), each traced with
+   sys.setprofile in a subprocess run in the measured checkout: a tiny CPU run, on this
+   file's text unless --corpus. Only functions in the checkout's own files count (not
+   site-packages, tests/ or bench/; module bodies run by an import are not a step of the
+   story; only the main thread). A stop is the first entry into a function from another
+   file than the innermost checkout frame below it (a reader reads a function once, however
+   often a loop calls it); a return is a stop into a file already visited (the script
+   itself counts as visited), so stops = files - 1 + returns.
 2. Import arrows: every import (at a module's top or in a function) in the packages (top-level
    directories with __init__.py) and top-level modules; tests/ and bench/ import but are not
    counted as importers. Arrows unit -> unit, cycles among units and among model/'s modules,
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORPUS = Path("/work/shared/data/tinyshakespeare.txt")  # the default; --corpus names another text
+CORPUS = Path(__file__).resolve()  # any text will do: the path does not depend on it, and this file is at hand
 LONG_FILE = 400  # lines
 NOT_ON_THE_PATH = ("tests", "bench")  # the tracer itself lives in bench/
 TOP_RETURNS = 5
@@ -145,8 +147,7 @@ def child_env(repo: Path) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
 
 
-def traced(repo: Path, which: str, overrides: list[str], tmp: Path) -> dict:
-    out = tmp / f"{which}.json"
+def traced(repo: Path, which: str, overrides: list[str], out: Path) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", which, str(out), "--repo", str(repo),
                "--", *overrides]
     done = subprocess.run(command, cwd=repo, env=child_env(repo), capture_output=True, text=True)
@@ -160,17 +161,22 @@ def traced(repo: Path, which: str, overrides: list[str], tmp: Path) -> dict:
 
 
 def reader_paths(repo: Path, corpus: Path) -> dict:
-    """Both paths; sample.py reads the checkpoint of an untraced one-step run. The traced run
-    prepares its data afresh: a first run's story."""
+    """Three paths, after an untraced one-step run: train.py on the data that run prepared (a
+    run's story), train.py preparing its data afresh (a first run's), and sample.py on that
+    run's checkpoint."""
     with tempfile.TemporaryDirectory(prefix="layout_") as tmp:
         tmp = Path(tmp)
-        train = traced(repo, "train", tiny_run(corpus, tmp / "traced"), tmp)
-        subprocess.run([sys.executable, "train.py", *tiny_run(corpus, tmp / "sampled")], cwd=repo, env=child_env(repo),
-                       check=True, capture_output=True)
-        sample = traced(repo, "sample", [f"runs_root={tmp / 'sampled' / 'runs'}", "max_new_tokens=4",
-                                         "device=cpu", "prompt=ROMEO", "json=true"], tmp)
+        first = tiny_run(corpus, tmp / "first")
+        subprocess.run([sys.executable, "train.py", *first], cwd=repo, env=child_env(repo), check=True,
+                       capture_output=True)
+        prepared = [o for o in first if not o.startswith("runs_root=")] + [f"runs_root={tmp / 'again'}"]
+        paths = {"train": traced(repo, "train", prepared, tmp / "train.json"),
+                 "train_preparing": traced(repo, "train", tiny_run(corpus, tmp / "fresh"), tmp / "fresh.json"),
+                 "sample": traced(repo, "sample", [f"runs_root={tmp / 'first' / 'runs'}", "max_new_tokens=4",
+                                                   "device=cpu", "prompt=ROMEO", "json=true"], tmp / "sample.json")}
+    sample = paths["sample"]
     sample["enters_training"] = any(f.split(os.sep)[0] == "training" for f in sample["files_in_order"])
-    return {"train": train, "sample": sample}
+    return paths
 
 
 # 2. Import arrows --------------------------------------------------------------------------
@@ -328,12 +334,17 @@ def measure(repo: Path, corpus: Path) -> dict:
             "imports": import_figures(repo), "lines": line_figures(repo)}
 
 
+PATHS = {"train": "its first optimizer step, on prepared data",
+         "train_preparing": "its first optimizer step, preparing the data",
+         "sample": "its first token"}
+
+
 def report(m: dict) -> str:
     out = [f"{m['repo']} at {m['commit'][:7]}{' (with uncommitted changes)' if m['dirty'] else ''}", ""]
-    for which, end in (("train", "first optimizer step"), ("sample", "first token")):
+    for which, end in PATHS.items():
         p = m["paths"][which]
         tops = ", ".join(f"{f} {n}" for f, n in p["top_returns"]) or "none"
-        out.append(f"{which}.py main() to its {end}: {p['stops']} stops in {p['files']} files, "
+        out.append(f"{which.split('_')[0]}.py main() to {end}: {p['stops']} stops in {p['files']} files, "
                    f"{p['returns']} returns (most: {tops}); {p['calls']} calls from file to file in all")
     sample = m["paths"]["sample"]
     out.append(f"sample.py enters training/: {'yes' if sample['enters_training'] else 'no'} "
