@@ -70,7 +70,7 @@ class DataConfig:
     """How prepare checks shards it would reuse: their sha256 digests, or only their size (corpora too large to hash)."""
 
     def __post_init__(self) -> None:
-        check_rules(self, "DataConfig.", self._conflicts)
+        check_rules(self, "data.", self._conflicts)
 
     def _conflicts(self) -> Iterator[str]:
         yield from self._source_conflicts()
@@ -115,4 +115,4 @@ def _usable_cores() -> int:
 
 
 def _problem(field: str, rule: str, value: object) -> str:
-    return f"DataConfig.{field} {rule}, got {value!r}"
+    return f"data.{field} {rule}, got {value!r}"

@@ -77,19 +77,19 @@ class GPTConfig:
     """Cap the logits smoothly at +-c: c * tanh(logits / c) (modded-nanogpt); null: no cap."""
 
     def __post_init__(self) -> None:
-        check_rules(self, "GPTConfig.", self._conflicts)
+        check_rules(self, "model.", self._conflicts)
 
     def _conflicts(self) -> Iterator[str]:
         if self.n_embd % self.n_head:
-            yield f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            yield f"model.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
         if self.n_head % self.kv_heads:
-            yield (f"GPTConfig.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
+            yield (f"model.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
                    "each key/value head serves an equal group of query heads")
         if self.position != "rope" and self.rope_base != GPTConfig.rope_base:  # it would be ignored without a word
-            yield (f"GPTConfig.rope_base ({self.rope_base:g}) is read only when position is rope, and "
-                   f"position is {self.position}: set position=rope too, or leave rope_base unset")
+            yield (f"model.rope_base ({self.rope_base:g}) is read only when position is rope, and "
+                   f"position is {self.position}: set model.position=rope too, or leave rope_base unset")
         if self.position == "rope" and self.head_dim % 2:
-            yield (f"GPTConfig.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
+            yield (f"model.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
                    "rotary turns channels in pairs")
 
     @property

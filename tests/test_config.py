@@ -87,8 +87,8 @@ def test_every_bad_setting_is_reported_at_once():
         load_config(cfg)
     assert str(err.value).splitlines() == [
         "3 settings are wrong:",
-        "  GPTConfig.n_head must be >= 1, got 0",  # n_embd % n_head is not tried: it assumes n_head valid
-        "  DataConfig.val_fraction must be in (0, 1), got 2.0",
+        "  model.n_head must be >= 1, got 0",  # n_embd % n_head is not tried: it assumes n_head valid
+        "  data.val_fraction must be in (0, 1), got 2.0",
         "  optim.learning_rate must be > 0, got -1.0",
     ]
 
@@ -123,11 +123,11 @@ def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
     with pytest.raises(SettingsError) as err:
         load_config(cfg)
     assert err.value.problems == [
-        "DataConfig.val_fraction must be in (0, 1), got 2.0", "max_iters must be >= 0, got -1",
-        "GPTConfig.n_embd (128) must be divisible by n_head (3)",
+        "data.val_fraction must be in (0, 1), got 2.0", "max_iters must be >= 0, got -1",
+        "model.n_embd (128) must be divisible by n_head (3)",
         "optim.min_lr (1.0) must not exceed optim.learning_rate (0.002)",
     ]
-    with pytest.raises(SettingsError, match=r"^2 settings are wrong:\n  GPTConfig.n_layer .*\n  GPTConfig.n_head "):
+    with pytest.raises(SettingsError, match=r"^2 settings are wrong:\n  model.n_layer .*\n  model.n_head "):
         GPTConfig(n_layer=0, n_head=0)  # built in code, it says every problem too
 
 

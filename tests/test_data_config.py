@@ -23,33 +23,33 @@ def test_defaults_are_the_offline_stdlib_corpus():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(source="web"), r"DataConfig.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
-        (dict(tokenizer="sentencepiece"), r"DataConfig.tokenizer must be one of \('gpt2', 'char', 'bpe'\)"),
-        (dict(tokenizer="bpe"), r"DataConfig.vocab_size must be set when tokenizer is 'bpe' \(e.g. data.vocab_size=8192\)"),
-        (dict(tokenizer="bpe", vocab_size=256), r"DataConfig.vocab_size must be >= 257, got 256"),
-        (dict(tokenizer="char", vocab_size=512), r"DataConfig.vocab_size is read only when tokenizer is 'bpe', and this "
+        (dict(source="web"), r"data.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
+        (dict(tokenizer="sentencepiece"), r"data.tokenizer must be one of \('gpt2', 'char', 'bpe'\)"),
+        (dict(tokenizer="bpe"), r"data.vocab_size must be set when tokenizer is 'bpe' \(e.g. data.vocab_size=8192\)"),
+        (dict(tokenizer="bpe", vocab_size=256), r"data.vocab_size must be >= 257, got 256"),
+        (dict(tokenizer="char", vocab_size=512), r"data.vocab_size is read only when tokenizer is 'bpe', and this "
                                                  r"tokenizer is 'char' \(set data.tokenizer=bpe, or leave it null\), got 512"),
-        (dict(name="../escape"), r"DataConfig.name must be letters, digits"),
-        (dict(name=""), r"DataConfig.name must be letters, digits, '_', '.' or '-' \(it names a directory\), got ''"),
-        (dict(text_column=""), r"DataConfig.text_column must be a non-empty text, got ''"),
-        (dict(path=""), r"DataConfig.path must be a non-empty text, got ''"),
-        (dict(val_fraction=0), r"DataConfig.val_fraction must be in \(0, 1\), got 0"),
-        (dict(val_fraction=1.0), r"DataConfig.val_fraction must be in \(0, 1\), got 1.0"),
-        (dict(max_documents=0), r"DataConfig.max_documents must be >= 1, got 0"),
-        (dict(num_proc=0), r"DataConfig.num_proc must be >= 1, got 0"),
-        (dict(split_seed=-1), r"DataConfig.split_seed must be >= 0, got -1"),
-        (dict(batch_mb=0), r"DataConfig.batch_mb must be > 0, got 0"),
-        (dict(verify="md5"), r"DataConfig.verify must be one of \('sha256', 'size'\), got 'md5'"),
-        (dict(source="files"), r"DataConfig.path must name a file, directory or glob when source is 'files'"),
-        (dict(source="hub"), r"DataConfig.dataset must name a Hub dataset or a local dataset directory"),
+        (dict(name="../escape"), r"data.name must be letters, digits"),
+        (dict(name=""), r"data.name must be letters, digits, '_', '.' or '-' \(it names a directory\), got ''"),
+        (dict(text_column=""), r"data.text_column must be a non-empty text, got ''"),
+        (dict(path=""), r"data.path must be a non-empty text, got ''"),
+        (dict(val_fraction=0), r"data.val_fraction must be in \(0, 1\), got 0"),
+        (dict(val_fraction=1.0), r"data.val_fraction must be in \(0, 1\), got 1.0"),
+        (dict(max_documents=0), r"data.max_documents must be >= 1, got 0"),
+        (dict(num_proc=0), r"data.num_proc must be >= 1, got 0"),
+        (dict(split_seed=-1), r"data.split_seed must be >= 0, got -1"),
+        (dict(batch_mb=0), r"data.batch_mb must be > 0, got 0"),
+        (dict(verify="md5"), r"data.verify must be one of \('sha256', 'size'\), got 'md5'"),
+        (dict(source="files"), r"data.path must name a file, directory or glob when source is 'files'"),
+        (dict(source="hub"), r"data.dataset must name a Hub dataset or a local dataset directory"),
         # read by another source: ignored, yet it would change the fingerprint (a rebuild)
-        (dict(path="/x.txt"), r"DataConfig.path is read only when source is 'files', and this source is 'stdlib' "
+        (dict(path="/x.txt"), r"data.path is read only when source is 'files', and this source is 'stdlib' "
                               r"\(choose a data= preset of source files, or leave it null\), got '/x.txt'"),
-        (dict(source="files", path="a.txt", subset="en"), r"DataConfig.subset is read only when source is 'hub'"),
-        (dict(source="files", path="a.txt", split="test"), r"DataConfig.split is read only when source is 'hub', "
+        (dict(source="files", path="a.txt", subset="en"), r"data.subset is read only when source is 'hub'"),
+        (dict(source="files", path="a.txt", split="test"), r"data.split is read only when source is 'hub', "
                                                            r"and this source is 'files' .*leave it \"train\""),
-        (dict(streaming=True), r"DataConfig.streaming is read only when source is 'hub'.*leave it false"),
-        (dict(source="hub", dataset="d", document_separator="\n"), r"DataConfig.document_separator is read only"),
+        (dict(streaming=True), r"data.streaming is read only when source is 'hub'.*leave it false"),
+        (dict(source="hub", dataset="d", document_separator="\n"), r"data.document_separator is read only"),
     ],
 )
 def test_each_rule_names_its_field(overrides, message):
@@ -75,7 +75,7 @@ def test_default_composition_is_stdlib_and_overrides_apply():
 
 
 def test_files_preset_demands_a_path():
-    with pytest.raises(ValueError, match="DataConfig.path must name a file"):
+    with pytest.raises(ValueError, match="data.path must name a file"):
         OmegaConf.to_object(compose_data("data=files"))
 
 

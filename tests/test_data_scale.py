@@ -364,7 +364,7 @@ def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
 def test_new_settings_are_checked():
     for field, value, rule in [("batch_mb", 0, "> 0"), ("shuffle_block_tokens", 0, ">= 1"),
                                ("document_separator", "", "a non-empty text")]:
-        with pytest.raises(ValueError, match=f"DataConfig.{field} must be {rule}, got"):
+        with pytest.raises(ValueError, match=f"data.{field} must be {rule}, got"):
             DataConfig(**{field: value})
 
 

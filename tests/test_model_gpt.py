@@ -190,19 +190,19 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model, block):
     [
         (dict(n_embd=30), r"n_embd \(30\) must be divisible by n_head \(4\)"),
         (dict(n_kv_head=3), r"n_kv_head \(3\) must divide n_head \(4\)"),
-        (dict(n_layer=0), r"^GPTConfig.n_layer must be >= 1, got 0$"),
+        (dict(n_layer=0), r"^model.n_layer must be >= 1, got 0$"),
         (dict(vocab_size=-5), r"vocab_size must be >= 1, got -5"),
         (dict(n_kv_head=0), r"n_kv_head must be >= 1, got 0"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(dropout=-0.1), r"dropout must be in \[0, 1\)"),
         (dict(attn_impl="flash"), r"attn_impl must be one of"),
-        (dict(position="alibi"), r"^GPTConfig.position must be one of \('learned', 'rope'\), got 'alibi'$"),
-        (dict(norm="batchnorm"), r"^GPTConfig.norm must be one of \('layernorm', 'rmsnorm'\)"),
-        (dict(mlp="relu"), r"^GPTConfig.mlp must be one of \('gelu', 'swiglu', 'relu2'\)"),
-        (dict(position="rope", rope_base=0.0), r"^GPTConfig.rope_base must be in \(0, inf\), got 0.0$"),
-        (dict(position="rope", rope_base=float("inf")), r"^GPTConfig.rope_base must be in \(0, inf\), got inf$"),
-        (dict(rope_base=500.0), r"^GPTConfig.rope_base \(500\) is read only when position is rope, and position is "
-                                r"learned: set position=rope too, or leave rope_base unset$"),
+        (dict(position="alibi"), r"^model.position must be one of \('learned', 'rope'\), got 'alibi'$"),
+        (dict(norm="batchnorm"), r"^model.norm must be one of \('layernorm', 'rmsnorm'\)"),
+        (dict(mlp="relu"), r"^model.mlp must be one of \('gelu', 'swiglu', 'relu2'\)"),
+        (dict(position="rope", rope_base=0.0), r"^model.rope_base must be in \(0, inf\), got 0.0$"),
+        (dict(position="rope", rope_base=float("inf")), r"^model.rope_base must be in \(0, inf\), got inf$"),
+        (dict(rope_base=500.0), r"^model.rope_base \(500\) is read only when position is rope, and position is "
+                                r"learned: set model.position=rope too, or leave rope_base unset$"),
         (dict(position="rope", n_embd=36), r"position=rope needs an even head_dim \(n_embd / n_head = 9\)"),
     ],
 )

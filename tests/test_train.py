@@ -240,7 +240,7 @@ def test_cli_reports_errors_without_a_traceback(train_overrides, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 1
-    assert "error: GPTConfig.n_embd (30) must be divisible by n_head (4)" in result.stderr
+    assert "error: model.n_embd (30) must be divisible by n_head (4)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
