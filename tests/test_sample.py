@@ -1,12 +1,10 @@
-"""sample.py end to end, on a checkpoint trained for a few steps here."""
+"""sample.py end to end, on a checkpoint trained for a few steps here: greedy and sampled
+text, stop strings, weight formats, damaged checkpoints, and settings refused before any
+work. sample.py as a command: test_sample_cli.py; the text it streams:
+test_sample_stream.py."""
 
 import io
-import json
-import random
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,7 @@ import train
 from conf import CONF_DIR
 from conf.sample_config import load_sample_config
 from conftest import training_overrides
-from data import CharTokenizer, Gpt2Tokenizer, Tokenizer
-from model import cut_at_stop, stop_string_check
+from data import CharTokenizer
 from model.weight_formats import weight_format
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
 from run.load import checkpoint_model
@@ -115,28 +112,6 @@ def test_weights_load_without_unpickling(runs_root, monkeypatch):
     monkeypatch.setattr(torch, "load", refuse)
     result, _ = run_sample(runs_root, "max_new_tokens=5")
     assert result["samples"][0]["new_tokens"] == 5
-
-
-def test_json_output_from_the_command_line(runs_root, tmp_path):
-    process = subprocess.run(
-        [sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}", "num_samples=2", "max_new_tokens=12",
-         "json=true", "prompt=All"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
-    assert process.returncode == 0, process.stderr
-    result = json.loads(process.stdout)
-    assert result["prompt"] == "All" and result["settings"]["seed"] == 1337
-    assert [s["new_tokens"] for s in result["samples"]] == [12, 12]
-
-
-def test_missing_checkpoint_says_where_it_looked_and_how_to_train(tmp_path):
-    process = subprocess.run(
-        [sys.executable, str(REPO / "sample.py"), f"runs_root={tmp_path / 'runs'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
-    assert process.returncode == 1
-    assert f"error: no checkpoint found under {tmp_path / 'runs'}" in process.stderr
-    assert "python train.py" in process.stderr and "checkpoint=PATH" in process.stderr
 
 
 def damaged_copy(runs_root: Path, tmp_path: Path, damage) -> Path:
@@ -253,140 +228,6 @@ def test_an_empty_checkpoint_setting_is_not_the_current_directory(runs_root):
 def test_missing_prompt_file_is_explained(runs_root, tmp_path):
     with pytest.raises(ValueError, match="cannot read the prompt file"):
         run_sample(runs_root, f"prompt=FILE:{tmp_path / 'absent.txt'}")
-
-
-def test_live_text_holds_back_what_may_still_change():
-    out = io.StringIO()
-    live = sample.LiveText(out, stops=["\n\n", "END"])
-    for token_bytes, printed in [
-        (b"ab", "ab"),
-        (b"\n", "ab"),  # the newline may become "\n\n"
-        (b"EN", "ab\n"),  # "EN" may become "END"
-        (b"x\xc3", "ab\nENx"),  # the first byte of an unfinished character
-        (b"\xa9\n\nmore", "ab\nENx\u00e9"),  # never a stop string or what follows it
-        (b"END", "ab\nENx\u00e9"),
-    ]:
-        live.add(token_bytes)
-        assert out.getvalue() == printed
-    live.finish("ab\nENx\u00e9")
-    assert out.getvalue() == "ab\nENx\u00e9"
-
-
-MULTIBYTE_STOPS = ["\n\n", "caf\u00e9", "\u65e5\u672c", "\U0001F600", "END"]
-
-
-def multibyte_tokens(text_end: str) -> tuple[Tokenizer, list[int]]:
-    """GPT-2 tokens of a text whose characters are split across tokens (byte-level BPE)."""
-    tokenizer = Gpt2Tokenizer()
-    words = ["na\u00efve", "caf", "\u00e9", "\u65e5\u672c\u8a9e", "\U0001F600", "\u2014", "\n", "E", "ND", "plain"]
-    rng = random.Random(0)
-    text = "".join(rng.choice(words) + rng.choice(["", " "]) for _ in range(400)) + text_end
-    ids = tokenizer.encode(text)
-    assert any(UNFINISHED in tokenizer.decode(ids[:i]) for i in range(1, 50))  # a character split across tokens
-    return tokenizer, ids
-
-
-UNFINISHED = "\ufffd"
-
-
-def reference_live_text(text: str, stops: list[str]) -> str:
-    """What may be printed of the whole decoded text so far: up to a stop string, without a
-    trailing unfinished character or the start of a stop string."""
-    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    if found:
-        return text[:min(found)]
-    text = text.rstrip(UNFINISHED)
-    held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
-    return text[: len(text) - held]
-
-
-def test_live_text_prints_what_the_whole_decoded_text_allows_token_by_token():
-    tokenizer, ids = multibyte_tokens("")
-    stops = ["END", "\n\n", "\u65e5\u672c\u8a9e\U0001F600\U0001F600"]  # the text has the first only, at 519
-    out = io.StringIO()
-    live = sample.LiveText(out, stops)
-    for i, token in enumerate(ids, 1):
-        live.add(tokenizer.decode_bytes([token]))
-        assert out.getvalue() == reference_live_text(tokenizer.decode(ids[:i]), stops)
-    whole = cut_at_stop(tokenizer.decode(ids), stops)[0]
-    live.finish(whole)
-    assert out.getvalue() == whole and len(whole) == 519
-
-
-@pytest.mark.parametrize("stop", MULTIBYTE_STOPS)
-def test_the_windowed_stop_check_ends_a_sample_where_the_whole_text_check_would(stop):
-    tokenizer, ids = multibyte_tokens(stop)
-    check = stop_string_check(tokenizer.decode, [stop, "zz"])
-    first = next(i for i in range(1, len(ids) + 1) if check(ids[:i]))
-    expected = next(i for i in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:i]))
-    assert first == expected
-
-
-@pytest.mark.parametrize("stop", ["END", "caf\u00e9", "\U0001F600"])
-def test_the_stop_check_finds_a_stop_spelt_one_byte_per_token(stop):
-    tokenizer = Gpt2Tokenizer()
-    byte_token = {tokenizer.decode_bytes([i]): i for i in range(256 * 4)}  # GPT-2's first ids: the 256 bytes
-    ids = [byte_token[bytes([b])] for b in ("so " + stop).encode("utf-8")]
-    check = stop_string_check(tokenizer.decode, [stop])
-    assert [check(ids[:i]) for i in range(1, len(ids) + 1)] == [False] * (len(ids) - 1) + [True]
-
-
-@pytest.mark.parametrize("text", [
-    "it's, a (test) [with] {brackets}", 'def main(', 'He said "hi", then left', "back\\slash and \\n escapes",
-    "cost ${x} = 3", "ends in a backslash\\", "quote after a backslash \\'", "x = 1, with spaces",
-])
-def test_plain_words_reach_the_prompt_as_typed(text):
-    from conf.cli import prompt_from_words
-
-    args = prompt_from_words([text, "max_new_tokens=3"])
-    assert args[0] == "max_new_tokens=3"
-    assert settings(*args).prompt == text
-
-
-def sample_cli(*args, cwd, **kwargs):
-    return subprocess.run([sys.executable, str(REPO / "sample.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, **kwargs)
-
-
-def test_a_prompt_as_plain_words_or_from_stdin(runs_root, tmp_path):
-    words = sample_cli("All: Speak, speak", f"runs_root={runs_root}", "max_new_tokens=3", "json=true", cwd=tmp_path)
-    assert words.returncode == 0, words.stderr
-    assert json.loads(words.stdout)["prompt"] == "All: Speak, speak"
-    assert "sampling from " in words.stderr  # which run was picked
-    piped = sample_cli("prompt=-", f"runs_root={runs_root}", "max_new_tokens=3", "json=true", cwd=tmp_path,
-                       input="First Citizen, hear me")
-    assert piped.returncode == 0, piped.stderr
-    assert json.loads(piped.stdout)["prompt"] == "First Citizen, hear me"
-
-
-def test_a_reader_that_leaves_early_is_not_an_error(runs_root, tmp_path):
-    process = subprocess.Popen([sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}",
-                                "max_new_tokens=400"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    process.stdout.read(1)  # `| head -c 1`: the reader leaves while the text still streams
-    process.stdout.close()
-    stderr = process.communicate(timeout=120)[1].decode()
-    assert process.returncode == 0 and "Traceback" not in stderr, stderr
-
-
-def test_nested_and_section_names_are_checked_too():
-    from conf import Config
-    from conf.cli import unknown_setting
-
-    assert unknown_setting("optim.lr", Config).startswith("optim.lr is not a setting of OptimConfig; known: name, learning_rate")
-    assert unknown_setting("seed.x", Config) == "seed is a value, not a section: it has no x"
-    assert unknown_setting("logging.wandb.mode", Config) is None and unknown_setting("model.n_kv_head", Config) is None
-
-
-def test_ctrl_c_while_sampling_keeps_what_was_printed_and_exits_quietly(runs_root):
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "sample.py"), f"runs_root={runs_root}", "prompt=First", "max_new_tokens=100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    assert process.stdout.read(len("First") + 20).startswith("First")  # generating by now
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGINT
-    assert stderr.strip().endswith("interrupted") and "Traceback" not in stderr
 
 
 def test_a_batch_that_would_not_fit_in_memory_is_refused_before_generating(runs_root, monkeypatch):
