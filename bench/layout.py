@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import runpy
 import subprocess
 import sys
@@ -330,7 +333,10 @@ def measure(repo: Path, corpus: Path) -> dict:
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                 text=True, check=True).stdout.strip())
-    return {"repo": str(repo), "commit": commit, "dirty": dirty, "paths": reader_paths(repo, corpus),
+    return {"repo": str(repo), "commit": commit, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "torch": importlib.metadata.version("torch"),
+            "paths": reader_paths(repo, corpus),
             "imports": import_figures(repo), "lines": line_figures(repo)}
 
 
@@ -340,7 +346,8 @@ PATHS = {"train": "its first optimizer step, on prepared data",
 
 
 def report(m: dict) -> str:
-    out = [f"{m['repo']} at {m['commit'][:7]}{' (with uncommitted changes)' if m['dirty'] else ''}", ""]
+    out = [f"{m['repo']} at {m['commit'][:7]}{' (with uncommitted changes)' if m['dirty'] else ''}, "
+           f"measured {m['date']} with Python {m['python']} and torch {m['torch']}", ""]
     for which, end in PATHS.items():
         p = m["paths"][which]
         tops = ", ".join(f"{f} {n}" for f, n in p["top_returns"]) or "none"
