@@ -38,6 +38,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve()  # any text will do: the path does not depend on it, and this file is at hand
 LONG_FILE = 400  # lines
@@ -253,22 +256,13 @@ def has_main_guard(path: Path) -> bool:
 
 def cycles(arrows: set[tuple[str, str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (every cycle lies in one)."""
-    graph: dict[str, set[str]] = {}
-    for source, target in arrows:
-        graph.setdefault(source, set()).add(target)
-        graph.setdefault(target, set())
-
-    def reachable(start: str) -> set[str]:
-        seen, queue = set(), [start]
-        while queue:
-            for nxt in graph[queue.pop()] - seen:
-                seen.add(nxt)
-                queue.append(nxt)
-        return seen
-
-    reach = {node: reachable(node) for node in graph}
-    components = {frozenset({node} | {other for other in reach[node] if node in reach[other]}) for node in graph}
-    return sorted(sorted(component) for component in components if len(component) > 1)
+    nodes = sorted({node for arrow in arrows for node in arrow})
+    index = {node: i for i, node in enumerate(nodes)}
+    graph = coo_matrix(([1] * len(arrows), ([index[s] for s, _ in arrows], [index[t] for _, t in arrows])),
+                       shape=(len(nodes), len(nodes)))
+    _, labels = connected_components(graph, connection="strong")
+    components = {label: [node for node, mine in zip(nodes, labels) if mine == label] for label in set(labels)}
+    return sorted(members for members in components.values() if len(members) > 1)
 
 
 def arrows_with_sites(imports: list[Import], key) -> dict[tuple[str, str], list[str]]:

@@ -20,7 +20,7 @@ def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     origin = f"data.dataset={cfg.dataset!r}"
     if _is_saved_dataset(local):
         table = _text_column(_load_saved(local, cfg), cfg.text_column)
-        return Corpus(Rows(table_batches(table), cfg.text_column, origin, piece_chars),
+        return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars),
                       f"{cfg.dataset} (saved dataset, split {cfg.split})", origin)
     # A local directory, or only the first documents, are read as a stream: no copy, no full download.
     streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
@@ -33,7 +33,7 @@ def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
 
         return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
     table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
-    return Corpus(Rows(table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
+    return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
 
 
 def _open_stream(cfg: DataConfig):
@@ -113,7 +113,7 @@ def _no_usage_ping():
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
 
 
-def table_batches(table: datasets.Dataset):
+def _table_batches(table: datasets.Dataset):
     def batches(first_row: int):
         for start in range(first_row, len(table), ROWS_PER_BATCH):
             yield table[start:start + ROWS_PER_BATCH]["text"]
