@@ -16,9 +16,15 @@ def scripts() -> set[str]:
     return {path.stem for path in REPO.glob("*.py") if MAIN_GUARD in path.read_text(encoding="utf-8")}
 
 
+def source_dirs() -> list[Path]:
+    """The repository's own source directories: its packages and bench/. Named, not globbed, so a
+    virtual environment or anything else a user keeps in the checkout (.venv/, runs/) is never read."""
+    return [*sorted(path.parent for path in REPO.glob("*/__init__.py")), REPO / "bench"]
+
+
 def package_files() -> list[Path]:
-    """Every .py file under the repository's top-level directories but tests/."""
-    return [path for path in sorted(REPO.glob("*/**/*.py")) if path.relative_to(REPO).parts[0] != "tests"]
+    """Every .py file in the repository's source directories."""
+    return [path for directory in source_dirs() for path in sorted(directory.glob("**/*.py"))]
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -8,13 +8,26 @@ import subprocess
 import torch
 
 import report
+from training import provenance
 from training.provenance import ROOT
 from bench.train_throughput import write_json
 
+NO_GIT = "unknown (not a git checkout)"
+
 
 def head_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    """The checkout's commit; what provenance records without git (a release archive, a zip)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return NO_GIT
+
+
+def test_a_checkout_without_git_records_that_it_has_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)  # no .git here or above (tmp_path is outside the checkout)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert provenance.git_state() == NO_GIT
 
 
 def test_results_json_records_commit_date_machine_and_torch(tmp_path):
