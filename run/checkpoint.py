@@ -114,6 +114,17 @@ def write_digests(path: Path) -> None:
     (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
 
 
+def drop_state(path: Path) -> None:
+    """Delete checkpoint `path`'s state.pt and its line in SHA256SUMS, so that `sha256sum -c`
+    still checks what is left (the other lines stand as recorded: no file is read again)."""
+    listing = path / DIGESTS
+    if listing.exists():
+        kept = [line for line in listing.read_text(encoding="utf-8").splitlines(keepends=True)
+                if line.rstrip("\n").split("  ", 1)[-1] != STATE]
+        listing.write_text("".join(kept), encoding="utf-8")
+    (path / STATE).unlink(missing_ok=True)
+
+
 def verify_digests(path: Path, names: list[str]) -> None:
     """Check files of checkpoint `path` against its SHA256SUMS (checkpoints saved before
     digests were recorded have none, and are read unchecked)."""

@@ -25,7 +25,7 @@ from torch import nn
 from conf import Config
 from run.checkpoint import (
     CHECKPOINTS, CONFIG, STATE, WEIGHTS, Checkpoint, CheckpointError, last_good_checkpoint, load_weights, non_finite,
-    step_dirs, stored_once, unwrap_model, write_digests,
+    drop_state, step_dirs, stored_once, unwrap_model, write_digests,
 )
 from run.distributed import Ranks
 from run.runtime import reseed, seed_everything, set_rng_state
@@ -68,8 +68,8 @@ class Checkpoints:
             raise self._save_failed(err, tmp, final) from err
         if self.keep_state == "latest":
             for older in step_dirs(self.root):
-                if older != final:
-                    (older / STATE).unlink(missing_ok=True)
+                if older != final and (older / STATE).exists():
+                    drop_state(older)
         return final
 
     def prune(self) -> None:

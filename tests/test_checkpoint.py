@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
+from data.meta import file_sha256
 from conf import Config, OptimConfig
 from run import checkpoints as manager
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
@@ -194,6 +195,10 @@ def test_keep_state_latest_leaves_weights_only_in_older_and_best_checkpoints(tmp
     load_weights(make_model(seed=4), load_checkpoint(root / "best").model_state)  # best still loads
     with pytest.raises(CheckpointError, match="holds weights only and cannot be resumed"):
         load_checkpoint(root / "step_000002").training_state()
+    for older in ("step_000001", "step_000002"):  # what `sha256sum -c SHA256SUMS` reads: every listed file, intact
+        listed = [line.split("  ", 1) for line in (root / older / "SHA256SUMS").read_text().splitlines()]
+        assert "state.pt" not in {name for _, name in listed} and "model.safetensors" in {name for _, name in listed}
+        assert all(file_sha256(root / older / name) == digest for digest, name in listed)
 
 
 def test_leftovers_of_killed_saves_are_removed_but_never_one_a_link_leads_to(tmp_path, make_model):
