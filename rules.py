@@ -51,6 +51,8 @@ class Rule:
             return value in self.choices
         if self.pattern:
             return re.fullmatch(self.pattern, value) is not None
+        if not math.isfinite(value):  # an interval's members are numbers a run can compute with
+            return False
         above = value > self.low if self.ends[0] == "(" else value >= self.low
         below = value < self.high if self.ends[1] == ")" else value <= self.high
         return above and below
@@ -137,8 +139,13 @@ def broken_rules(settings: Any, prefix: str = "") -> list[str]:
         rule, value = rule_of(f), getattr(settings, f.name)
         if rule is not None and not rule.allows(value):
             each = "'s every item" if isinstance(value, list) else ""
-            problems.append(f"{prefix}{f.name}{each} must be {rule}, got {value!r}")
+            finite = "a finite number " if _not_finite(value) else ""
+            problems.append(f"{prefix}{f.name}{each} must be {finite}{rule}, got {value!r}")
     return problems
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _number(value: float) -> str:

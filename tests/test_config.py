@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 from dataclasses import asdict, fields, replace
 
 import pytest
@@ -176,9 +177,17 @@ POINTS = [-2, -1, -0.5, 0, 0.25, 1, 1.5, 2, math.inf]
 def test_an_interval_allows_exactly_its_members():  # every interval and value of a grid, both ends' kinds
     for low, high, ends, value in itertools.product(POINTS, POINTS, ["[]", "[)", "(]", "()"], POINTS):
         outside = (value < low or value > high or (value == low and ends[0] == "(")
-                   or (value == high and ends[1] == ")"))
+                   or (value == high and ends[1] == ")") or not math.isfinite(value))  # inf: never a setting
         assert between(low, high, ends).allows(value) is not outside, (low, high, ends, value)
-        assert at_least(low).allows(value) is (value >= low) and above(low).allows(value) is (value > low)
+        finite = math.isfinite(value)
+        assert at_least(low).allows(value) is (finite and value >= low) and above(low).allows(value) is (finite and value > low)
+
+
+@pytest.mark.parametrize("override", ["optim.muon_lr=inf", "model.logit_softcap=inf", "optim.learning_rate=nan"])
+def test_a_non_finite_number_is_refused_by_its_rule(override):
+    name, value = override.split("=")
+    with pytest.raises(SettingsError, match=rf"{re.escape(name)} must be a finite number > 0, got {value}"):
+        load_config(compose_train(override))
 
 
 def test_rules_read_as_they_are_checked():
