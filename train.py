@@ -250,7 +250,7 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
             if not (step % config.logging.log_interval == 0 or at_eval or stop_alone):
                 continue
             summary = window.read()  # the host waits for the device here, and only here
-            check_finite(summary, config.on_nonfinite, checkpoint, s.logger)
+            check_finite(summary, config.on_nonfinite, checkpoint, s.logger, config.optim.name)
             tok_per_s = log_train(s, step, lr, summary, time.perf_counter() - window_start)
             if step - summary.steps >= estimate_from:
                 log_estimate(s, tok_per_s, measured=(step - summary.steps + 1, step))

@@ -8,6 +8,7 @@ nothing during a step.
 
 import collections
 import functools
+import math
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from training.step import Trainer, train_step
 from run.distributed import Ranks
 from training.optim import build_optimizer
 from run.runtime import resolve_precision
-from training.step import Prefetcher, StepResult, TrainWindow
+from training.step import NonFiniteLoss, Prefetcher, StepResult, TrainWindow, WindowSummary, check_finite
 
 from conftest import tiny_config
 
@@ -322,3 +323,12 @@ def test_cuda_inf_gradient_is_skipped_on_the_device():
     poison_gradient_once(model)
     assert bool(step(Batches(CUDA), 0).skipped)
     assert_same(weights(model), before)
+
+
+@pytest.mark.parametrize("optimizer, named", [("adamw", r"Lower optim\.learning_rate,"),
+                                               ("muon", r"Lower optim\.muon_lr \(Muon's.*or optim\.learning_rate")])
+def test_the_nonfinite_advice_names_the_learning_rate_that_applies(optimizer, named):
+    summary = WindowSummary(steps=1, loss=None, grad_norm=math.inf, skipped=1, nonfinite=1,
+                            first_nonfinite_step=7, stop=False)
+    with pytest.raises(NonFiniteLoss, match=named):
+        check_finite(summary, "stop", None, logger=None, optimizer=optimizer)

@@ -237,16 +237,20 @@ class NonFiniteLoss(UserError):
     """on_nonfinite=stop, and a step's loss or gradients were not finite."""
 
 
-def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger) -> None:
+def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger,
+                 optimizer: str = "adamw") -> None:
     """Non-finite steps applied no update; `stop` ends the run here, at the first
-    boundary after them, before anything is saved."""
+    boundary after them, before anything is saved. `optimizer` (optim.name) says which
+    learning rates the advice names."""
     if not summary.nonfinite:
         return
     if policy == "stop":
+        rates = ("optim.muon_lr (Muon's, the blocks' matrices) or optim.learning_rate (AdamW's, the rest)"
+                 if optimizer == "muon" else "optim.learning_rate")
         raise NonFiniteLoss(
             f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
             f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "
-            "optim.learning_rate, or set on_nonfinite=skip to skip such steps"
+            f"{rates}, or set on_nonfinite=skip to skip such steps"
         )
     logger.print(f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
                  "updates skipped (on_nonfinite=skip)")
