@@ -4,6 +4,7 @@ it. `python -m conf --check` only says whether the committed file is up to date.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import itertools
@@ -102,8 +103,11 @@ def _cell(text: str) -> str:
 
 
 def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m conf", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say whether the committed file is up to date")
+    check = parser.parse_args(args).check  # --help prints and exits here, before anything is written
     text = reference()
-    if args == ["--check"]:
+    if check:
         sys.exit(0 if REFERENCE.is_file() and REFERENCE.read_text() == text else f"{REFERENCE} is out of date: run python -m conf")
     REFERENCE.write_text(text)
     print(f"wrote {REFERENCE}")

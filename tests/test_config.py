@@ -195,3 +195,14 @@ def test_rules_read_as_they_are_checked():
         == [">= 1", "> 0", "in [0, 1)", "in [0, inf)", "one of ('a', 'b')"]
     assert NOT_EMPTY.allows("x") and not NOT_EMPTY.allows("") and NOT_EMPTY.allows(None)  # None: the type says
     assert NOT_EMPTY.allows(["a", "b"]) and not NOT_EMPTY.allows(["a", ""])  # a list: each item
+
+
+def test_python_m_conf_help_prints_help_and_writes_nothing(capsys, monkeypatch, tmp_path):
+    from conf import __main__ as reference_command
+    target = tmp_path / "configuration.md"
+    monkeypatch.setattr(reference_command, "REFERENCE", target)
+    with pytest.raises(SystemExit) as exit_:
+        reference_command.main(["--help"])
+    assert exit_.value.code == 0 and "--check" in capsys.readouterr().out and not target.exists()
+    reference_command.main([])
+    assert target.read_text() == reference_command.reference()
