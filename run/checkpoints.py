@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from conf import Config
+from model import GPTConfig
 from run.checkpoint import (
     CHECKPOINTS, CONFIG, STATE, WEIGHTS, Checkpoint, CheckpointError, last_good_checkpoint, load_weights, non_finite,
     drop_state, step_dirs, stored_once, unwrap_model, write_digests,
@@ -100,7 +102,9 @@ class Checkpoints:
         """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
         if checkpoint.model_config != model.config:
             raise CheckpointError(
-                f"checkpoint {checkpoint.path} is a different model shape: {checkpoint.model_config} vs {model.config}"
+                f"checkpoint {checkpoint.path} holds a different model: {model_differences(checkpoint.model_config, model.config)}; "
+                "a resume continues the saved model: drop those overrides, or start a new run from it "
+                "(init_from=checkpoint)"
             )
         checkpoint.check_finite()
         load_weights(model, checkpoint.model_state)
@@ -185,6 +189,12 @@ def _write_failure(err: Exception, root: Path) -> str:
     if getattr(err, "errno", None) == errno.ENOSPC or (root.is_dir() and shutil.disk_usage(root).free < 2**20):
         return "no space left on device"
     return f"could not write the checkpoint ({type(err).__name__}: {err})"
+
+
+def model_differences(saved: GPTConfig, asked: GPTConfig) -> str:
+    """'model.<field>: <saved> saved, <asked> asked' for each setting the two configs differ in."""
+    return "; ".join(f"model.{f.name}: {getattr(saved, f.name)!r} saved, {getattr(asked, f.name)!r} asked"
+                     for f in fields(GPTConfig) if getattr(saved, f.name) != getattr(asked, f.name))
 
 
 def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:

@@ -275,9 +275,10 @@ def run_cli(*args, cwd):
 
 def test_resume_refuses_a_different_model_shape_or_group(train_overrides, tmp_path):
     run_dir = run_in_process(*train_overrides, "max_iters=10")
-    shape = run_cli(f"resume={run_dir}", "model.n_layer=3", cwd=tmp_path)
+    shape = run_cli(f"resume={run_dir}", "model.n_layer=3", "model.qk_norm=true", cwd=tmp_path)
     assert shape.returncode == 1
-    assert "is a different model shape" in shape.stderr
+    assert "holds a different model: model.n_layer: 2 saved, 3 asked; model.qk_norm: False saved, True asked;" \
+        in shape.stderr
     group = run_cli(f"resume={run_dir}", "model=gpt2", cwd=tmp_path)
     assert group.returncode == 1
     assert "cannot apply 'model=gpt2' when resuming" in group.stderr
