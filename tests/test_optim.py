@@ -93,12 +93,19 @@ def newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if tall else x
 
 
-def test_two_muon_steps_follow_the_formula(make_model):
+# optim.muon_adjust_lr: the update's per-shape scale, for a (rows, cols) matrix.
+MUON_SCALES = {"original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
+               "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols))}
+
+
+@pytest.mark.parametrize("adjust", sorted(MUON_SCALES))
+def test_two_muon_steps_follow_the_formula(make_model, adjust):
     """Nesterov momentum B = mu B + g, update g + mu B, orthogonalised, decoupled decay,
-    and the original per-shape scale sqrt(max(1, rows/cols)); two steps, so that the
+    and the per-shape scale optim.muon_adjust_lr names; two steps, so that the
     momentum matters. (torch keeps B as a moving average, (1 - mu) times this B: the
     orthogonalisation's normalisation removes the factor.)"""
-    config = replace(MUON, muon_momentum=0.5, muon_weight_decay=2.0)  # far from torch's defaults (0.95, 0.1)
+    # far from torch's defaults (0.95, 0.1)
+    config = replace(MUON, muon_momentum=0.5, muon_weight_decay=2.0, muon_adjust_lr=adjust)
     model = make_model(bias=False)
     optimizer = build_optimizer(model, config, "cpu")
     generator = torch.Generator().manual_seed(0)
@@ -115,7 +122,7 @@ def test_two_muon_steps_follow_the_formula(make_model):
         for name, p in hidden.items():
             g = p.grad.double()
             momentum[name] = mu * momentum[name] + g
-            scale = math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+            scale = MUON_SCALES[adjust](*p.shape)
             expected[name] = expected[name] * (1 - lr * decay) - lr * scale * newton_schulz(g + mu * momentum[name])
         optimizer.step()
     for name, p in hidden.items():
