@@ -46,6 +46,20 @@ def test_qk_norm_attention_equals_rms_normed_heads_then_attention(make_model, bl
         torch.testing.assert_close(attn(x), attn.c_proj(y), **TOL)
 
 
+def test_qk_norm_uses_the_documented_eps_where_it_shows(make_model):
+    """At activations near 1e-3 (mean square 1e-6) the eps is most of the denominator: 1e-5,
+    as model.qk_norm's documentation and Llama's rms_norm_eps say, not 1e-6 nor none."""
+    attn = make_model(qk_norm=True).transformer.h[0].attn
+    x = 1e-3 * torch.randn(1, 3, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        q, k, _ = attn.heads(x)
+        qkv = attn.c_attn(x)
+    raw_q = qkv[..., :32].view(1, 3, 4, 8).transpose(1, 2)
+    documented = raw_q / torch.sqrt(raw_q.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(q, documented, rtol=1e-4, atol=1e-6)
+    assert q.pow(2).mean() < 0.5  # the eps shows: an eps-free norm would give mean square 1
+
+
 @pytest.mark.parametrize("n_kv_head", [1, 2])
 @pytest.mark.parametrize("block", BLOCKS)
 def test_cached_decoding_equals_the_full_forward_with_every_modern_piece(make_model, block, n_kv_head):
