@@ -23,7 +23,7 @@ class DataConfig:
     """Where the text comes from, how it is tokenised, and where the shards go."""
 
     name: str = setting("stdlib", NAME)
-    """Names the data directory, data_cache/<name>, unless data_dir is set."""
+    """Names the data directory, data_cache/<name>, unless data_dir is set; it holds one set of token settings."""
     source: str = setting("stdlib", one_of(*SOURCES))
     """stdlib (this Python's own sources, offline), files (path or url) or hub (a Hugging Face dataset)."""
     tokenizer: str = setting("gpt2", one_of(*TOKENIZERS))

@@ -10,12 +10,15 @@ the corpus size, and disk holds only the shards. A killed prepare resumes at its
 complete block. Only one process prepares a data directory at a time (a lock file);
 another that wants the same data waits for it and then reuses its shards.
 
-Re-running with the same source and tokenizer reuses the shards (their fingerprint is
-in meta.json); anything else rebuilds them. Before reuse, each shard's size is checked
-against meta.json and, unless data.verify=size, its content against the sha256 that
-meta.json recorded; a shard that fails is rebuilt. (verify=size is for corpora too large
-to hash at every start: a shard damaged in place, at the same size, then goes unnoticed.)
-meta.json is written last, so an interrupted run never leaves shards that look complete.
+Re-running with the same settings and source reuses the shards (their fingerprint is
+in meta.json). Other token settings than the directory holds are refused by name
+(data/cache.py): prepared data is never silently rebuilt. A source whose files changed,
+or shards of an older format, are rebuilt with a warning. Before reuse, each shard's size
+is checked against meta.json and, unless data.verify=size, its content against the sha256
+that meta.json recorded; a shard that fails is rebuilt, with a warning. (verify=size is for
+corpora too large to hash at every start: a shard damaged in place, at the same size, then
+goes unnoticed.) meta.json is written last, so an interrupted run never leaves shards that
+look complete.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import collections
 import contextlib
 import ctypes
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -41,7 +43,8 @@ import filelock
 import numpy as np
 from tqdm import tqdm
 
-from data.bpe import TOKENIZER_FILE, TRAINING_SAMPLE_BYTES, train_on_sample
+from data.bpe import TOKENIZER_FILE, train_on_sample
+from data.cache import fingerprint_of, refuse_other_settings, token_settings
 from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
@@ -50,14 +53,12 @@ from data.meta import (
 )
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
-from data.sources import Corpus, open_corpus, source_signature
+from data.sources import Corpus, open_corpus
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
 from system import on_signals, write_atomic
 
 log = logging.getLogger(__name__)
 
-# Where, how fast and how carefully; never which tokens.
-RUN_ONLY_FIELDS = ("name", "num_proc", "batch_mb", "data_dir", "hf_cache_dir", "keep_hf_cache", "verify")
 LOCK_FILE = ".prepare.lock"
 TASK_CHARS = 1 << 16  # text per task handed to a tokenising thread
 
@@ -81,24 +82,13 @@ def prepare(cfg: DataConfig) -> PreparedData:
     fingerprint = fingerprint_of(cfg)
     with _only_preparer(data_dir):
         _refuse_directories_in_the_way(data_dir)
+        refuse_other_settings(cfg, data_dir)
         meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
         if meta is not None:
-            log.info("reusing the shards in %s (same source and tokenizer)", data_dir)
+            log.info("reusing the shards in %s (same settings and source)", data_dir)
             return PreparedData(data_dir, meta, reused=True)
         with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
             return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
-
-
-def fingerprint_of(cfg: DataConfig) -> str:
-    """sha256 of everything that decides the tokens: the content settings and the source's file stats."""
-    payload = {"format": FORMAT_VERSION, "settings": _settings(cfg), "source": source_signature(cfg)}
-    if cfg.tokenizer == "bpe":  # how much of the corpus the tokenizer learns from decides its merges
-        payload["bpe_sample_bytes"] = TRAINING_SAMPLE_BYTES
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _settings(cfg: DataConfig) -> dict:
-    return {key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}
 
 
 def _refuse_directories_in_the_way(data_dir: Path) -> None:
@@ -113,7 +103,10 @@ def _refuse_directories_in_the_way(data_dir: Path) -> None:
 def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[dict]:
     try:
         meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
-        if meta.get("fingerprint") != fingerprint:
+        if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
+            log.warning("%s holds data of the same settings, but its source's files changed since, or another "
+                        "version of gptlab prepared it (shard format %s, now %s): rebuilding", data_dir,
+                        meta["format"], FORMAT_VERSION)
             return None
         load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
         for split in SPLITS:
@@ -168,7 +161,7 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
         tokenizer = _new_tokenizer(cfg, corpus)
         for name, content in tokenizer.files().items():  # before progress.json, which names them
             write_atomic(data_dir / name, content)
-        progress = _new_progress(fingerprint, tokenizer)
+        progress = _new_progress(fingerprint, token_settings(cfg), tokenizer)
     else:
         tokenizer = load_tokenizer(progress["tokenizer"], data_dir)
         log.info("resuming the prepare of %s after block %d", data_dir, progress["blocks"])
@@ -220,7 +213,7 @@ def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dic
         "format": FORMAT_VERSION,
         "fingerprint": progress["fingerprint"],
         "source": corpus.description,
-        "settings": _settings(cfg),
+        "settings": token_settings(cfg),
         "tokenizer": tokenizer.describe(),
         "vocab_size": tokenizer.vocab_size,
         "eot_id": tokenizer.eot_id,
@@ -241,9 +234,9 @@ def _new_counters() -> dict:
     return {"documents": 0, "nonempty": 0, "replaced_bytes": 0}
 
 
-def _new_progress(fingerprint: str, tokenizer: Tokenizer) -> dict:
+def _new_progress(fingerprint: str, settings: dict, tokenizer: Tokenizer) -> dict:
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
-    return {"fingerprint": fingerprint, "tokenizer": tokenizer.describe(), "dtype": dtype.name, "blocks": 0,
+    return {"fingerprint": fingerprint, "settings": settings, "tokenizer": tokenizer.describe(), "dtype": dtype.name, "blocks": 0,
             "bytes": {split: 0 for split in SPLITS}, "resume": None}
 
 
@@ -255,6 +248,8 @@ def _resumable_progress(data_dir: Path, fingerprint: str) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     if not isinstance(progress, dict) or progress.get("fingerprint") != fingerprint:
+        log.warning("%s holds an unfinished prepare of the same settings from files that changed since (or from "
+                    "another version of gptlab): starting afresh", data_dir)
         return None
     if progress.get("resume") is None or any(sizes[s] < progress["bytes"][s] for s in SPLITS):
         return None

@@ -15,7 +15,7 @@ import data.preparation
 from conftest import CORPUS
 from data import DataConfig, DataError, load_tokenizer, prepare
 from data.bpe import SPLIT_PATTERN, TOKENIZER_FILE, BpeTokenizer, train_bpe
-from data.preparation import fingerprint_of
+from data.cache import fingerprint_of
 
 EOT = "<|endoftext|>"
 PYTHON = Path(data.preparation.__file__).read_text(encoding="utf-8")  # some 17 KB of Python
@@ -130,5 +130,7 @@ def test_prepare_trains_it_keeps_it_beside_meta_json_and_its_size_changes_the_fi
     again = prepare(cfg)
     assert not again.reused and again.meta["fingerprint"] == prepared.meta["fingerprint"]
     assert again.tokenizer().encode(PYTHON) == tokenizer.encode(PYTHON)
-    char = prepare(bpe_config(tmp_path, tokenizer="char", vocab_size=None))
-    assert not (char.data_dir / TOKENIZER_FILE).exists()  # no stale file describes other shards
+    with pytest.raises(DataError, match=r'data.tokenizer="char" \(it holds "bpe"\), data.vocab_size=null'):
+        prepare(bpe_config(tmp_path, tokenizer="char", vocab_size=None))  # never over the bpe's shards
+    char = prepare(bpe_config(tmp_path, tokenizer="char", vocab_size=None, data_dir=str(tmp_path / "char")))
+    assert not (char.data_dir / TOKENIZER_FILE).exists()

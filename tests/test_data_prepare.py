@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -63,24 +64,62 @@ def test_second_run_reuses_the_shards(tmp_path):
     assert again.meta == first.meta and [f.stat().st_mtime_ns for f in files] == stamps
 
 
-@pytest.mark.parametrize("change", ["source", "tokenizer", "val_fraction", "damaged shard"])
-def test_anything_that_changes_the_tokens_rebuilds(tmp_path, change):
+@pytest.mark.parametrize("change", ["source", "damaged shard"])
+def test_a_changed_source_or_a_damaged_shard_rebuilds_with_a_warning(tmp_path, change, caplog):
     write_documents(tmp_path / "docs", DOCUMENTS)
     cfg = config(tmp_path, tmp_path / "docs", tokenizer="char")
     first = prepare(cfg)
     if change == "source":
         (tmp_path / "docs" / "doc0.txt").write_text("a changed first document\n", encoding="utf-8")
-    elif change == "tokenizer":
-        cfg = config(tmp_path, tmp_path / "docs", tokenizer="gpt2")
-    elif change == "val_fraction":
-        cfg = config(tmp_path, tmp_path / "docs", tokenizer="char", val_fraction=0.3)
+        warning = "holds data of the same settings, but its source's files changed since"
     else:
         with open(first.shard("train"), "ab") as f:
             f.write(b"\0\0")
-    second = prepare(cfg)
-    assert not second.reused
+        warning = "but meta.json promises"
+    with caplog.at_level("WARNING"):
+        second = prepare(cfg)
+    assert not second.reused and warning in caplog.text and "rebuilding" in caplog.text
     assert (second.meta["fingerprint"] == first.meta["fingerprint"]) == (change == "damaged shard")
     assert second.shard("train").stat().st_size == second.meta["tokens"]["train"] * 2
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(tokenizer="gpt2"), 'data.tokenizer="gpt2" (it holds "char")'),
+    (dict(val_fraction=0.3, split_seed=7), "data.split_seed=7 (it holds 1337), data.val_fraction=0.3 (it holds 0.1)"),
+])
+def test_other_token_settings_are_refused_by_name_and_nothing_is_rewritten(tmp_path, change, named):
+    write_documents(tmp_path / "docs", DOCUMENTS)
+    first = prepare(config(tmp_path, tmp_path / "docs", tokenizer="char"))
+    files = [first.shard("train"), first.shard("val"), first.data_dir / "meta.json"]
+    stamps = [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files]
+    with pytest.raises(DataError, match=f"other settings than this run's {re.escape(named)}: give this data a "
+                                        "directory of its own \\(another data.data_dir\\), or delete "):
+        prepare(config(tmp_path, tmp_path / "docs", **{"tokenizer": "char", **change}))
+    assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == stamps
+
+
+def test_an_unfinished_prepare_of_other_settings_is_refused_not_discarded(tmp_path, monkeypatch):
+    write_documents(tmp_path / "docs", DOCUMENTS * 40)
+    cfg = config(tmp_path, tmp_path / "docs", shuffle_block_tokens=64)
+    real_tokenized = prepare_module._tokenized
+
+    def killed_after_some_blocks(*args):
+        for index, item in enumerate(real_tokenized(*args)):
+            if index == 60:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(prepare_module, "_tokenized", killed_after_some_blocks)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg)
+    monkeypatch.undo()
+    progress = cfg.resolved_data_dir() / "progress.json"
+    written = progress.read_text()
+    with pytest.raises(DataError, match=r"holds an unfinished prepare with other settings than this run's "
+                                        r"data.max_documents=5 \(it holds null\)"):
+        prepare(dataclasses.replace(cfg, max_documents=5))
+    assert progress.read_text() == written
+    assert not prepare(cfg).reused  # the same settings resume it
 
 
 def test_parallel_tokenising_writes_the_same_bytes(tmp_path):
