@@ -4,7 +4,9 @@ without a byte-order mark, in text files, JSON Lines and parquet texts), a file 
 turns into UTF-16 part-way, compressed files, random bytes, Shift-JIS. UTF-8 text of
 any script passes, with its few undecodable bytes counted."""
 
+import bz2
 import gzip
+import lzma
 import json
 import random
 import re
@@ -137,13 +139,24 @@ def test_parquet_texts_of_replacement_characters_are_refused(tmp_path):
                     "or are control characters; decode them from their real encoding", refusal(tmp_path, path))
 
 
-def test_a_gzip_file_is_named_with_how_to_decompress_it(tmp_path):
-    path = tmp_path / "book.txt.gz"
-    path.write_bytes(gzip.compress(TEXT.encode()))
+COMPRESSORS = {"gzip": (".gz", gzip.compress), "bzip2": (".bz2", bz2.compress), "xz": (".xz", lzma.compress)}
+
+
+@pytest.mark.parametrize("tool", sorted(COMPRESSORS))
+def test_a_compressed_file_is_named_with_how_to_decompress_it(tmp_path, tool):
+    suffix, compress = COMPRESSORS[tool]
+    path = tmp_path / f"book.txt{suffix}"
+    path.write_bytes(compress(TEXT.encode()))
     message = refusal(tmp_path, path)
-    assert message == (f"{path} is gzip-compressed, and gptlab reads text: decompress it, e.g. `gzip -dc {path} > "
+    assert message == (f"{path} is {tool}-compressed, and gptlab reads text: decompress it, e.g. `{tool} -dc {path} > "
                        "book.txt`, and point data.path at the result")
-    run_advice(message, tmp_path, "gzip", tmp_path / "book.txt", TEXT)
+    run_advice(message, tmp_path, tool, tmp_path / "book.txt", TEXT)
+
+
+def test_text_that_starts_like_bzip2s_magic_is_read_as_text(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("BZh9 is how a bzip2 file starts; this file is only about it.\n" * 20)
+    prepare(files_config(tmp_path, path, "char"))  # prepared, not refused as compressed
 
 
 def test_shift_jis_is_refused_as_not_utf8_with_a_conversion(tmp_path):
