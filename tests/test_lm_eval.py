@@ -29,6 +29,7 @@ from data import load_tokenizer  # noqa: E402
 from data.bpe import train_bpe  # noqa: E402
 from evaluation import downstream  # noqa: E402
 from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
+from evaluation import lm as lm_module  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
 from hf_reference import randomized  # noqa: E402
 from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
@@ -274,6 +275,21 @@ def test_a_request_longer_than_the_context_is_cut_as_the_harness_hf_model_cuts_i
     actual = ours.loglikelihood(requests("loglikelihood", pairs))
     assert [logprob for logprob, _ in actual] == pytest.approx([logprob for logprob, _ in expected], abs=1e-4)
     assert [greedy for _, greedy in actual] == [greedy for _, greedy in expected]
+
+
+def test_generation_from_a_context_longer_than_the_model_keeps_its_end(gqa, monkeypatch):
+    """As the harness's `hf` model does, the newest tokens are kept: what the model reads last
+    is what it continues."""
+    prompts = []
+
+    def recording_generate(model, batch, *args, **kwargs):
+        prompts.extend(batch)
+        return generate(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(lm_module, "generate", recording_generate)
+    gqa.generate_until(requests("generate_until", [(LONG_TEXT, {"until": [], "max_gen_toks": 2})]))
+    tokens = gqa.tok_encode(LONG_TEXT)
+    assert len(tokens) > gqa.max_length and prompts == [tokens[-gqa.max_length:]]
 
 
 @pytest.mark.parametrize("tokenizer, start", [(GPT2, 50256), ({"name": "char", "chars": "ab \n", "eot": False}, 3)])
