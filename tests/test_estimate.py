@@ -35,6 +35,7 @@ def test_the_lines_say_the_numbers_a_user_plans_with():
     assert estimate_line(tok_per_s=1e6, measured=(11, 20), steps_to_go=1, tokens_per_step=1, world_size=1,
                          gpu_hour=None).endswith("| cost.gpu_hour=<price> adds the cost")
     assert [rounded(n) for n in (9_999_745_024, 4_844_571, 1_536)] == ["10.00B", "4.84M", "1.5k"]
+    assert [rounded(n) for n in (10**9, 10**6, 10**6 - 1)] == ["1.00B", "1.00M", "1000.0k"]  # at each unit's edge
     assert [duration(s) for s in (12.4, 249, 9_999.7, 90_061)] == ["12 s", "4 min 09 s", "2 h 46 min", "1 d 1 h"]
 
 
