@@ -290,3 +290,11 @@ def test_an_fp16_run_resumed_where_its_loss_scale_had_moved_equals_the_uninterru
     assert [loss for *_, loss in resumed] == pytest.approx([loss for *_, loss in straight], rel=1e-4)
     for name, weight in load_checkpoint(run_dir / "checkpoints" / "step_000012").model_state.items():
         torch.testing.assert_close(weight, straight_weights[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_a_run_with_keep_state_latest_keeps_state_in_its_newest_checkpoint_only(train_overrides):
+    run_dir = run_in_process(*train_overrides, "max_iters=20", "keep_state=latest", "keep_last=5")
+    root = run_dir / "checkpoints"
+    steps = sorted(p.name for p in root.glob("step_*"))
+    assert steps == ["step_000010", "step_000020"]
+    assert [name for name in steps if (root / name / "state.pt").exists()] == ["step_000020"]
