@@ -157,6 +157,8 @@ def test_a_null_arm_that_reran_a_baseline_seed_is_refused(sweep_dir):
         results([baseline, replace(again, runs=[rerun, *again.runs])], baseline)
     compiled = replace(rerun, settings=dict(rerun.settings, compile=not own.settings["compile"]))  # other numerics
     assert results([baseline, replace(again, runs=[compiled, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
+    elsewhere = replace(rerun, settings=dict(rerun.settings, device="cuda" if own.settings["device"] == "cpu" else "cpu"))
+    assert results([baseline, replace(again, runs=[elsewhere, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
 
 
 def test_the_documented_null_check_runs_seeds_the_sweep_does_not():
