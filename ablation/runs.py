@@ -132,6 +132,7 @@ def layout_name(config: GPTConfig) -> str:
 Shape = tuple[int, int, int, str]  # layers, width, query heads, block
 GPT2_BLOCK, LLAMA_BLOCK = "GPT-2 block", "Llama block"
 BLOCK_NAMES = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}  # model.config.BLOCKS' presets, as the report names them
+# (another preset is "<name> block")
 
 
 def shape_of(config: GPTConfig) -> Shape:
@@ -139,11 +140,13 @@ def shape_of(config: GPTConfig) -> Shape:
 
 
 def block_name(config: GPTConfig) -> str:
-    """'GPT-2 block', 'Llama block', or another block's settings ('position=rope, norm=layernorm, ...')."""
+    """'GPT-2 block', 'Llama block', '<name> block' for another preset of BLOCKS, or a block of no preset
+    by its settings ('position=rope, norm=layernorm, ...')."""
     for preset, wanted in model.config.BLOCKS.items():
         if all(getattr(config, key) == value for key, value in wanted.items()):
-            return BLOCK_NAMES[preset]
-    return ", ".join(f"{key}={getattr(config, key)}" for key in model.config.LLAMA_BLOCK)  # the most settings
+            return BLOCK_NAMES.get(preset, f"{preset} block")
+    named = dict.fromkeys(key for block in model.config.BLOCKS.values() for key in block)  # every block setting, once
+    return ", ".join(f"{key}={getattr(config, key)}" for key in named)
 
 
 def shape_order(shape: Shape) -> tuple[int, bool, str]:

@@ -262,8 +262,8 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
     """A model preset from conf/model/ as a GPTConfig, without running an app.
 
     `model_preset("gpt2", "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`:
-    overrides use the same syntax as the command line. The preset comes with GPT-2's block
-    (recipe=gpt2) unless an override chooses another recipe.
+    overrides use the same syntax as the command line. The preset comes with GPT-2's recipe and
+    block (recipe=gpt2) unless an override chooses another recipe or block (model/block=llama).
     """
     from hydra import compose, initialize_config_dir
 

@@ -38,6 +38,14 @@ where it says.
 """
 
 
+RECIPES_INTRO = """\
+A recipe (`recipe=<name>`; `modern` unless you choose another) chooses a block and sets only what is
+not the block's. A block named on the command line (`model/block=llama`) replaces the recipe's whole,
+and a setting named there (`model.qk_norm=true`) wins over both. Every block preset sets
+`position`, `norm`, `mlp` and `qk_norm`, so `model/block=llama` is Llama's block under any recipe.
+"""
+
+
 def reference() -> str:
     """The whole of docs/configuration.md."""
     parts = [INTRO, "## train.py\n", table(Config, "")]
@@ -45,6 +53,7 @@ def reference() -> str:
         schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
         parts += [presets(group) for group in ("model", "model/attention", "model/block", "data") if group.split("/")[0] == name]
+    parts += ["## Recipes\n", RECIPES_INTRO, recipes()]
     parts += ["## Experiments\n", "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
               presets("experiment", what_it_is=True)]
     parts += ["## sample.py\n", table(SampleConfig, "")]
@@ -78,6 +87,19 @@ def presets(group: str, what_it_is: bool = False) -> str:
             values = OmegaConf.to_container(OmegaConf.load(path)) or {}
             said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in values.items()) or "nothing: the defaults"
         rows.append(f"| `{path.stem}` | {_cell(said)} |")
+    return "\n".join(rows) + "\n"
+
+
+def recipes() -> str:
+    """One row per recipe: the block its defaults list chooses, and the values it sets."""
+    rows = ["| `recipe=` | its block (`model/block=`) | what else it sets |", "|---|---|---|"]
+    for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
+        values = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        block = next(entry["override /model/block"] for entry in values.pop("defaults")
+                     if isinstance(entry, dict) and "override /model/block" in entry)
+        flat = [(f"{section}.{key}", value) for section, settings in values.items() for key, value in settings.items()]
+        said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in flat) or "nothing: the defaults"
+        rows.append(f"| `{path.stem}` | `{block}` | {_cell(said)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -1,14 +1,17 @@
 """GPTConfig: the shape of a model, validated the moment it is built; and the block presets.
 
-BLOCKS defines each family's block settings, by preset name: GPT-2's (what its
-transformers classes compute) and Llama's (what LlamaForCausalLM does). hf/llama.py decides
-from them which family a model exports as, and the ablation report names a run's block by
-them. The command line's `model/block=llama` is a Hydra config group, which Hydra composes
-from files, so conf/model/block/<name>.yaml says the same settings in YAML, where conf/cli.py
-checks a preset's name and `python -m conf` lists what it sets; tests/test_config.py checks
-that the files and BLOCKS hold the same presets with the same settings. The files stay files
-(not generated into Hydra's ConfigStore from here) so that conf/ keeps every preset a user
-can choose in one place, as YAML, and model/ stays free of Hydra.
+BLOCKS defines each block preset's settings, by name: GPT-2's (what its transformers
+classes compute), Llama's (what LlamaForCausalLM does) and the modern recipe's (GPT-2's
+with rotary positions, ReLU² and QK-norm). Every preset sets each of BLOCK_SETTINGS (and bias
+where its family fixes it), so a block means the same whatever else chose settings before it.
+hf/llama.py decides from them which family a model exports as, and the ablation report names
+a run's block by them. The command line's `model/block=llama` is a Hydra config group, which
+Hydra composes from files, so conf/model/block/<name>.yaml says the same settings in YAML,
+where conf/cli.py checks a preset's name and `python -m conf` lists what it sets;
+tests/test_config.py checks that the files and BLOCKS hold the same presets with the same
+settings. The files stay files (not generated into Hydra's ConfigStore from here) so that
+conf/ keeps every preset a user can choose in one place, as YAML, and model/ stays free of Hydra.
+A new block is an entry here and its YAML file.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps
-# The block presets (see the module's docstring); GPT-2's leaves bias to the size preset.
-GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu"}
-LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
-BLOCKS = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}  # by preset name: model/block=<name>
+# The block presets (see the module's docstring); GPT-2's and the modern one leave bias to the size preset.
+BLOCK_SETTINGS = ("position", "norm", "mlp", "qk_norm")  # what every block preset sets
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "qk_norm": False}
+LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": False, "bias": False}
+BLOCKS = {  # by preset name: model/block=<name>
+    "gpt2": GPT2_BLOCK,
+    "llama": LLAMA_BLOCK,
+    "modern": {"position": "rope", "norm": "layernorm", "mlp": "relu2", "qk_norm": True},  # recipe=modern's
+}
 
 
 @dataclass

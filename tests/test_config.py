@@ -167,8 +167,9 @@ def test_the_block_presets_are_model_configs_blocks():
              for path in (CONF_DIR / "model" / "block").glob("*.yaml")}
     assert files == BLOCKS and (BLOCKS["gpt2"], BLOCKS["llama"]) == (GPT2_BLOCK, LLAMA_BLOCK)
     for name, settings in BLOCKS.items():  # and the command line's model/block=<name> composes to them
-        model = model_preset("nano", f"model/block={name}")
-        assert {key: getattr(model, key) for key in settings} == settings
+        for recipe in ("recipe=gpt2", "recipe=modern"):
+            model = model_preset("nano", f"model/block={name}", recipe)
+            assert {key: getattr(model, key) for key in settings} == settings
 
 
 POINTS = [-2, -1, -0.5, 0, 0.25, 1, 1.5, 2, math.inf]
