@@ -11,6 +11,8 @@ import regex
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import data.bpe
+import data.cache
 import data.preparation
 from conftest import CORPUS
 from data import DataConfig, DataError, load_tokenizer, prepare
@@ -134,3 +136,24 @@ def test_prepare_trains_it_keeps_it_beside_meta_json_and_its_size_changes_the_fi
         prepare(bpe_config(tmp_path, tokenizer="char", vocab_size=None))  # never over the bpe's shards
     char = prepare(bpe_config(tmp_path, tokenizer="char", vocab_size=None, data_dir=str(tmp_path / "char")))
     assert not (char.data_dir / TOKENIZER_FILE).exists()
+
+
+def test_the_training_sample_is_counted_in_utf8_bytes(tokenizer, monkeypatch):
+    """Each text of 10 'é' is 20 bytes: a 30-byte sample is two of them (counted in characters, three)."""
+    learned_from = []
+
+    def recording_train_bpe(texts, vocab_size):
+        learned_from.extend(texts)
+        return BpeTokenizer(tokenizer.json)
+
+    monkeypatch.setattr(data.bpe, "train_bpe", recording_train_bpe)
+    monkeypatch.setattr(data.bpe, "TRAINING_SAMPLE_BYTES", 30)
+    data.bpe.train_on_sample(iter(["é" * 10] * 5), vocab_size=1)
+    assert learned_from == ["é" * 10] * 2
+
+
+def test_the_sample_size_is_in_a_bpe_corpus_fingerprint_and_not_in_a_char_ones(tmp_path, monkeypatch):
+    bpe, char = bpe_config(tmp_path), bpe_config(tmp_path, tokenizer="char", vocab_size=None)
+    before = fingerprint_of(bpe), fingerprint_of(char)
+    monkeypatch.setattr(data.cache, "TRAINING_SAMPLE_BYTES", 32 << 20)
+    assert fingerprint_of(bpe) != before[0] and fingerprint_of(char) == before[1]
