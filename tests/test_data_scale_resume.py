@@ -25,6 +25,11 @@ class Killed(BaseException):
 def killed_then_resumed(monkeypatch, cfg: DataConfig, method: str, call: int):
     """prepare(cfg) killed at the `call`-th call of ShardWriter.<method>, then run again:
     (the data directory as the kill left it: its progress.json, if any), the resumed result."""
+    return prepare_killed(monkeypatch, cfg, method, call), prepare(cfg)
+
+
+def prepare_killed(monkeypatch, cfg: DataConfig, method: str, call: int):
+    """prepare(cfg) killed at the `call`-th call of ShardWriter.<method>: its progress.json, if any."""
     real, calls = getattr(data.shards.ShardWriter, method), []
 
     def killed(writer, *args, **kwargs):
@@ -40,7 +45,7 @@ def killed_then_resumed(monkeypatch, cfg: DataConfig, method: str, call: int):
     progress = cfg.resolved_data_dir() / "progress.json"
     left = json.loads(progress.read_text()) if progress.exists() else None
     assert not (cfg.resolved_data_dir() / "meta.json").exists()
-    return left, prepare(cfg)
+    return left
 
 
 @pytest.mark.parametrize("kind, tokenizer", [(kind, "gpt2") for kind in KINDS] + [("jsonl", "char")])
@@ -135,3 +140,20 @@ def test_a_filesystem_without_locks_prepares_with_a_warning(tmp_path, monkeypatc
     source = write_kind(tmp_path, "jsonl", documents(20))
     assert not prepare(config(tmp_path, **source, val_fraction=0.3)).reused
     assert "preparing without the lock" in caplog.text and "No locks available" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_a_resumed_prepare_whose_trained_tokenizer_is_gone_or_damaged_starts_afresh(tmp_path, monkeypatch, damage):
+    """The trained tokenizer.json is written before progress.json names it; without it intact,
+    the partial shards cannot be continued, and the rerun rebuilds them instead of failing each time."""
+    source = write_kind(tmp_path, "jsonl", documents(600))
+    common = dict(source, shuffle_block_tokens=1500, batch_mb=0.01, tokenizer="bpe", vocab_size=300)
+    whole = prepare(config(tmp_path, "whole", **common))
+    cfg = config(tmp_path, **common)
+    assert prepare_killed(monkeypatch, cfg, "_write_block", call=3)["blocks"] == 2
+    tokenizer_file = cfg.resolved_data_dir() / "tokenizer.json"
+    if damage == "delete":
+        tokenizer_file.unlink()
+    else:
+        tokenizer_file.write_text(tokenizer_file.read_text()[:100])
+    assert shards(prepare(cfg)) == shards(whole)
