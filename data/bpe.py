@@ -24,7 +24,7 @@ import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
 
-from data.config import MIN_BPE_VOCAB
+from data.config import BPE_MIN_PAIR_COUNT, BPE_SAMPLE_BYTES, MIN_BPE_VOCAB
 from data.errors import DataError
 from data.tokenizer import EOT_TEXT, Tokenizer, gpt2_byte_alphabet
 
@@ -34,8 +34,8 @@ TOKENIZER_FILE = "tokenizer.json"
 # The tokenizer learns from the corpus's first 64 MiB of text: its merges are the sample's most
 # frequent pairs, and three times the sample compresses held-out text only 0.1-0.25% better at
 # 8192-32768 ids (docs/data.md). Training time and memory grow with the sample, not the corpus.
-TRAINING_SAMPLE_BYTES = 64 << 20
-MIN_PAIR_COUNT = 2  # a pair seen once in the sample is noise, never a merge
+TRAINING_SAMPLE_BYTES = BPE_SAMPLE_BYTES
+MIN_PAIR_COUNT = BPE_MIN_PAIR_COUNT  # a pair seen once in the sample is noise, never a merge
 # GPT-2's pre-tokenisation, except that a run of whitespace stays whole where GPT-2 gives its
 # last space to the next word: Python's newline and indentation are one piece. Held-out
 # standard library text then takes 0.3-1.5% fewer tokens at 512-16384 ids (docs/data.md).

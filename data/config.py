@@ -13,6 +13,13 @@ from rules import NOT_EMPTY, above, at_least, between, check_rules, matching, on
 SOURCES = ("stdlib", "files", "hub")
 TOKENIZERS = ("gpt2", "char", "bpe")
 MIN_BPE_VOCAB = 257  # the 256 bytes and <|endoftext|>
+# A trained BPE learns from the corpus's first BPE_SAMPLE_BYTES (docs/data.md), and each merge is a
+# pair seen BPE_MIN_PAIR_COUNT times or more there, so no sample holds more ids than MAX_BPE_VOCAB;
+# asking for more makes the tokenizers library reserve memory it cannot use (10^9 ids: a 70 GB
+# allocation that aborts the process).
+BPE_SAMPLE_BYTES = 64 << 20
+BPE_MIN_PAIR_COUNT = 2
+MAX_BPE_VOCAB = MIN_BPE_VOCAB + BPE_SAMPLE_BYTES // BPE_MIN_PAIR_COUNT
 VERIFY_MODES = ("sha256", "size")
 DEFAULT_DATA_ROOT = "data_cache"  # relative to the directory a command is started from
 NAME = matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "letters, digits, '_', '.' or '-' (it names a directory)")
@@ -28,7 +35,7 @@ class DataConfig:
     """stdlib (this Python's own sources, offline), files (path or url) or hub (a Hugging Face dataset)."""
     tokenizer: str = setting("gpt2", one_of(*TOKENIZERS))
     """gpt2 (tiktoken's BPE), char (one token per character of the corpus) or bpe (a byte-level BPE trained on it)."""
-    vocab_size: Optional[int] = setting(None, at_least(MIN_BPE_VOCAB))
+    vocab_size: Optional[int] = setting(None, between(MIN_BPE_VOCAB, MAX_BPE_VOCAB))
     """tokenizer=bpe (and only then): its ids, the 256 bytes and <|endoftext|> included; a multiple of 64 pads nothing."""
     path: Optional[str] = setting(None, NOT_EMPTY)
     """source=files: a text, jsonl or parquet file, a directory of them, or a glob ("docs/**/*.md")."""

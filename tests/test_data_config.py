@@ -26,7 +26,8 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(source="web"), r"data.source must be one of \('stdlib', 'files', 'hub'\), got 'web'"),
         (dict(tokenizer="sentencepiece"), r"data.tokenizer must be one of \('gpt2', 'char', 'bpe'\)"),
         (dict(tokenizer="bpe"), r"data.vocab_size must be set when tokenizer is 'bpe' \(e.g. data.vocab_size=8192\)"),
-        (dict(tokenizer="bpe", vocab_size=256), r"data.vocab_size must be >= 257, got 256"),
+        (dict(tokenizer="bpe", vocab_size=256), r"data.vocab_size must be in \[257, 33554689\], got 256"),
+        (dict(tokenizer="bpe", vocab_size=10**9), r"data.vocab_size must be in \[257, 33554689\], got 1000000000"),
         (dict(tokenizer="char", vocab_size=512), r"data.vocab_size is read only when tokenizer is 'bpe', and this "
                                                  r"tokenizer is 'char' \(set data.tokenizer=bpe, or leave it null\), got 512"),
         (dict(name="../escape"), r"data.name must be letters, digits"),
