@@ -3,6 +3,7 @@
 import argparse
 import datetime
 import json
+import re
 import subprocess
 
 import torch
@@ -45,3 +46,19 @@ def test_report_header_names_commit_date_machine_and_torch(tmp_path):
     text = report.header(tmp_path, [], torch.device("cpu"), [])
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     assert f"gptlab {head_commit()}" in text and f"torch {torch.__version__}" in text and f"({today}T" in text
+
+
+def recorded_commits(value) -> list[str]:
+    """Every 'gptlab' or 'commit' text anywhere in a results file."""
+    if isinstance(value, dict):
+        return [found for key, item in value.items()
+                for found in ([item] if key in ("gptlab", "commit") and isinstance(item, str) else recorded_commits(item))]
+    return [found for item in value for found in recorded_commits(item)] if isinstance(value, list) else []
+
+
+def test_every_results_file_names_the_commit_it_was_measured_at():
+    results = sorted((ROOT / "bench" / "results").rglob("*.json"))
+    assert results
+    unnamed = [path.name for path in results
+               if not any(re.match(r"[0-9a-f]{7,40}\b", commit) for commit in recorded_commits(json.loads(path.read_text())))]
+    assert unnamed == []
