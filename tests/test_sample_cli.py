@@ -90,3 +90,11 @@ def test_ctrl_c_while_sampling_keeps_what_was_printed_and_exits_quietly(runs_roo
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGINT
     assert stderr.strip().endswith("interrupted") and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("script, own", [("sample.py", "temperature: 0.8"), ("downstream.py", "tasks:")])
+def test_help_lists_the_commands_own_settings_and_none_of_train_pys_groups(tmp_path, script, own):
+    process = subprocess.run([sys.executable, str(REPO / script), "--help"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    assert process.returncode == 0 and own in process.stdout
+    assert not any(group in process.stdout for group in ("model/block", "experiment:", "recipe:", "data:"))
