@@ -1,0 +1,30 @@
+"""What a sweep (`train.py -m`) leaves and says: its directory and the report.py command, or,
+for estimates, which write nothing, neither."""
+
+import subprocess
+import sys
+
+from conftest import training_overrides
+
+from test_train import REPO
+
+
+def sweep(tmp_path, *overrides):
+    settings = [o for o in training_overrides(tmp_path) if not o.startswith("max_iters=")]
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", *settings, "max_iters=4", "eval_interval=4",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_an_estimate_sweep_leaves_no_directory_and_names_no_report(tmp_path):
+    done = sweep(tmp_path, "estimate=true", "estimate_steps=1", "seed=1,2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("estimate:") == 2 and "report.py" not in done.stdout
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_names_its_directory_and_the_report_command(tmp_path):
+    done = sweep(tmp_path, "seed=1,2")
+    assert done.returncode == 0, done.stderr
+    assert f"report on it: python report.py {tmp_path / 'sweep'}" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0", "1", "multirun.yaml"]
