@@ -12,7 +12,7 @@ from data.meta import read_meta
 from training.estimate import WARMUP_STEPS, duration, estimate, estimate_line, rounded, tokens_line
 from run.metrics import read_metrics
 
-from test_train import run_in_process
+from test_train import run_cli, run_in_process
 
 
 def test_the_estimate_is_steps_times_tokens_over_the_rate_and_gpu_hours_times_the_price():
@@ -70,3 +70,22 @@ def test_estimate_mode_refuses_what_it_cannot_time(setting):
         cfg = compose(config_name="train", overrides=["estimate=true", setting])
     with pytest.raises(ValueError, match="estimate=true times the steps of a new run"):
         load_config(cfg)
+
+
+def estimate_windows(out: str) -> list[tuple[int, int, int]]:
+    """(first measured step, last measured step, steps to go) of each estimate line printed."""
+    return [tuple(map(int, found)) for found in re.findall(r"\(steps (\d+)-(\d+)\) \| (\d+) steps to max_iters", out)]
+
+
+def test_the_estimate_counts_the_steps_to_go_from_the_last_measured_step(train_overrides, capsys):
+    """Windows of 3 steps: 10-12 starts inside the warm-up, so 13-15 is the first measured."""
+    run_in_process(*train_overrides, "max_iters=20", "eval_interval=20", "logging.log_interval=3")
+    assert estimate_windows(capsys.readouterr().out) == [(13, 15, 5)]
+
+
+def test_a_resumed_runs_estimate_leaves_out_its_own_warm_up(train_overrides, tmp_path):
+    """A resume compiles and warms up again: its estimate is timed WARMUP_STEPS after the step it resumed at."""
+    run_dir = run_in_process(*train_overrides, "max_iters=12", "eval_interval=12")
+    resumed = run_cli(f"resume={run_dir}", "max_iters=30", "eval_interval=30", cwd=tmp_path)
+    first = 12 + WARMUP_STEPS + 1
+    assert resumed.returncode == 0 and estimate_windows(resumed.stdout) == [(first, first, 30 - first)]
