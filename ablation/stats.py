@@ -188,17 +188,24 @@ def detectable_effect(se: float, df: float, target: float = POWER, level: float 
 
 def seeds_needed(comparison: Comparison, effect: float, target: float = POWER, level: float = LEVEL) -> int | None:
     """Seeds (per arm) at which the comparison would detect `effect` with probability
-    `target`, if the spread of one seed's difference stays comparison.sd: se = sd / sqrt(n)
-    with n - 1 degrees of freedom (exact when paired; for Welch with n seeds on each side,
-    a lower bound on its degrees of freedom, so never too few seeds). None when no sd is
-    known (fewer than 2 seeds) or more than MAX_SEEDS would be needed."""
+    `target`, if the spread of one seed's difference stays comparison.sd (seeds_for; for
+    Welch with n seeds on each side, its n - 1 degrees of freedom are a lower bound, so never
+    too few seeds). None when no sd is known (fewer than 2 seeds) or more than MAX_SEEDS would be needed."""
     if math.isnan(comparison.sd):
         return None
-    if comparison.sd == 0:
+    return seeds_for(effect, comparison.sd, target, level)
+
+
+def seeds_for(effect: float, sd: float, target: float = POWER, level: float = LEVEL) -> int | None:
+    """The fewest seeds n at which a paired t-test (se = sd / sqrt(n), n - 1 degrees of
+    freedom) detects a true difference `effect` with probability `target`, where sd is the
+    spread of one seed's difference; None beyond MAX_SEEDS. Before any run, sd comes from
+    the run-to-run noise of one run's loss: sqrt(2) times it when the arms' noise is unrelated."""
+    if sd == 0:
         return 2
 
     def enough(n: int) -> bool:
-        return power(effect, comparison.sd / math.sqrt(n), n - 1, level) >= target
+        return power(effect, sd / math.sqrt(n), n - 1, level) >= target
 
     low, high = 1, 2  # enough(low) is false (one seed has no interval); find a high that is enough
     while not enough(high):
