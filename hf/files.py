@@ -7,8 +7,8 @@ tokenizer that reads its text.
 
 Export: `save_hf` writes a GPTConfig and its state dict as a directory that
 transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer
-and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py
-and hf/llama.py.
+and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py,
+hf/llama.py and hf/nanochat.py.
 
 Nothing here knows gptlab's runs or checkpoints: run/ reads these directories (init_from=hf,
 load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
@@ -30,8 +30,8 @@ from data.bpe import BpeTokenizer
 from data.errors import DataError
 from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
 from model import GPTConfig
-from hf.gpt2 import crop_block_size, from_hf, pool_kv_heads, to_hf
-from hf.llama import LLAMA
+from hf.gpt2 import ARCHITECTURE_CLASS, crop_block_size, from_hf, pool_kv_heads, to_hf
+from hf.nanochat import ARCHITECTURE as NANOCHAT_CLASS, transformers_line
 from system import UserError, temp_path
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -47,7 +47,7 @@ class HFError(UserError):
 def load_hf_pretrained(
     model_path: str | Path, n_kv_head: int | None = None, block_size: int | None = None
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """GPT-2-family or Llama weights from Hugging Face as (GPTConfig, state dict), ready for
+    """GPT-2-family, Llama or NanoChat weights from Hugging Face as (GPTConfig, state dict), ready for
     `model = GPT(config); load_weights(model, state)`.
 
     model_path: a local transformers directory, or a Hub name such as "gpt2" (fetched
@@ -164,9 +164,10 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
     refused in one line (HFError)."""
     path = directory / HF_TOKENIZER
     if not path.is_file():
-        if _read_hf_config(directory).get("model_type") != LLAMA:
-            return Gpt2Tokenizer()  # another model_type than gpt2 or gpt_bigcode is refused by the import
-        raise HFError(f"{directory} has no {HF_TOKENIZER}: a Llama-layout model's tokenizer is read from there")
+        kind = _read_hf_config(directory).get("model_type")
+        if kind in ARCHITECTURE_CLASS:  # gpt2 or gpt_bigcode
+            return Gpt2Tokenizer()
+        raise HFError(f"{directory} has no {HF_TOKENIZER}, where a {kind!r} model's tokenizer is read from")
     try:
         text = path.read_text(encoding="utf-8")
         tokenizer = json.loads(text)
@@ -221,6 +222,8 @@ def _write_hf(directory: Path, hf_config: dict, hf_state: dict[str, Tensor], blo
     # transformers expects the "format" entry in the safetensors metadata.
     save_file(hf_state, directory / HF_SAFETENSORS, metadata={"format": "pt"})
     lines = [f"{shown_as}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
+    if hf_config["architectures"][0] == NANOCHAT_CLASS:
+        lines.append(transformers_line(str(shown_as)))
     if tokenizer is not None and tokenizer.name == "gpt2":
         written = _save_gpt2_tokenizer(directory, block_size)
         lines.append(f"{shown_as}: gpt2 tokenizer ({', '.join(written)})")

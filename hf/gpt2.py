@@ -14,23 +14,23 @@ Both always have biases; lm_head is wte's matrix unless tie_word_embeddings is f
 activation_function "relu2" computes our mlp=relu2. GQA (1 < n_kv_head < n_head) has no
 equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
 Our Llama block (model/block=llama) goes to and from LlamaForCausalLM, any number of
-key/value heads included: hf/llama.py.
+key/value heads included: hf/llama.py; nanochat's (model/block=nanochat) to and from
+NanoChatForCausalLM: hf/nanochat.py. This module dispatches by model_type.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
 from model.config import GPTConfig
 from model.gpt import GPT
-from .llama import (
-    DEFAULTS, LLAMA, TIED_HEAD, block_family, check_tied_head, config_from_llama, config_to_llama, from_llama,
-    shared_names, tied, to_llama, unsupported,
-)
+from . import llama, nanochat
+from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, tied, unsupported
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
@@ -60,20 +60,37 @@ SAME_FUNCTION = {
 LAYER_NORM_EPS = 1e-5
 
 
+class Rotary(NamedTuple):
+    """A rotary family's conversions (hf/llama.py, hf/nanochat.py)."""
+    defaults: dict  # its config class's defaults for keys config.json may leave out
+    read_config: Callable[[dict], GPTConfig]  # config.json -> GPTConfig (the MLP at its default width)
+    write_config: Callable[[GPTConfig, int | None], dict]  # GPTConfig, eos id -> config.json
+    to_theirs: Callable[[GPTConfig, dict], dict]  # our state dict -> theirs
+    from_theirs: Callable[[GPTConfig, dict], dict]  # theirs -> ours
+
+
+ROTARY = {  # by model_type
+    LLAMA: Rotary(llama.DEFAULTS, llama.config_from_llama, llama.config_to_llama, llama.to_llama, llama.from_llama),
+    NANOCHAT: Rotary(nanochat.DEFAULTS, nanochat.config_from_nanochat, nanochat.config_to_nanochat,
+                     nanochat.to_nanochat, nanochat.from_nanochat),
+}
+
+
 def config_from_hf(hf_config: dict) -> GPTConfig:
-    """The GPTConfig of a GPT-2 or GPTBigCode (multi-query) config.json.
+    """The GPTConfig of a GPT-2, GPTBigCode (multi-query), Llama or NanoChat config.json.
 
     Dropout is 0.0 and attn_impl "sdpa": neither changes the weights, so set them to
     taste with dataclasses.replace. Raises ValueError for anything else.
     """
     kind = hf_config.get("model_type")
-    if kind == LLAMA:
-        width = hf_config.get("intermediate_size", DEFAULTS["intermediate_size"])
-        return _with_mlp_width(config_from_llama(hf_config), width, "intermediate_size")
+    if kind in ROTARY:
+        family = ROTARY[kind]
+        width = hf_config.get("intermediate_size", family.defaults["intermediate_size"])
+        return _with_mlp_width(family.read_config(hf_config), width, "intermediate_size")
     if kind not in ARCHITECTURE_CLASS:
         raise ValueError(
             f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}), "
-            f"GPTBigCode ({BIGCODE!r}) and Llama ({LLAMA!r}) models only"
+            f"GPTBigCode ({BIGCODE!r}), Llama ({LLAMA!r}) and NanoChat ({NANOCHAT!r}) models only"
         )
     same_function = SAME_FUNCTION[kind]
     problems = unsupported(hf_config, SHAPE_KEYS, same_function)
@@ -110,11 +127,12 @@ def _with_mlp_width(config: GPTConfig, width: int | None, key: str) -> GPTConfig
 
 
 def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
-    """config.json for `config`: LlamaForCausalLM for the Llama block; for GPT-2's,
-    GPT2LMHeadModel for MHA and GPTBigCodeForCausalLM for MQA. eos_token_id (also used
-    as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
-    if block_family(config) == LLAMA:
-        return config_to_llama(config, eos_token_id)
+    """config.json for `config`: LlamaForCausalLM for the Llama block, NanoChatForCausalLM for
+    nanochat's; for GPT-2's, GPT2LMHeadModel for MHA and GPTBigCodeForCausalLM for MQA.
+    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id."""
+    family = block_family(config)
+    if family in ROTARY:
+        return ROTARY[family].write_config(config, eos_token_id)
     if config.attention_kind == "GQA":
         raise ValueError(
             f"grouped-query attention (n_kv_head={config.kv_heads} of n_head={config.n_head}) has no "
@@ -148,17 +166,20 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """A transformers GPT-2 / GPTBigCode (MQA) / Llama model as our (GPTConfig, state dict).
+    """A transformers GPT-2 / GPTBigCode (MQA) / Llama / NanoChat model as our (GPTConfig, state dict).
 
     A tied model's state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
     Raises ValueError when the weights do not fit the config or are not finite.
     """
     config = config_from_hf(hf_config)
     _check_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
-    if hf_config["model_type"] == LLAMA:
-        _check_fit({k: v for k, v in hf_state.items() if k not in shared_names(config)}, _llama_shapes(config),
-                   "the weights", "config.json")
-        return config, from_llama(config, hf_state)
+    if hf_config["model_type"] in ROTARY:
+        family = ROTARY[hf_config["model_type"]]
+        meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
+        _check_fit({k: v for k, v in hf_state.items() if k not in shared_names(config)},
+                   {name: tensor.shape for name, tensor in family.to_theirs(config, meta).items()}, "the weights",
+                   "config.json")
+        return config, family.from_theirs(config, hf_state)
     transposed = hf_config["model_type"] == GPT2
     # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
     prefixed = {key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: tensor
@@ -181,8 +202,8 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     hf_config = config_to_hf(config, eos_token_id)
     state = {name: tensor for name, tensor in state.items() if name not in shared_names(config)}
     _check_fit(state, parameter_shapes(config), "the weights", "the model config")
-    if hf_config["model_type"] == LLAMA:
-        return hf_config, to_llama(config, state)
+    if hf_config["model_type"] in ROTARY:
+        return hf_config, ROTARY[hf_config["model_type"]].to_theirs(config, state)
     transposed = hf_config["model_type"] == GPT2
     biased = _with_zero_biases(state)
     return hf_config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in biased.items()}
@@ -233,12 +254,6 @@ def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
     """Our parameter names and shapes for `config`, without a tied head."""
     return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items()
             if name not in shared_names(config)}
-
-
-def _llama_shapes(config: GPTConfig) -> dict[str, torch.Size]:
-    """LlamaForCausalLM's tensor names and shapes for `config`, without a tied head."""
-    meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
-    return {name: tensor.shape for name, tensor in to_llama(config, meta).items()}
 
 
 def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:

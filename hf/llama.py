@@ -5,6 +5,7 @@ LlamaForCausalLM computes with tied or untied embeddings (tie_word_embeddings), 
 number of key/value heads (MHA, GQA, MQA), rotary in the rotate-half layout and RMSNorm with eps 1e-5. Both use
 nn.Linear, so the only changes are names and the split of our fused c_attn rows
 [q | k | v] into q_proj, k_proj and v_proj: no transposes, no permutations.
+block_family, here, decides which family a model exports as: GPT-2's, Llama's or NanoChat's (hf/nanochat.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import math
 import torch
 from torch import Tensor
 
-from model.config import GPT2_BLOCK, LLAMA_BLOCK, NORM_EPS, GPTConfig
+from model.config import GPT2_BLOCK, LLAMA_BLOCK, NANOCHAT_BLOCK, NORM_EPS, GPTConfig
 
-LLAMA = "llama"
+LLAMA, NANOCHAT = "llama", "nanochat"
 ARCHITECTURE = "LlamaForCausalLM"
 SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
 # Llama settings under which it computes our function: key -> (transformers' default, allowed values).
@@ -44,14 +45,17 @@ QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.w
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
 TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transformer.wte.weight, kept once
-# Settings that GPT-2's and Llama's transformers classes have no layout for: name -> the value they compute.
-NO_LAYOUT = {"qk_norm": (False,), "logit_softcap": (None,)}
-# The block settings each family computes, by setting: the values allowed. GPT-2's classes
-# take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU) only.
+# The settings under which each family's transformers classes compute our block: the values allowed.
+# GPT-2's classes take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU)
+# only. Neither has weightless norms, an embedding norm, QK-norm (their presets say so) or a soft-cap,
+# and gptlab writes their norms' eps as 1e-5; NanoChat's class has all four and takes any eps.
+PLAIN = {"logit_softcap": (None,), "norm_eps": (NORM_EPS,)}
 FAMILY_BLOCKS = {
-    "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2")},
-    LLAMA: {key: (value,) for key, value in LLAMA_BLOCK.items()},
+    "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2"), **PLAIN},
+    NANOCHAT: {key: (value,) for key, value in NANOCHAT_BLOCK.items()},  # before Llama: the nearer when equal
+    LLAMA: {**{key: (value,) for key, value in LLAMA_BLOCK.items()}, **PLAIN},
 }
+FAMILY_NAMES = {"gpt2": "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", NANOCHAT: "NanoChatForCausalLM"}
 
 
 def shared_names(config: GPTConfig) -> set[str]:
@@ -60,32 +64,26 @@ def shared_names(config: GPTConfig) -> set[str]:
 
 
 def block_family(config: GPTConfig) -> str:
-    """'gpt2' or 'llama': the transformers family that computes config's block. A mixed
-    block, or a setting in NO_LAYOUT, is refused, naming the settings that no class has (one line)."""
-    extra = _settings_off(config, NO_LAYOUT)
-    if extra:
-        raise ValueError(f"{', '.join(extra)}: transformers' GPT-2 and Llama classes have no layout for this; "
-                         f"export a model trained with {_needs(NO_LAYOUT)}")
-    family = LLAMA if config.position == "rope" else "gpt2"
-    off = _settings_off(config, FAMILY_BLOCKS[family])
-    if off:
-        needs = _needs(FAMILY_BLOCKS[family])
-        target = ("LlamaForCausalLM", "llama") if family == LLAMA else ("GPT-2's classes", "gpt2")
+    """'gpt2', 'llama' or 'nanochat': the transformers family that computes config's block. Any
+    other block is refused in one line, naming the settings the nearest family (one with the same
+    position encoding first, then the fewest settings off) needs, and the blocks that export."""
+    off = {family: [key for key, values in allowed.items() if getattr(config, key) not in values]
+           for family, allowed in FAMILY_BLOCKS.items()}
+    nearest = min(off, key=lambda family: (config.position not in FAMILY_BLOCKS[family]["position"],
+                                           len(off[family])))
+    if off[nearest]:
+        allowed = FAMILY_BLOCKS[nearest]
         raise ValueError(
-            f"{', '.join(off)} with model.position={config.position!r} is a block no transformers class computes: "
-            f"{target[0]} needs {needs} (model/block={target[1]})"
+            f"{', '.join(f'model.{key}={getattr(config, key)!r}' for key in off[nearest])} with "
+            f"model.position={config.position!r} is a block no transformers class computes: "
+            f"{FAMILY_NAMES[nearest]} needs {', '.join(f'{key}={_either(allowed[key])}' for key in off[nearest])} "
+            f"(model/block={nearest}); the blocks that export are {', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}"
         )
-    return family
+    return nearest
 
 
-def _settings_off(config: GPTConfig, allowed: dict[str, tuple]) -> list[str]:
-    """'model.key=value' for each setting of config outside its allowed values."""
-    return [f"model.{key}={getattr(config, key)!r}" for key, values in allowed.items()
-            if getattr(config, key) not in values]
-
-
-def _needs(allowed: dict[str, tuple]) -> str:
-    return ", ".join(f"{key}={' or '.join(map(repr, values))}" for key, values in allowed.items())
+def _either(values: tuple) -> str:
+    return " or ".join(map(repr, values))
 
 
 def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
@@ -135,7 +133,14 @@ def tied(hf_config: dict, same_function: dict) -> bool:
 def config_from_llama(hf_config: dict) -> GPTConfig:
     """The GPTConfig of a Llama config.json (model_type "llama"); ValueError for one
     gptlab's block cannot reproduce, naming the settings."""
-    problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
+    theta = rotary_base(hf_config, unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION))
+    return GPTConfig(**rotary_shape(hf_config, theta), tie_embeddings=tied(hf_config, SAME_FUNCTION), **LLAMA_BLOCK)
+
+
+def rotary_base(hf_config: dict, problems: list[str]) -> float:
+    """For Llama's and NanoChat's config.json (their sizes checked by `unsupported`, its lines in
+    problems): the rotary base. ValueError naming every setting gptlab cannot reproduce: those in
+    problems, rotary scaling, a base that is no positive number, a head_dim of its own."""
     rope = _rope(hf_config)
     if rope["rope_type"] != "default":
         problems.append(f"rotary scaling rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")
@@ -150,18 +155,16 @@ def config_from_llama(hf_config: dict) -> GPTConfig:
         problems.append(f"head_dim={head_dim!r} (supported: hidden_size / num_attention_heads = {n_embd // n_head})")
     if problems:
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
-    return GPTConfig(
-        vocab_size=hf_config["vocab_size"],
-        block_size=hf_config["max_position_embeddings"],
-        n_layer=hf_config["num_hidden_layers"],
-        n_head=n_head,
-        n_kv_head=hf_config.get("num_key_value_heads") or n_head,
-        n_embd=n_embd,
-        dropout=0.0,
-        rope_base=float(theta),
-        tie_embeddings=tied(hf_config, SAME_FUNCTION),
-        **LLAMA_BLOCK,
-    )
+    return float(theta)
+
+
+def rotary_shape(hf_config: dict, theta: float) -> dict:
+    """GPTConfig's shape settings from a Llama or NanoChat config.json that rotary_base checked."""
+    n_head = hf_config["num_attention_heads"]
+    return dict(vocab_size=hf_config["vocab_size"], block_size=hf_config["max_position_embeddings"],
+                n_layer=hf_config["num_hidden_layers"], n_head=n_head,
+                n_kv_head=hf_config.get("num_key_value_heads") or n_head, n_embd=hf_config["hidden_size"],
+                dropout=0.0, rope_base=theta)
 
 
 def _rope(hf_config: dict) -> dict:
@@ -185,7 +188,7 @@ def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
         named |= {theirs + llama: state[ours + name] for name, llama in LAYER_NAMES.items()}
-        named |= dict(zip((theirs + name for name in QKV), _split_qkv(state[ours + FUSED], config)))
+        named |= dict(zip((theirs + name for name in QKV), split_qkv(state[ours + FUSED], config)))
     return named
 
 
@@ -211,7 +214,8 @@ def check_tied_head(config: GPTConfig, hf_state: dict[str, Tensor], embedding: s
         raise ValueError(f"{TIED_HEAD} differs from {embedding}, but config.json ties them (tie_word_embeddings)")
 
 
-def _split_qkv(fused: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
+def split_qkv(fused: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
+    """c_attn's rows [q | k | v] as three matrices."""
     kv_dim = config.kv_heads * config.head_dim
     return tuple(part.contiguous() for part in fused.split((config.n_embd, kv_dim, kv_dim)))
 

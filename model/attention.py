@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import NORM_EPS, GPTConfig
+from .config import GPTConfig
 from .kv_cache import KVCache
 from .rotary import apply_rotary, rotary_angles
 
@@ -55,6 +55,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.rope_base = config.rope_base if config.position == "rope" else None  # None: no rotary
         self.qk_norm = config.qk_norm
+        self.norm_eps = config.norm_eps
         # One fused projection, laid out [q | k | v]: q is n_head heads wide, k and v
         # are n_kv_head heads wide each, so MQA/GQA really have fewer parameters.
         # With n_kv_head == n_head this is exactly GPT-2's c_attn.
@@ -99,7 +100,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.qk_norm:
-            q, k = F.rms_norm(q, (self.head_dim,), eps=NORM_EPS), F.rms_norm(k, (self.head_dim,), eps=NORM_EPS)
+            q, k = (F.rms_norm(t, (self.head_dim,), eps=self.norm_eps) for t in (q, k))
         if self.rope_base is not None:
             cos, sin = rope or rotary_angles(torch.arange(T, device=x.device), self.head_dim, self.rope_base)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

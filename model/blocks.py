@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import NORM_EPS, GPTConfig
+from .config import GPTConfig
 
 
 class MLP(nn.Module):
@@ -50,7 +50,9 @@ def make_mlp(config: GPTConfig) -> nn.Module:
 
 
 def make_norm(config: GPTConfig) -> nn.Module:
-    """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only)."""
+    """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only); with
+    norm_weight false, either without parameters (nanochat's weightless RMSNorm)."""
+    gain = config.norm_weight
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=NORM_EPS)
-    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps, elementwise_affine=gain)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, elementwise_affine=gain, bias=config.bias)

@@ -1,8 +1,8 @@
 """GPTConfig: the shape of a model, validated the moment it is built; and the block presets.
 
 BLOCKS defines each block preset's settings, by name: GPT-2's (what its transformers
-classes compute), Llama's (what LlamaForCausalLM does) and the modern recipe's (GPT-2's
-with rotary positions, ReLU² and QK-norm). Every preset sets each of BLOCK_SETTINGS (and bias
+classes compute), Llama's (what LlamaForCausalLM does), the modern recipe's (GPT-2's
+with rotary positions, ReLU² and QK-norm) and nanochat's (what NanoChatForCausalLM does). Every preset sets each of BLOCK_SETTINGS (and bias
 where its family fixes it), so a block means the same whatever else chose settings before it.
 hf/llama.py decides from them which family a model exports as, and the ablation report names
 a run's block by them. The command line's `model/block=llama` is a Hydra config group, which
@@ -26,15 +26,21 @@ ATTENTION_IMPLS = ("sdpa", "manual")
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
-NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps
+NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps: norm_eps's default
 # The block presets (see the module's docstring); GPT-2's and the modern one leave bias to the size preset.
-BLOCK_SETTINGS = ("position", "norm", "mlp", "qk_norm")  # what every block preset sets
-GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "qk_norm": False}
-LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": False, "bias": False}
+BLOCK_SETTINGS = ("position", "norm", "norm_weight", "embed_norm", "mlp", "qk_norm")  # what every block preset sets
+PLAIN_NORMS = {"norm_weight": True, "embed_norm": False}  # norms with gains, none after the embedding
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", **PLAIN_NORMS, "mlp": "gelu", "qk_norm": False}
+LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", **PLAIN_NORMS, "mlp": "swiglu", "qk_norm": False, "bias": False}
+# nanochat's (transformers' NanoChatForCausalLM): every norm a weightless RMSNorm, one more after
+# the embedding, per-head QK-norm, relu2, no biases. The head's tying and soft-cap are left open.
+NANOCHAT_BLOCK = {"position": "rope", "norm": "rmsnorm", "norm_weight": False, "embed_norm": True, "mlp": "relu2",
+                  "qk_norm": True, "bias": False}
 BLOCKS = {  # by preset name: model/block=<name>
     "gpt2": GPT2_BLOCK,
     "llama": LLAMA_BLOCK,
-    "modern": {"position": "rope", "norm": "layernorm", "mlp": "relu2", "qk_norm": True},  # recipe=modern's
+    "modern": {"position": "rope", "norm": "layernorm", **PLAIN_NORMS, "mlp": "relu2", "qk_norm": True},  # recipe=modern's
+    "nanochat": NANOCHAT_BLOCK,
 }
 
 
@@ -68,12 +74,21 @@ class GPTConfig:
     """Base of rotary's frequencies (Llama's rope_theta); read only when position is rope."""
     norm: str = setting("layernorm", one_of(*NORMS))
     """layernorm: GPT-2's LayerNorm; rmsnorm: RMSNorm with a weight only, as in Llama."""
+    norm_weight: bool = True
+    """The norms learn a gain (and LayerNorm a bias, with bias); false: weightless norms, as in nanochat,
+    the matrix after each norm learning the scale a gain would."""
+    norm_eps: float = setting(NORM_EPS, above(0))
+    """The epsilon every norm adds to the mean square (or variance): the blocks', the final one,
+    embed_norm's and qk_norm's; 1e-5 is GPT-2's and Llama's."""
+    embed_norm: bool = False
+    """A norm (model.norm, as norm_weight says) of the embeddings before the first block, as in nanochat."""
     mlp: str = setting("gelu", one_of(*MLPS))
     """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide;
     relu2: GPT-2's two matrices with relu(x)**2 in place of GELU, as in modded-nanogpt."""
     qk_norm: bool = False
     """RMSNorm of each head's queries and keys, before rotary, as in modded-nanogpt: without a weight, since
-    a gain on q and k only rescales the attention logits, which W_q and W_k can do themselves."""
+    a gain on q and k only rescales the attention logits, which W_q and W_k can do themselves (nanochat
+    norms after rotary: the same, as a rotation keeps the norm)."""
     zero_init_proj: bool = False
     """Start the projections into the residual stream (attn.c_proj, mlp.c_proj) at zero, as in modded-nanogpt:
     each block begins as the identity; every other weight draws as without it."""

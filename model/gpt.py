@@ -40,6 +40,7 @@ class GPT(nn.Module):
         init_seed = draw_seed()
         # Rotary positions (applied in attention) need no position table.
         table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
+        table |= {"ln_e": make_norm(config)} if config.embed_norm else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -50,6 +51,9 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Holds no value: it follows the model's .to() and tells its activation dtype and device,
+        # which weightless norms (norm_weight false) cannot. Not saved (persistent=False).
+        self.register_buffer("anchor", torch.empty(0), persistent=False)
         if config.tie_embeddings:  # the output projection reuses the token embedding matrix
             self.transformer.wte.weight = self.lm_head.weight
         init_weights(self, init_seed)
@@ -63,15 +67,15 @@ class GPT(nn.Module):
 
     @property
     def activation_dtype(self) -> torch.dtype:
-        """The dtype of the activations (residual stream, logits, KV cache): the norms',
-        which every weight format keeps (weight_formats.py stores only the Linear weights,
-        and a tied token table, in bf16 or int8)."""
-        return self.transformer.ln_f.weight.dtype
+        """The dtype of the activations (residual stream, logits, KV cache): the anchor's, which
+        every weight format keeps (weight_formats.py stores only the Linear weights, and a tied
+        token table, in bf16 or int8)."""
+        return self.anchor.dtype
 
     @property
     def device(self) -> torch.device:
-        """Where the model computes: its norms' device, which every weight shares."""
-        return self.transformer.ln_f.weight.device
+        """Where the model computes: its anchor's device, which every weight shares."""
+        return self.anchor.device
 
     def forward(
         self,
@@ -129,6 +133,8 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx).to(self.activation_dtype)
         if self.config.position == "learned":
             x = x + self.transformer.wpe(pos)
+        if self.config.embed_norm:
+            x = self.transformer.ln_e(x)
         return self.transformer.drop(x)
 
     def _rope(self, pos: Tensor) -> Rope | None:

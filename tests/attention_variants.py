@@ -1,5 +1,5 @@
 """What the attention tests run over: both code paths, query/key-value head counts and
-the two blocks (as model overrides).
+the blocks (as model overrides).
 
 Four query heads cover MHA, GQA and MQA, but GQA there is 2 groups of 2, where the
 group and head axes of a (B, n_head, ...) tensor are interchangeable: a reshape with
@@ -26,4 +26,5 @@ def heads(n_head: int, n_kv_head: int) -> dict[str, int]:
 
 
 LLAMA = yaml.safe_load((CONF_DIR / "model" / "block" / "llama.yaml").read_text())  # what model/block=llama sets
-BLOCKS = [pytest.param({}, id="gpt2"), pytest.param(LLAMA, id="llama")]  # model overrides
+NANOCHAT = yaml.safe_load((CONF_DIR / "model" / "block" / "nanochat.yaml").read_text())
+BLOCKS = [pytest.param({}, id="gpt2"), pytest.param(LLAMA, id="llama"), pytest.param(NANOCHAT, id="nanochat")]

@@ -1,6 +1,6 @@
 """The modern (modded-nanogpt) model settings: qk_norm, mlp=relu2, zero_init_proj,
 tie_embeddings=false and logit_softcap, each against a formula written out here, in
-GPT-2's block and in Llama's; and the defaults still build GPT-2's model."""
+GPT-2's block, Llama's and nanochat's; and the defaults still build GPT-2's model."""
 
 import copy
 
@@ -31,13 +31,13 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("block", BLOCKS)
 def test_qk_norm_attention_equals_rms_normed_heads_then_attention(make_model, block):
-    attn = make_model(n_kv_head=2, qk_norm=True, **block).transformer.h[0].attn  # 4 query heads, 2 kv heads of 8
+    attn = make_model(n_kv_head=2, **{**block, "qk_norm": True}).transformer.h[0].attn  # 4 query heads, 2 kv heads of 8
     x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(1))
     qkv = x @ attn.c_attn.weight.T + (attn.c_attn.bias if attn.c_attn.bias is not None else 0)
     q = qkv[..., :32].view(2, 6, 4, 8).transpose(1, 2)
     k, v = (qkv[..., start : start + 16].view(2, 6, 2, 8).transpose(1, 2) for start in (32, 48))
     q, k = rms(q), rms(k)
-    if block:  # Llama's block: rotary after the norm
+    if block:  # Llama's and nanochat's blocks: rotary after the norm
         cos, sin = rotary_angles(torch.arange(6), 8, attn.rope_base)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
@@ -122,6 +122,8 @@ def test_zero_init_proj_starts_every_block_as_the_identity_and_moves_no_other_we
         for layer in zeroed.transformer.h:
             assert torch.equal(layer(x), x)
         embedded = zeroed.transformer.wte(idx) + (zeroed.transformer.wpe(torch.arange(6)) if not block else 0)
+        if zeroed.config.embed_norm:  # nanochat's block
+            embedded = zeroed.transformer.ln_e(embedded)
         embedding_path = zeroed.lm_head(zeroed.transformer.ln_f(embedded))  # no block adds anything
         torch.testing.assert_close(zeroed(idx)[0], embedding_path, rtol=0, atol=0)
     for name, tensor in zeroed.state_dict().items():

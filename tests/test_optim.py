@@ -67,7 +67,7 @@ def names_in(optimizer, model) -> set[str]:
 @pytest.mark.parametrize("block", BLOCKS)
 def test_muon_takes_the_blocks_linear_weights_and_adamw_the_rest(make_model, block):
     model = make_model(**block)
-    kind = "llama" if block else "gpt2"
+    kind = "llama" if block.get("mlp") == "swiglu" else "gpt2"  # nanochat's block: GPT-2's two MLP matrices
     hidden = {f"transformer.h.{i}.{layer}.weight" for i in range(model.config.n_layer) for layer in HIDDEN[kind]}
     for untied in (False, True):
         if untied:  # an untied head is 2-D like the hidden matrices, and still AdamW's

@@ -15,7 +15,9 @@ import torch
 from huggingface_hub.errors import EntryNotFoundError
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers.models import WordLevel
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM, NanoChatConfig, NanoChatForCausalLM,
+)
 
 import sample
 import run.load
@@ -33,6 +35,9 @@ GPT2_TINY = dict(vocab_size=GPT2_VOCAB_SIZE, n_positions=64, n_embd=32, n_layer=
 LLAMA_TINY = dict(vocab_size=GPT2_VOCAB_SIZE, max_position_embeddings=64, hidden_size=32, intermediate_size=88,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                   tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+# NanoChatConfig's own defaults otherwise: rms_norm_eps 1e-6, a soft-cap of 15, an untied head.
+NANOCHAT_TINY = dict(vocab_size=GPT2_VOCAB_SIZE, max_position_embeddings=64, hidden_size=32, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
 @pytest.fixture(autouse=True)
@@ -57,10 +62,12 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Module]]:
     saved = {
         "gpt2": randomized(GPT2LMHeadModel(GPT2Config(**GPT2_TINY, **special)), seed=1),
         "llama": randomized(LlamaForCausalLM(LlamaConfig(**LLAMA_TINY, **special)), seed=2),
+        "nanochat": randomized(NanoChatForCausalLM(NanoChatConfig(**NANOCHAT_TINY, **special)), seed=3),
     }
     for family, model in saved.items():
         model.save_pretrained(root / family)
-    save_gpt2_tokenizer(root / "openai", root / "llama")  # a Llama-layout directory must hold its tokenizer
+    save_gpt2_tokenizer(root / "openai", root / "llama")  # a Llama or NanoChat directory must hold its tokenizer
+    shutil.copyfile(root / "llama" / "tokenizer.json", root / "nanochat" / "tokenizer.json")
     return {family: (root / family, model) for family, model in saved.items()}
 
 
@@ -81,7 +88,8 @@ def transformers_greedy(model: torch.nn.Module, prompt: str, max_new_tokens: int
     return tokenizer.decode(token for token in out[0, ids.shape[1]:].tolist() if token != EOT)
 
 
-@pytest.mark.parametrize("family, greedy", [("gpt2", "temperature=0"), ("llama", "top_k=1")])
+@pytest.mark.parametrize("family, greedy", [("gpt2", "temperature=0"), ("llama", "top_k=1"),
+                                            ("nanochat", "temperature=0")])
 def test_greedy_sample_is_transformers_greedy_generate(models, family, greedy):
     directory, model = models[family]
     result, printed = run_hf(directory, PROMPT, greedy, "max_new_tokens=16")
@@ -147,7 +155,7 @@ def other_tokenizer(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("tokenizer, message", [
-    (lambda directory: None, "has no tokenizer.json: a Llama-layout model's tokenizer is read from there"),
+    (lambda directory: None, "has no tokenizer.json, where a 'llama' model's tokenizer is read from"),
     (other_tokenizer, "tokenizer.json is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe trains"),
 ])
 def test_a_llama_tokenizer_gptlab_cannot_read_is_refused_before_the_weights(models, tmp_path, monkeypatch, tokenizer,

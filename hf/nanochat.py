@@ -1,0 +1,137 @@
+"""Weights in and out of transformers' NanoChatForCausalLM (model_type "nanochat"), as plain dicts.
+
+Our nanochat block (model/block=nanochat: rotary positions, weightless RMSNorm, one more right after
+the token embedding, weightless per-head QK-norm, a relu2 MLP of two matrices, no biases) computes
+what NanoChatForCausalLM computes, with a tied or untied head (tie_word_embeddings), any number of
+key/value heads and an optional logit soft-cap (final_logit_softcapping). Two conventions differ,
+and each converts exactly:
+
+- transformers' nanochat turns rotary's channel pairs the other way: its rotate_half gives
+  (x2, -x1) where ours (and Llama's) gives (-x2, x1), so it rotates by minus our angle. Negating the
+  second half S of every query and key head turns one into the other: its rotation of S q is
+  S times ours of q, and the dot products of queries with keys, both carrying S, are ours.
+- it norms q and k after rotary, we before: a rotation keeps each head's norm, so both give the same.
+
+No norm has a weight on either side, so no gain folds into a matrix. The names change, c_attn's
+rows [q | k | v] split into q_proj, k_proj and v_proj, and the MLP's c_fc and c_proj are fc1, fc2.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from model.config import NANOCHAT_BLOCK, GPTConfig
+from .llama import (
+    FUSED, NANOCHAT, QKV, SHAPE_KEYS, TIED_HEAD, check_tied_head, rotary_base, rotary_shape, split_qkv, tied,
+    unsupported,
+)
+
+ARCHITECTURE = "NanoChatForCausalLM"
+TRANSFORMERS_NEEDED = "5.0"  # the first release with NanoChatForCausalLM
+# NanoChat settings under which it computes our function: key -> (transformers' default, allowed values).
+SAME_FUNCTION = {
+    "hidden_act": ("relu2", ("relu2",)),
+    "attention_bias": (False, (False,)),
+    "tie_word_embeddings": (False, (True, False)),  # read into tie_embeddings
+}
+# NanoChatConfig's defaults for the other keys gptlab reads.
+DEFAULTS = {"intermediate_size": 8192, "rms_norm_eps": 1e-6, "final_logit_softcapping": 15.0}
+# Our names after "transformer.h.<i>." -> NanoChat's after "model.layers.<i>." (c_attn is split apart).
+LAYER_NAMES = {
+    "attn.c_proj.weight": "self_attn.o_proj.weight",
+    "mlp.c_fc.weight": "mlp.fc1.weight",
+    "mlp.c_proj.weight": "mlp.fc2.weight",
+}
+EMBEDDING = {"transformer.wte.weight": "model.embed_tokens.weight"}
+
+
+def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
+    """config.json of a NanoChatForCausalLM computing our nanochat-block `config`."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": NANOCHAT,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.block_size,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.mlp_hidden,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.kv_heads,
+        "hidden_act": "relu2",
+        "rms_norm_eps": config.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
+        "attention_bias": False,
+        "attention_dropout": config.dropout,
+        "final_logit_softcapping": config.logit_softcap,  # null: none (NanoChatConfig's default is 15)
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": eos_token_id,  # NanoChatConfig's default, 1, is a token of ours
+    }
+
+
+def config_from_nanochat(hf_config: dict) -> GPTConfig:
+    """The GPTConfig of a NanoChat config.json (model_type "nanochat"), its MLP at the default
+    width (hf/gpt2.py widens it); ValueError for one gptlab's block cannot reproduce, naming the settings."""
+    problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
+    eps = hf_config.get("rms_norm_eps", DEFAULTS["rms_norm_eps"])
+    if type(eps) not in (int, float) or not eps > 0:
+        problems.append(f"rms_norm_eps={eps!r} (supported: a positive number)")
+    cap = hf_config.get("final_logit_softcapping", DEFAULTS["final_logit_softcapping"])
+    if cap is not None and (type(cap) not in (int, float) or not cap > 0):
+        problems.append(f"final_logit_softcapping={cap!r} (supported: a positive number, or null)")
+    theta = rotary_base(hf_config, problems)
+    return GPTConfig(**rotary_shape(hf_config, theta), norm_eps=float(eps),
+                     logit_softcap=None if cap is None else float(cap),
+                     tie_embeddings=tied(hf_config, SAME_FUNCTION), **NANOCHAT_BLOCK)
+
+
+def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names."""
+    named = {theirs: state[ours] for ours, theirs in EMBEDDING.items()}
+    if not config.tie_embeddings:
+        named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
+    for layer in range(config.n_layer):
+        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
+        named |= {theirs + name: state[ours + name_ours] for name_ours, name in LAYER_NAMES.items()}
+        q, k, v = split_qkv(state[ours + FUSED], config)
+        named |= dict(zip((theirs + name for name in QKV), (flip_rotary(q, config), flip_rotary(k, config), v)))
+    return named
+
+
+def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """NanoChatForCausalLM's state dict under our names, c_attn fused again. A tied model's stored
+    lm_head must be the embedding itself. The names are checked before."""
+    check_tied_head(config, hf_state, EMBEDDING["transformer.wte.weight"])
+    named = {ours: hf_state[theirs] for ours, theirs in EMBEDDING.items()}
+    if not config.tie_embeddings:
+        named[TIED_HEAD] = hf_state[TIED_HEAD]
+    for layer in range(config.n_layer):
+        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
+        named |= {ours + name_ours: hf_state[theirs + name] for name_ours, name in LAYER_NAMES.items()}
+        q, k, v = (hf_state[theirs + name] for name in QKV)
+        named[ours + FUSED] = torch.cat([flip_rotary(q, config), flip_rotary(k, config), v])
+    return named
+
+
+def flip_rotary(rows: Tensor, config: GPTConfig) -> Tensor:
+    """A q or k projection's rows (heads * head_dim, n_embd) with the second half of every head
+    negated: between our rotary's turn and transformers' nanochat's, either way (see the docstring)."""
+    halves = rows.unflatten(0, (-1, 2, config.head_dim // 2))  # (heads, 2, head_dim / 2, n_embd)
+    return torch.cat([halves[:, :1], -halves[:, 1:]], dim=1).flatten(0, 2)
+
+
+def transformers_line(out_dir: str) -> str:
+    """What an export says about loading it: the transformers release NanoChatForCausalLM needs,
+    and whether the one installed here (if any) has it."""
+    try:
+        from transformers import NanoChatForCausalLM  # noqa: F401  (transformers >= 5.0)
+    except ImportError:
+        try:
+            import transformers
+        except ImportError:
+            return f"{out_dir}: transformers is not installed here; NanoChatForCausalLM needs transformers >= {TRANSFORMERS_NEEDED}"
+        return (f"{out_dir}: transformers {transformers.__version__} here has no NanoChatForCausalLM: "
+                f"load this directory with transformers >= {TRANSFORMERS_NEEDED}")
+    return f"{out_dir}: loads with transformers >= {TRANSFORMERS_NEEDED} (NanoChatForCausalLM)"
