@@ -2,6 +2,7 @@
 
     python bench/time_to_loss.py                                  # the stdlib corpus, 2 recipes x 3 seeds
     python bench/time_to_loss.py --leave-one-out --seeds 1,2      # and the modern recipe without each piece
+    python bench/time_to_loss.py --blocks --arms "modern,modern (nanochat block)" --budget-s 120   # its block against nanochat's
     python bench/time_to_loss.py --corpus shakespeare_char --budget-s 120
     python bench/time_to_loss.py --seeds 1 --budget-s 60 --overrides model=gpt2 device=cuda precision=bf16
     python bench/time_to_loss.py --from-json bench/results/time_to_loss_stdlib.json --plot docs/images/time_to_loss.png
@@ -21,7 +22,9 @@ every run the time and tokens to reach it are read off its evaluation curve (lin
 between evaluations; none if it never gets there). The table gives means with 95%
 Student's t intervals over seeds; with --leave-one-out, each piece's row is the modern
 recipe without it ("modern - rope"), or with a speedrun piece it leaves out ("modern + muon"),
-and its paired difference to the recipe says what the piece buys.
+and its paired difference to the recipe says what the piece buys; with --blocks, the recipe with
+another block in place of its own ("modern (nanochat block)"), the "modern" arm naming its block
+(model/block=modern) so that it stays the architecture first measured.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,6 +71,11 @@ CANDIDATES = {
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],
 }
+# The modern recipe's architecture as it was measured against GPT-2's, named whole, so the "modern"
+# arm stays comparable whichever block the recipe chooses.
+MODERN_PIN = ["model/block=modern"]
+# Blocks that could become the modern recipe's, each the overrides that choose it (--blocks).
+BLOCK_ARMS = {"nanochat": ["model/block=nanochat"]}
 CALIBRATION_STEPS = 30
 
 
@@ -81,13 +90,17 @@ class Run:
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (train seconds, tokens, val bpb)
 
 
-def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[str]]:
-    """Each arm's overrides: the two recipes, and the modern one without each piece."""
+def arms(corpus: str, leave_one_out: bool, vocab_size: int, blocks: bool = False) -> dict[str, list[str]]:
+    """Each arm's overrides: the two recipes, the modern one without each piece (leave_one_out), and
+    the modern one with each block of BLOCK_ARMS in place of its own (blocks)."""
     base, trains_bpe = CORPORA[corpus]
     gpt2_data = GPT2_TOKENIZER if trains_bpe else []
     modern_data = ["data.tokenizer=bpe", f"data.vocab_size={vocab_size}", f"data.name=stdlib_bpe{vocab_size}"] \
         if trains_bpe else []
-    table = {"gpt2": ["recipe=gpt2", *base, *gpt2_data], "modern": ["recipe=modern", *base, *modern_data]}
+    table = {"gpt2": ["recipe=gpt2", *base, *gpt2_data], "modern": ["recipe=modern", *MODERN_PIN, *base, *modern_data]}
+    if blocks:
+        for block, choose in BLOCK_ARMS.items():
+            table[f"modern ({block} block)"] = ["recipe=modern", *choose, *base, *modern_data]
     if leave_one_out:
         for piece, undo in PIECES.items():
             if piece != "bpe" or modern_data:
@@ -98,7 +111,7 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int) -> dict[str, list[st
 
 
 def chosen_arms(args: argparse.Namespace) -> dict[str, list[str]]:
-    table = arms(args.corpus, args.leave_one_out, args.vocab_size)
+    table = arms(args.corpus, args.leave_one_out, args.vocab_size, args.blocks)
     return {arm: [*overrides, *args.overrides] for arm, overrides in table.items() if not args.arms or arm in args.arms}
 
 
@@ -215,7 +228,7 @@ def _row(r: dict, gpt2_seconds: float) -> str:
 
 
 def _slug(arm: str, suffix: object) -> str:
-    return f"{arm.replace(' - ', '_minus_').replace(' + ', '_plus_')}_{suffix}"
+    return re.sub(r"[^\w-]+", "_", f"{arm.replace(' - ', '_minus_').replace(' + ', '_plus_')}_{suffix}")
 
 
 def _ci(e: dict, digits: int = 4) -> str:
@@ -258,6 +271,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--leave-one-out", action="store_true",
                         help="also the modern recipe without each piece, and with each piece it leaves out")
+    parser.add_argument("--blocks", action="store_true",
+                        help="also the modern recipe with each other block that could be its own (nanochat's)")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
     parser.add_argument("--arms", type=lambda s: s.split(","),
                         help="only these arms (without gpt2, no target: the table compares final losses)")

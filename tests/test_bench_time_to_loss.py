@@ -50,6 +50,16 @@ def test_leave_one_out_has_an_arm_per_piece_and_a_character_corpus_keeps_its_tok
     assert "modern - bpe" not in char and not any("tokenizer" in o for o in char["modern"])
 
 
+def test_the_modern_arm_names_its_block_and_a_block_arm_changes_only_the_block():
+    table = arms("stdlib", leave_one_out=False, vocab_size=4096, blocks=True)
+    assert set(table) == {"gpt2", "modern", "modern (nanochat block)"}
+    pinned, nanochat = (compose_config(*table[arm]) for arm in ("modern", "modern (nanochat block)"))
+    assert pinned.model == compose_config("recipe=modern", "model/block=modern").model
+    changed = changed_settings(nanochat, pinned)
+    assert changed == {"model.norm": "rmsnorm", "model.norm_weight": False, "model.embed_norm": True}  # mini: no biases
+    assert pinned.data == nanochat.data and pinned.optim == nanochat.optim
+
+
 def records(windows, evals):
     """metrics.jsonl: train windows (tokens so far, tok/s) and evaluations (tokens, val bpb) in order."""
     out = [{"kind": "eval", "step": 0, "tokens": 0, "val_bpb": 4.0}]

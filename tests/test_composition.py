@@ -59,7 +59,8 @@ def test_a_recipe_chooses_a_block_and_sets_nothing_of_a_blocks(recipe):
 def test_the_default_recipe_is_modern_with_its_block():
     assert asdict(composed_model()) == expected_model("modern", "modern")
     assert {key: getattr(composed_model(), key) for key in BLOCKS["modern"]} == dict(
-        position="rope", norm="layernorm", mlp="relu2", qk_norm=True)  # today's modern architecture
+        position="rope", norm="layernorm", norm_weight=True, embed_norm=False, mlp="relu2",
+        qk_norm=True)  # today's modern architecture
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
