@@ -10,9 +10,9 @@
 How it is measured. Every arm is `python train.py recipe=<recipe> <overrides>` run as a
 child process on the same corpus, one after another, seeds outermost and arms interleaved
 within a seed, so a change in the machine's load hits every arm alike. First each arm
-trains a few calibration steps; its seconds per step set its max_iters so that every arm
-gets the same training wall-clock budget, and each decays its own schedule to its own
-end (as a speedrun does). A run's training seconds are read from its metrics.jsonl: each
+trains a few calibration steps, twice, in turn with the others; its faster seconds per step
+set its max_iters so that every arm gets the same training wall-clock budget, and each
+decays its own schedule to its own end (as a speedrun does). A run's training seconds are read from its metrics.jsonl: each
 train record's window of steps took tokens / tok_per_s seconds, so evaluation, saving
 and start-up are not counted. Losses are compared in bits per byte of validation text,
 the one unit that stays fair across tokenizers.
@@ -77,6 +77,7 @@ MODERN_PIN = ["model/block=modern"]
 # Blocks that could become the modern recipe's, each the overrides that choose it (--blocks).
 BLOCK_ARMS = {"nanochat": ["model/block=nanochat"]}
 CALIBRATION_STEPS = 30
+CALIBRATION_ROUNDS = 2
 
 
 @dataclass
@@ -170,10 +171,15 @@ def reach(run: Run, target: float) -> tuple[float, float] | None:
 
 def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
     table = chosen_arms(args)
+    # Arms calibrate in turn, CALIBRATION_ROUNDS times, each keeping its fastest: a burst of
+    # another job's load during one calibration no longer hands that arm fewer steps.
+    per_step: dict[str, list[float]] = {arm: [] for arm in table}
+    for round_ in range(CALIBRATION_ROUNDS):
+        for arm, overrides in table.items():
+            per_step[arm].append(seconds_per_step(overrides, scratch / _slug(arm, f"calibration{round_}")))
     steps = {}
-    for arm, overrides in table.items():
-        per_step = seconds_per_step(overrides, scratch / _slug(arm, "calibration"))
-        steps[arm] = max(CALIBRATION_STEPS, round(args.budget_s / per_step))
+    for arm in table:
+        steps[arm] = max(CALIBRATION_STEPS, round(args.budget_s / min(per_step[arm])))
         print(f"calibrated {arm}: {steps[arm]} steps in {args.budget_s:.0f} s", flush=True)
     runs = []
     for seed in args.seeds:
