@@ -139,7 +139,7 @@ def run_training(run: StartedRun, accum: int) -> Path:
         evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
             run.run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
-            wandb_settings=asdict(config.logging.wandb), config=run.spec.settings, enabled=ranks.is_main,
+            wandb_settings=asdict(config.logging.wandb), config=run.settings, enabled=ranks.is_main,
         ),
         checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
         checkpoint_files=tokenizer.files(),

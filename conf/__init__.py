@@ -189,7 +189,7 @@ class Config:
     resume: Optional[str] = None
     """true or latest (the newest run), a run directory or a checkpoint."""
     init_from: str = setting("scratch", one_of("scratch", "checkpoint", "hf"))
-    """Where a new run's weights come from: scratch (random), checkpoint or hf (Hugging Face)."""
+    """Where a new run's weights come from: scratch (random), checkpoint or hf (Hugging Face); from weights, the model (its block too) is theirs."""
     model_path: Optional[str] = None
     """init_from=checkpoint: a run or checkpoint; init_from=hf: a directory or a Hub name."""
     keep_last: int = setting(3, at_least(1))

@@ -87,6 +87,22 @@ def config_groups(config_name: str) -> set[str]:
             if not group.startswith("override ")}
 
 
+def named_settings(overrides: list[str], section: str) -> dict[str, str]:
+    """The settings of `section` (e.g. model) that the command-line `overrides` name, each
+    with the override that names it: `model.qk_norm=true` names qk_norm, and a preset of a
+    group under the section (`model/block=llama`) every setting its file sets. A setting
+    named both ways is the setting's override's, which wins in Hydra too."""
+    presets, values = {}, {}
+    for override in PARSER.parse_overrides(overrides):
+        key, value = override.key_or_group, override.value()
+        if key.startswith(f"{section}/") and isinstance(value, str):
+            chosen = OmegaConf.to_container(OmegaConf.load(CONF_DIR / key / f"{value}.yaml")) or {}
+            presets |= dict.fromkeys(chosen, override.input_line)
+        elif key.startswith(f"{section}."):
+            values[key.split(".")[1]] = override.input_line
+    return presets | values
+
+
 def override_values(override: Override) -> list[Any]:
     """The value an override sets, or each value of a sweep (`-m seed=1,2,3`)."""
     return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]

@@ -5,7 +5,9 @@ choose fewer key/value heads (model.n_kv_head), which mean-pools the K/V heads o
 each group (Ainslie et al., 2023: "uptraining" MHA into GQA/MQA), a shorter context
 (model.block_size below the weights' own crops the position table, as nanoGPT does;
 a longer one is refused: learned positions cannot be extended), and its own dropout
-and attention path.
+and attention path. Every other model setting is the weights': a value a recipe or a
+preset filled in is replaced by theirs, and one named on the command line
+(model.qk_norm=true, model/block=llama) that contradicts them is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ from dataclasses import replace
 from torch import Tensor
 
 from conf import Config
+from conf.cli import named_settings
 from data import Tokenizer
 from model import GPTConfig
 from hf.files import HFError, load_hf_pretrained, local_hf_dir
 from hf.gpt2 import crop_block_size, pool_kv_heads
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from run.run_dir import command_line_overrides
+
+# The model settings a run from existing weights chooses itself: fewer key/value heads (pooled),
+# a shorter context (cropped), dropout and the attention path; vocab_size is refused by Config.
+RUN_CHOICES = ("n_kv_head", "block_size", "dropout", "attn_impl", "vocab_size")
 
 
 def check_model_path(config: Config) -> None:
@@ -56,6 +64,7 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
         with reading_hf():
             source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
+        refuse_contradictions(config.model, source, f"the weights of {config.model_path}")
     else:
         checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root, setting="model_path"))
         if checkpoint.config.get("tokenizer") != tokenizer.describe():
@@ -64,6 +73,7 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
                 f"({checkpoint.config.get('tokenizer', {}).get('name')}); use the same data settings"
             )
         source, state = checkpoint.model_config, checkpoint.model_state
+        refuse_contradictions(config.model, source, f"the checkpoint {checkpoint.path}")
         if requested_kv_heads is not None and requested_kv_heads != source.kv_heads:
             try:
                 source, state = pool_kv_heads(state, source, requested_kv_heads)
@@ -73,6 +83,22 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the weights only {source.vocab_size}")
     source, state = _at_context(source, state, config.model.block_size, config.model_path)
     return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl), state
+
+
+def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> None:
+    """Refuse, in one line naming each setting and both values, the model settings this command
+    line names (model.<setting>=, or a model/ preset such as model/block=llama) that the weights'
+    own model contradicts; RUN_CHOICES are the run's to choose."""
+    by_override: dict[str, list[str]] = {}
+    for key, override in named_settings(command_line_overrides(), "model").items():
+        if key not in RUN_CHOICES and getattr(asked, key) != getattr(weights, key):
+            by_override.setdefault(override, []).append(
+                f"model.{key}={getattr(asked, key)!r} (there {getattr(weights, key)!r})")
+    if by_override:
+        clashes = "; ".join(f"{override} contradicts {source}: {', '.join(settings)}"
+                            for override, settings in by_override.items())
+        raise ValueError(f"{clashes}; a run from existing weights has their model: leave "
+                         f"{'this' if len(by_override) == 1 else 'these'} unset, or start from scratch")
 
 
 def _at_context(

@@ -148,7 +148,9 @@ def save_run_config(run_dir: Path, settings: dict) -> None:
     """The run's settings, resolved (no interpolation left to re-resolve), as config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # groups.yaml first: a config.yaml without one is not a run's (see _take_over), even if a kill lands between.
-    OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
+    # A resume's is the run's own (a resume keeps its groups): its command's choices are only defaults.
+    if not (run_dir / RUN_GROUPS).exists():
+        OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
     as_run = {**settings, "resume": None}  # what it trains to, wherever it was resumed from
     write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml(as_run))  # replaced whole: a resume rewrites it
 
@@ -197,7 +199,7 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
     groups = run_dir / RUN_GROUPS
     saved_groups = read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {}
     values = []
-    for override in _command_line_overrides():
+    for override in command_line_overrides():
         key, _, value = override.lstrip("+").partition("=")
         if key == "resume":
             continue
@@ -211,6 +213,8 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
             continue
         values.append(f"{key}={value}")
     saved = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
+    if isinstance(saved.get("model"), dict):  # the model it built: its vocab_size is the tokenizer's, set again
+        saved["model"].pop("vocab_size", None)
     try:
         with one_line_errors():  # omegaconf's validation errors: a value of the wrong type, an unknown key
             return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
@@ -246,5 +250,7 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _command_line_overrides() -> list[str]:
+def command_line_overrides() -> list[str]:
+    """This command's overrides as typed (`model.qk_norm=true`); none when the config was
+    composed from Python rather than by a command."""
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []

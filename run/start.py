@@ -5,7 +5,7 @@
         ... prepare the data ...
         model, origin = build_model(...)      fresh, from init_from's weights, or a checkpoint's shape
         ... build the optimizer ...
-        step, best, note = run.restore(...)   a resume's training state; then config.yaml
+        step, best, note = run.restore(...)   a resume's training state; then config.yaml, with the model built
 
 The data is prepared inside start_run: a new run claims its directory before a long
 prepare, and a rank lost during it says what the run leaves behind.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from model import GPT
 from run.checkpoint import Checkpoint, load_weights
 from run.checkpoints import Checkpoints
 from run.distributed import Ranks, main_decides, peers_watched
-from run.init_from import initial_model
+from run.init_from import initial_model, refuse_contradictions
 from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, run_lock, save_run_config
 from system import Interrupted
 
@@ -66,19 +66,23 @@ class StartedRun:
     takeover: str  # a line when a new run took over a directory whose run stopped before its first checkpoint
     ranks: Ranks
     device: torch.device
+    settings: dict = field(default_factory=dict)  # what config.yaml and wandb record: restore sets the model built
 
     def restore(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                 config: Config) -> tuple[int, float, str]:
         """The step, best val loss and a line to print: a resume's, once its checkpoint's weights,
         optimizer and scaler state and random streams are restored (nothing may draw from those
         between this and the first step); a new run's (0, inf, ''). Then rank 0 records the run's
-        config: a resume records its own overrides (max_iters=...) for the next one and for report.py."""
+        config: a resume records its own overrides (max_iters=...) for the next one and for report.py,
+        and every run the model it built (from init_from's weights, a resume's checkpoint or the
+        config), so that config.yaml's model section rebuilds exactly the model its checkpoints hold."""
         step, best_val_loss, resumed = 0, math.inf, ""
         if self.spec.resume_from:
             step, best_val_loss, resumed = self.checkpoints.restore(self.spec.resume_from, model, optimizer, scaler,
                                                                     config, self.ranks, self.device)
+        self.settings = {**self.spec.settings, "model": asdict(model.config)}
         if self.ranks.is_main:
-            save_run_config(self.run_dir, self.spec.settings)
+            save_run_config(self.run_dir, self.settings)
         return step, best_val_loss, resumed
 
 
@@ -108,6 +112,7 @@ def build_model(config: Config, resume_from: Checkpoint | None, tokenizer: Token
     one, and for a resume's, whose weights restore loads)."""
     if resume_from and config.init_from != "scratch":
         model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
+        refuse_contradictions(config.model, model_config, f"the checkpoint {resume_from.path}")
     else:
         model_config, initial_state = initial_model(config, tokenizer)
     model = GPT(model_config).to(device)
