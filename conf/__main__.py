@@ -18,6 +18,7 @@ from conf import CONF_DIR, Config
 from conf.cli import describe, setting_type
 from conf.downstream_config import DownstreamConfig
 from conf.sample_config import SampleConfig
+from model.config import BLOCK_SETTINGS
 from rules import rule_of
 
 REFERENCE = CONF_DIR.parent / "docs" / "configuration.md"
@@ -38,11 +39,12 @@ where it says.
 """
 
 
-RECIPES_INTRO = """\
+RECIPES_INTRO = f"""\
 A recipe (`recipe=<name>`; `modern` unless you choose another) chooses a block and sets only what is
 not the block's. A block named on the command line (`model/block=llama`) replaces the recipe's whole,
 and a setting named there (`model.qk_norm=true`) wins over both. Every block preset sets
-`position`, `norm`, `mlp` and `qk_norm`, so `model/block=llama` is Llama's block under any recipe.
+{", ".join(f"`{key}`" for key in BLOCK_SETTINGS)}, so `model/block=llama` is Llama's block under any recipe.
+A run from existing weights (`init_from`, `resume`) has their model, block included.
 """
 
 
