@@ -74,7 +74,7 @@ class DataConfig:
     keep_hf_cache: bool = False
     """Keep the default hf_cache (a Hub download) after preparing."""
     verify: str = setting("sha256", one_of(*VERIFY_MODES))
-    """How prepare checks shards it would reuse: their sha256 digests, or only their size (corpora too large to hash)."""
+    """How prepare checks shards it would reuse: their sha256 digests and the local source files', or only sizes (corpora too large to hash)."""
 
     def __post_init__(self) -> None:
         check_rules(self, "data.", self._conflicts)

@@ -15,7 +15,8 @@ in meta.json). Other token settings than the directory holds are refused by name
 (data/cache.py): prepared data is never silently rebuilt. A source whose files changed,
 or shards of an older format, are rebuilt with a warning. Before reuse, each shard's size
 is checked against meta.json and, unless data.verify=size, its content against the sha256
-that meta.json recorded; a shard that fails is rebuilt, with a warning. (verify=size is for
+that meta.json recorded, as are the local source files' contents (an edit that kept their
+sizes and times); a shard or source that fails is rebuilt, with a warning. (verify=size is for
 corpora too large to hash at every start: a shard damaged in place, at the same size, then
 goes unnoticed.) meta.json is written last, so an interrupted run never leaves shards that
 look complete.
@@ -53,7 +54,7 @@ from data.meta import (
 )
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
-from data.sources import Corpus, open_corpus
+from data.sources import Corpus, local_source_files, open_corpus
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
 from system import on_signals, write_atomic
 
@@ -83,7 +84,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
     with _only_preparer(data_dir):
         _refuse_directories_in_the_way(data_dir)
         refuse_other_settings(cfg, data_dir)
-        meta = _reusable_meta(data_dir, fingerprint, cfg.verify)
+        meta = _reusable_meta(cfg, data_dir, fingerprint)
         if meta is not None:
             log.info("reusing the shards in %s (same settings and source)", data_dir)
             return PreparedData(data_dir, meta, reused=True)
@@ -100,7 +101,7 @@ def _refuse_directories_in_the_way(data_dir: Path) -> None:
                             "away (or delete it), or set another data.data_dir")
 
 
-def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[dict]:
+def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> Optional[dict]:
     try:
         meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
         if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
@@ -111,9 +112,14 @@ def _reusable_meta(data_dir: Path, fingerprint: str, verify: str) -> Optional[di
         load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
         for split in SPLITS:
             path = check_shard(data_dir, meta, split)
-            if verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
+            if cfg.verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
                 log.warning("%s does not match the sha256 meta.json recorded: rebuilding", path)
                 return None
+        recorded = meta.get("source_sha256")  # absent from data prepared before it was recorded
+        if cfg.verify == "sha256" and recorded and recorded != source_digests(cfg):
+            log.warning("%s was prepared from source files whose content changed since, their sizes and "
+                        "modification times kept (a copy with cp -p, rsync -t): rebuilding", data_dir)
+            return None
     except DataError as err:  # nothing usable there: build afresh
         if (data_dir / META_FILE).exists():
             log.warning("%s; rebuilding", err)
@@ -220,6 +226,7 @@ def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dic
         "dtype": progress["dtype"],
         "tokens": tokens,
         "sha256": sha256,
+        "source_sha256": source_digests(cfg),
         "documents": counters["documents"],
         "blocks": progress["blocks"],
         "replaced_bytes": counters["replaced_bytes"],
@@ -228,6 +235,12 @@ def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dic
     write_json_atomic(data_dir / META_FILE, meta)
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return meta
+
+
+def source_digests(cfg: DataConfig) -> dict[str, str]:
+    """{path: sha256} of the source's local files, which data.verify=sha256 checks before reuse
+    (the fingerprint sees their sizes and modification times only)."""
+    return {str(path.resolve()): file_sha256(path) for path in local_source_files(cfg)}
 
 
 def _new_counters() -> dict:

@@ -54,10 +54,20 @@ def source_signature(cfg: DataConfig) -> dict:
     """What identifies the source's content, cheaply (file stats, not file contents)."""
     if cfg.source == "stdlib":
         return {"python": sysconfig.get_python_version(), "files": _file_stats(stdlib_files())}
+    files = local_source_files(cfg)
+    if cfg.source == "files" and not cfg.path:
+        return {"url": cfg.url}
+    return {"files": _file_stats(files)} if files else {}
+
+
+def local_source_files(cfg: DataConfig) -> list[Path]:
+    """The source's files on this machine: the stdlib's, data.path's or a local dataset
+    directory's; none for a URL or a Hub dataset (its files are the Hub's)."""
+    if cfg.source == "stdlib":
+        return stdlib_files()
     if cfg.source == "files":
-        return {"files": _file_stats(resolve_files(cfg.path))} if cfg.path else {"url": cfg.url}
-    local_dir = Path(cfg.dataset).expanduser()
-    return {"files": _file_stats(resolve_files(cfg.dataset))} if local_dir.is_dir() else {}
+        return resolve_files(cfg.path) if cfg.path else []
+    return resolve_files(cfg.dataset) if Path(cfg.dataset).expanduser().is_dir() else []
 
 
 def _file_stats(files: list[Path]) -> list[tuple[str, int, int]]:

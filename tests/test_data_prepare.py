@@ -83,6 +83,26 @@ def test_a_changed_source_or_a_damaged_shard_rebuilds_with_a_warning(tmp_path, c
     assert second.shard("train").stat().st_size == second.meta["tokens"]["train"] * 2
 
 
+@pytest.mark.parametrize("verify", ["sha256", "size"])
+def test_a_source_edited_in_place_with_size_and_time_kept_is_rebuilt_under_verify_sha256(tmp_path, verify, caplog):
+    """cp -p / rsync -t of a same-size file: the fingerprint's sizes and times cannot see it; the
+    sources' sha256, which meta.json records, can (data.verify=size skips that read, and reuses)."""
+    write_documents(tmp_path / "docs", ["the first document\n", "a second one\n"] * 20)
+    cfg = config(tmp_path, tmp_path / "docs", tokenizer="char", verify=verify)
+    first = prepare(cfg)
+    edited = tmp_path / "docs" / "doc0.txt"
+    stat = edited.stat()
+    edited.write_text("THE FIRST DOCUMENT\n", encoding="utf-8")  # the same size
+    os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with caplog.at_level("WARNING"):
+        second = prepare(cfg)
+    assert second.reused == (verify == "size")
+    if verify == "sha256":
+        assert "whose content changed since, their sizes and modification times kept" in caplog.text
+        assert "THE FIRST DOCUMENT" in second.tokenizer().decode(token_stream(second).tolist())
+    assert sorted(first.meta["source_sha256"]) == sorted(str(p.resolve()) for p in (tmp_path / "docs").iterdir())
+
+
 @pytest.mark.parametrize("change, named", [
     (dict(tokenizer="gpt2"), 'data.tokenizer="gpt2" (it holds "char")'),
     (dict(val_fraction=0.3, split_seed=7), "data.split_seed=7 (it holds 1337), data.val_fraction=0.3 (it holds 0.1)"),
