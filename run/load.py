@@ -25,6 +25,11 @@ from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_ch
 from run.init_from import reading_hf
 
 
+# A transformers model may pad its embedding beyond its tokenizer for faster matmuls (GPT-2's
+# 50,257 ids to 50,304 in gptlab, to a multiple of 64-256 elsewhere); a larger gap is another vocabulary.
+HF_VOCAB_PADDING = 256
+
+
 def load_model(target: str | Path | Checkpoint | None, runs_root: str | Path | None, device: torch.device,
                dtype: torch.dtype, *, weights: str = "fp32", decode: str = "eager",
                hf: bool = False) -> tuple[GPT, Tokenizer, Checkpoint]:
@@ -48,6 +53,10 @@ def load_model(target: str | Path | Checkpoint | None, runs_root: str | Path | N
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
                               f"only {model.config.vocab_size}: the two do not belong together")
+    if hf and model.config.vocab_size - tokenizer.vocab_size >= HF_VOCAB_PADDING:
+        raise CheckpointError(f"{checkpoint.path}: its model has {model.config.vocab_size} ids but its tokenizer.json "
+                              f"only {tokenizer.vocab_size}: the model would generate ids the tokenizer cannot read, "
+                              "so the tokenizer is another model's; put this model's own tokenizer.json beside it")
     return model, tokenizer, checkpoint
 
 

@@ -23,6 +23,7 @@ import sample
 import run.load
 from conf.cli import prompt_from_words
 from data import Gpt2Tokenizer
+from data.bpe import train_bpe
 from data.tokenizer import GPT2_FILES_DIR, GPT2_VOCAB_SIZE
 from hf_reference import randomized
 from test_sample import REPO, settings
@@ -165,6 +166,17 @@ def test_a_llama_tokenizer_gptlab_cannot_read_is_refused_before_the_weights(mode
     tokenizer(directory)
     monkeypatch.setattr(run.load, "load_hf_pretrained", lambda *args: pytest.fail("the weights were read"))
     with pytest.raises(CheckpointError, match=message):
+        run_hf(directory)
+
+
+def test_a_tokenizer_with_far_fewer_ids_than_the_model_is_refused(models, tmp_path):
+    """A valid 300-id BPE beside a 50,257-id model would decode most generated ids as nothing."""
+    directory = tmp_path / "llama"
+    models["llama"][1].save_pretrained(directory)
+    tokenizer = train_bpe(["some text to learn from " * 50], 300)  # stops short of 300: few pairs to merge
+    (directory / "tokenizer.json").write_text(tokenizer.json)
+    with pytest.raises(CheckpointError, match=rf"its model has {GPT2_VOCAB_SIZE} ids but its tokenizer.json only "
+                                              rf"{tokenizer.vocab_size}: "):
         run_hf(directory)
 
 
