@@ -12,7 +12,7 @@ import contextlib
 import math
 import re
 from contextvars import ContextVar
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Iterator
 
 # The problems noted inside all_problems(): each field's rule's, then the cross-field checks'.
@@ -41,12 +41,15 @@ class Rule:
     choices: tuple = ()
     pattern: str = ""
     meaning: str = ""
+    words: tuple = ()  # texts allowed besides a whole number in the interval (batch_size's auto)
 
     def allows(self, value: Any) -> bool:
         if value is None:
             return True
         if isinstance(value, list):
             return all(self.allows(item) for item in value)
+        if self.words and (value in self.words or isinstance(value, bool) or not isinstance(value, int)):
+            return value in self.words
         if self.choices:
             return value in self.choices
         if self.pattern:
@@ -57,7 +60,13 @@ class Rule:
         below = value < self.high if self.ends[1] == ")" else value <= self.high
         return above and below
 
+    def or_words(self, *words: str) -> Rule:
+        """This interval's whole numbers, or one of `words` (a field typed Any holds either)."""
+        return replace(self, words=words)
+
     def __str__(self) -> str:
+        if self.words:
+            return f"{' or '.join(self.words)} or a whole number {str(replace(self, words=()))}"
         if self.choices:
             return f"one of {self.choices}"
         if self.pattern:

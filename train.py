@@ -7,18 +7,18 @@
     python train.py experiment=gpt2_fineweb          # GPT-2 small on a GPU: llm.c's recipe, cited
     torchrun --nproc_per_node=8 train.py experiment=gpt2_fineweb  # data parallel over 8 GPUs (or CPU processes)
 
-The story of one run, top to bottom through train() and run_training(): validate the config,
-join the process group (under torchrun), start the run (its directory, new or resumed, held
-by one writer), prepare the data, build the model (fresh or from a checkpoint) and restore a
-resume's state, build the step, loop, finish. A step (train_step): forward under autocast,
-backward with gradient accumulation, clip, update, all decided on the device. The host reads
-the step's results only at boundaries (every log_interval steps, at evaluation and at a stop),
-where it logs; every eval_interval steps all ranks evaluate and rank 0 saves a checkpoint; a
-signal stops the run cleanly at a boundary.
+The story of one run, top to bottom through train() and run_training(): validate the config, join the process
+group (under torchrun), start the run (its directory, new or resumed, held by one writer), prepare the data,
+build the model (fresh or from a checkpoint) and restore a resume's state, build the step (batch_size=auto: at
+the largest micro-batch that fits), loop, finish. A step (train_step): forward under autocast, backward with
+gradient accumulation, clip, update, all decided on the device. The host reads the step's results only at
+boundaries (every log_interval steps, at evaluation and at a stop), where it logs; every eval_interval steps
+all ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -39,29 +39,31 @@ from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
 from system import GracefulStop, command_finished, exits
-from training.budget import grad_accum_steps, run_budget
+from training.budget import run_budget
 from run.checkpoint import CheckpointError, load_weights
 from run.checkpoints import Checkpoints
 from run.distributed import (
     Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, shutdown, wrap_model,
 )
-from training.estimate import WARMUP_STEPS, estimate_line, tokens_line
+from training.estimate import WARMUP_STEPS, estimate_line, estimate_steps, peak_line, tokens_line
 from training.evaluate import Evaluator
 from run.init_from import check_model_path
 from training.logger import RunLogger, check_wandb
+from training.microbatch import Plan, build_trainer, choice_line, device_memory, out_of_memory_advised, plan_micro_batches
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
 from training.optim import build_optimizer, schedule_scale
 from run.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
-from run.start import RunSpec, StartedRun, build_model, resolve_run, start_run
+from run.start import RunSpec, StartedRun, build_model, model_without_corpus, resolve_run, start_run
 from training.step import (
-    Prefetcher, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings, train_step,
+    Prefetcher, RandomBatches, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings,
+    train_step,
 )
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> Path | None:
-    with exits(out_of_memory="lower batch_size (and raise grad_accum_steps to keep the tokens per step), "
-                             "model.block_size or the model's size", writing="writing the run"):
+    with exits(out_of_memory="lower batch_size, model.block_size or the model's size",  # train() says more
+               writing="writing the run"):
         return train(cfg)  # the run directory: Hydra hands it to callbacks (evaluation/after_training.py)
 
 
@@ -74,19 +76,18 @@ def train(cfg: DictConfig) -> Path | None:
     # The processes: this one alone, or one of torchrun's.
     ranks, device = init_distributed(config.device)
     try:
-        main_decides(ranks, lambda: check_wandb(config.logging.wandb.mode))
-        if spec.resume_from is None:
-            check_model_path(config)
-        if config.max_iters == 0:
-            return evaluate_only(spec, ranks, device)
-        accum = grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=config.grad_accum_steps,
-                                 batch_size=config.batch_size, block_size=spec.block_size,
-                                 world_size=ranks.world_size)  # checked before any heavy work
-        if config.estimate:
-            return estimate_only(config, ranks, device, block_size=spec.block_size, accum=accum)
-        # The run: its directory, made or a resume's, held by one writer until the run ends.
-        with start_run(spec, ranks, device) as run:
-            return run_training(run, accum)
+        with out_of_memory_advised(config):
+            main_decides(ranks, lambda: check_wandb(config.logging.wandb.mode))
+            if spec.resume_from is None:
+                check_model_path(config)
+            if config.max_iters == 0:
+                return evaluate_only(spec, ranks, device)
+            plan = plan_micro_batches(config, spec.block_size, ranks.world_size, device)  # before heavy work
+            if config.estimate:
+                return estimate_only(config, ranks, device, plan)
+            # The run: its directory, made or a resume's, held by one writer until the run ends.
+            with start_run(spec, ranks, device) as run:
+                return run_training(run, plan)
     finally:
         shutdown(ranks)
 
@@ -113,29 +114,28 @@ class Session:
     peak: Peak | None
 
 
-def run_training(run: StartedRun, accum: int) -> Path:
+def run_training(run: StartedRun, plan: Plan) -> Path:
     config, ranks, device, block_size = run.spec.config, run.ranks, run.device, run.spec.block_size
     # The data: this rank's random streams seeded, the corpus prepared.
     precision, data = seed_and_prepare(config, ranks, device)
     tokenizer = data.tokenizer()
     # The model (fresh, from init_from's weights, or in a resume's shape) and what trains it.
     model, origin = build_model(config, run.spec.resume_from, tokenizer, device)
-    tokens_per_step, budget = run_budget(config, model.config, block_size, accum, ranks.world_size)
+    tokens_per_step = plan.sequences * block_size * ranks.world_size
+    budget = run_budget(config, model.config, tokens_per_step)
     config = replace(config, max_iters=budget.max_iters)
     optimizer = build_optimizer(model, config.optim, device.type)
     scaler = precision.grad_scaler()
     peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
     # A resume's training state restored, the run's config recorded.
     step, best_val_loss, resumed = run.restore(model, optimizer, scaler, config)
-    # The step: the model compiled and wrapped for DDP, its batches, the evaluation and the log.
-    compiled = torch.compile(model) if config.compile else model
-    train_model = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
+    # The step at its micro-batch (batch_size=auto tries it on the device), its batches, the evaluation and the log.
+    compiled, trainer, micro = build_trainer(config, plan, model, optimizer, scaler, precision, ranks, device,
+                                             vocab_size=tokenizer.vocab_size)
+    config = replace(config, batch_size=micro.size)
     session = Session(
         config=config, ranks=ranks, device=device, run_dir=run.run_dir, checkpoints=run.checkpoints, model=model,
-        compiled=compiled,
-        trainer=Trainer(train_model, optimizer, scaler, precision.autocast(), accum_steps=accum,
-                        grad_clip=config.optim.grad_clip, ranks=ranks),
-        batches=train_batches(config, data, block_size, ranks, device, accum),
+        compiled=compiled, trainer=trainer, batches=train_batches(config, data, block_size, ranks, device, micro.accum),
         evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
             run.run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
@@ -148,8 +148,11 @@ def run_training(run: StartedRun, accum: int) -> Path:
         peak=peak,
     )
     # The loop.
-    session.logger.print(header(session, precision.name, accum, train_tokens=data.meta["tokens"]["train"],
+    session.logger.print(header(session, precision.name, micro.accum, train_tokens=data.meta["tokens"]["train"],
                                 notes=(run.takeover, origin, budget.reason, resumed)))
+    if plan.auto:  # what batch_size=auto chose and measured, printed and in metrics.jsonl
+        session.logger.print(choice_line(micro, tokens_per_step))
+        session.logger.log(micro.record(step), echo=False)
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
     resume_from = run.spec.resume_from
@@ -183,38 +186,59 @@ def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
 
 
 def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, device: torch.device) -> Evaluator:
-    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.batch_size, eval_iters=config.eval_iters,
+    micro_batch = config.eval_batch_size if config.batch_size == "auto" else config.batch_size  # auto: max_iters=0
+    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.eval_batch_size or micro_batch,
+                     micro_batch=micro_batch, eval_iters=config.eval_iters,
                      whole_val=config.eval_whole_val, token_bytes=data.tokenizer().token_bytes(), precision=precision,
                      ranks=ranks, device=device)
 
 
-def estimate_only(config: Config, ranks: Ranks, device: torch.device, *, block_size: int, accum: int) -> None:
-    """estimate=true: WARMUP_STEPS untimed, then estimate_steps timed optimizer steps of the run
-    this config describes (its model, data, precision, compile and processes); prints the run's
-    tokens, time and cost; no run directory is made."""
-    precision, data = seed_and_prepare(config, ranks, device)
-    model, _ = build_model(config, None, data.tokenizer(), device)
-    tokens_per_step, budget = run_budget(config, model.config, block_size, accum, ranks.world_size)
-    config = replace(config, max_iters=budget.max_iters)  # the run's own schedule
-    compiled = torch.compile(model) if config.compile else model
-    trainer = Trainer(wrap_model(compiled, ranks, device), build_optimizer(model, config.optim, device.type),
-                      precision.grad_scaler(), precision.autocast(), accum_steps=accum,
-                      grad_clip=config.optim.grad_clip, ranks=ranks)
-    batches = train_batches(config, data, block_size, ranks, device, accum)
-    timed = range(WARMUP_STEPS, WARMUP_STEPS + config.estimate_steps)
-    timed_steps(trainer, batches, config, range(WARMUP_STEPS))
-    seconds = timed_steps(trainer, batches, config, timed)
+def estimate_only(config: Config, ranks: Ranks, device: torch.device, plan: Plan) -> None:
+    """estimate=true: the steps of the run this config describes (its model, micro-batch,
+    precision, compile and processes) timed on random tokens of its vocabulary, the corpus left
+    unprepared where the vocabulary is known without it; prints the run's tokens, time, cost and
+    peak memory; no run directory is made."""
+    precision = seed_device(config, ranks, device)
+    model, vocab_size, train_tokens, source = estimate_model(config, ranks, device)
+    tokens_per_step = plan.sequences * model.config.block_size * ranks.world_size
+    config = replace(config, max_iters=run_budget(config, model.config, tokens_per_step).max_iters)  # the run's own
+    _, trainer, micro = build_trainer(config, plan, model, build_optimizer(model, config.optim, device.type),
+                                      precision.grad_scaler(), precision, ranks, device, vocab_size=vocab_size)
+    batches = RandomBatches(vocab_size, micro.size, model.config.block_size, device)
+    warmup, timed = estimate_steps(config.estimate_steps, micro.accum)
+    timed_steps(trainer, batches, config, warmup)
+    memory = device_memory(device)  # None on a CPU
+    with memory.watch() if memory else contextlib.nullcontext():  # the peak of the run's own steps
+        seconds = timed_steps(trainer, batches, config, timed)
     if ranks.is_main:
-        print(f"estimate=true (nothing written): {model.num_params():,} parameters | {device} {precision.name} x "
-              f"{ranks.world_size} process(es) | {accum} micro-batch(es) of {config.batch_size} per process")
-        print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step,
-                          train_tokens=data.meta["tokens"]["train"]))
+        print(f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} {precision.name} "
+              f"x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} per process")
+        if plan.auto:
+            print(choice_line(micro, tokens_per_step))
+        print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
+        print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step, train_tokens=train_tokens))
         print(estimate_line(tok_per_s=tokens_per_step * len(timed) / seconds, measured=(timed[0] + 1, timed[-1] + 1),
                             steps_to_go=config.max_iters, tokens_per_step=tokens_per_step,
                             world_size=ranks.world_size, gpu_hour=config.cost.gpu_hour))
 
 
-def timed_steps(t: Trainer, batches: Prefetcher, config: Config, steps: range) -> float:
+def estimate_model(config: Config, ranks: Ranks, device: torch.device) -> tuple[GPT, int, int | None, str]:
+    """estimate=true's model, the vocabulary its random tokens come from, the prepared train
+    tokens (None: not prepared) and a line saying which: the corpus is prepared only where
+    the vocabulary cannot be known without it."""
+    known = model_without_corpus(config, device)
+    if known:
+        model, vocab_size = known
+        return model, vocab_size, None, (f"no data prepared: the steps run on random tokens of the {vocab_size:,}-"
+                                         "token vocabulary, as a step's time does not depend on the text")
+    data = prepare_data(config, ranks)
+    model, _ = build_model(config, None, data.tokenizer(), device)
+    return model, data.tokenizer().vocab_size, data.meta["tokens"]["train"], (
+        f"data.tokenizer={config.data.tokenizer}{'' if config.init_from == 'scratch' else ' from a checkpoint'}: its "
+        f"vocabulary comes from the corpus, so {data.data_dir} was prepared; the steps run on random tokens")
+
+
+def timed_steps(t: Trainer, batches: RandomBatches, config: Config, steps: range) -> float:
     """Seconds these optimizer steps take, the device's work included."""
     start = time.perf_counter()
     for step in steps:
@@ -349,11 +373,16 @@ def run_warnings(config: Config, device: torch.device, precision: str) -> list[s
 def seed_and_prepare(config: Config, ranks: Ranks, device: torch.device) -> tuple[Precision, PreparedData]:
     """What every run begins with: it seeds this rank's random streams, sets CUDA's matmul
     mode and prepares the data; it returns the run's precision and the prepared data."""
+    return seed_device(config, ranks, device), prepare_data(config, ranks)
+
+
+def seed_device(config: Config, ranks: Ranks, device: torch.device) -> Precision:
+    """The run's precision, CUDA's matmul mode set and this rank's random streams seeded."""
     precision = resolve_precision(config.precision, device)
     if device.type == "cuda":
         configure_cuda(config.tf32)
     seed_everything(config.weights_seed + ranks.rank)  # ranks draw different dropout masks
-    return precision, prepare_data(config, ranks)
+    return precision
 
 
 def prepare_data(config: Config, ranks: Ranks) -> PreparedData:

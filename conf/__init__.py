@@ -149,23 +149,25 @@ class Config:
     max_iters: int = setting(600, at_least(0))
     """Optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing."""
     estimate: bool = False
-    """Time estimate_steps optimizer steps of this run, print its tokens, time and cost, and exit writing nothing."""
+    """Time this run's steps on random tokens (no data prepared where the vocabulary is known), print its tokens, time, cost and peak memory, and exit writing nothing."""
     estimate_steps: int = setting(20, at_least(1))
-    """estimate=true: the optimizer steps timed, after 10 untimed ones (compilation, allocator warm-up)."""
+    """estimate=true: the micro-batches timed, in whole optimizer steps, after 10 untimed ones (compilation, allocator warm-up)."""
     tokens_per_param: Optional[float] = setting(None, above(0))
     """Replaces max_iters: steps giving each non-embedding parameter of the MHA model of this shape this many tokens."""
     match_mha_flops: bool = False
     """Scale max_iters so that a GQA/MQA model spends the training FLOPs of the MHA model of its shape."""
     arm: Optional[str] = None
     """This run's name in an ablation: report.py groups runs by it."""
-    batch_size: int = setting(8, at_least(1))
-    """Sequences per micro-batch (per process)."""
-    grad_accum_steps: int = setting(1, at_least(1))
-    """Micro-batches per optimizer step."""
+    batch_size: Any = setting(8, at_least(1).or_words("auto"))
+    """Sequences per micro-batch (per process); auto (GPU, with tokens_per_step): the largest that fits, tried on the device."""
+    grad_accum_steps: Optional[int] = setting(None, at_least(1))
+    """Micro-batches per optimizer step; null: 1, or what tokens_per_step makes (set one of the two, not both)."""
     tokens_per_step: Optional[int] = setting(None, at_least(1))
     """Instead of grad_accum_steps: tokens per optimizer step over all processes, a multiple of batch_size * block_size * processes."""
     eval_interval: int = setting(200, at_least(1))
     """Optimizer steps between evaluations (and checkpoints)."""
+    eval_batch_size: Optional[int] = setting(None, at_least(1))
+    """Windows per evaluation batch (eval_iters of them per split), run through the model a micro-batch at a time; null: the micro-batch."""
     eval_iters: int = setting(10, at_least(1))
     """Batches per split per evaluation: the same windows for every seed of a sweep."""
     eval_whole_val: str = setting("never", one_of(*WHOLE_VAL))
@@ -208,6 +210,15 @@ class Config:
             yield f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)"
         if self.estimate and (self.resume or self.max_iters == 0):
             yield "estimate=true times the steps of a new run: leave resume unset and max_iters above 0"
+        if self.tokens_per_step is not None and self.grad_accum_steps is not None:  # one would be ignored
+            yield (f"grad_accum_steps={self.grad_accum_steps} and tokens_per_step={self.tokens_per_step} both set the "
+                   "micro-batches per step (tokens_per_step / (batch_size x block_size x processes)): set only one, "
+                   "grad_accum_steps=null or tokens_per_step=null")
+        if self.batch_size == "auto" and self.tokens_per_step is None:
+            yield ("batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step "
+                   "(e.g. tokens_per_step=524288); or give batch_size a number")
+        if self.batch_size == "auto" and self.max_iters == 0 and self.eval_batch_size is None:
+            yield "max_iters=0 only evaluates, so batch_size=auto has no step to try: set eval_batch_size (e.g. 32)"
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
             yield (f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
                    "init_from is scratch: set init_from too, or leave model_path unset")

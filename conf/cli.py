@@ -165,6 +165,8 @@ def describe(hint: Any) -> str:
         return f"a list of {describe(arguments[0]).split(' ', 1)[1]}s, e.g. [a,b]"
     if is_dataclass(hint):
         return f"a section of settings ({hint.__name__})"
+    if hint is Any:  # a number or a word (batch_size=auto): its rule says which
+        return "an integer or a word"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a text"}.get(hint, str(hint))
 
 

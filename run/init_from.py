@@ -57,8 +57,7 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
     The config names its key/value heads (a checkpoint holds a shape, not a default)."""
     requested_kv_heads = config.model.n_kv_head  # None: the same as the weights started from
     if config.init_from == "scratch":
-        vocab_size = padded(tokenizer.vocab_size, config.pad_vocab_to)
-        return replace(config.model, vocab_size=vocab_size, n_kv_head=config.model.kv_heads), None
+        return scratch_config(config, tokenizer.vocab_size), None
     if config.init_from == "hf":
         if tokenizer.name != "gpt2":
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
@@ -99,6 +98,11 @@ def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> 
                             for override, settings in by_override.items())
         raise ValueError(f"{clashes}; a run from existing weights has their model: leave "
                          f"{'this' if len(by_override) == 1 else 'these'} unset, or start from scratch")
+
+
+def scratch_config(config: Config, vocab_size: int) -> GPTConfig:
+    """A new model's config for a tokenizer of `vocab_size` ids (padded to pad_vocab_to)."""
+    return replace(config.model, vocab_size=padded(vocab_size, config.pad_vocab_to), n_kv_head=config.model.kv_heads)
 
 
 def _at_context(

@@ -23,12 +23,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, load_config
-from data import Tokenizer
+from data import Gpt2Tokenizer, Tokenizer
+from data.tokenizer import GPT2_VOCAB_SIZE
 from model import GPT
 from run.checkpoint import Checkpoint, load_weights
 from run.checkpoints import Checkpoints
 from run.distributed import Ranks, main_decides, peers_watched
-from run.init_from import initial_model, refuse_contradictions
+from run.init_from import initial_model, refuse_contradictions, scratch_config
 from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, run_lock, save_run_config
 from system import Interrupted
 
@@ -120,3 +121,15 @@ def build_model(config: Config, resume_from: Checkpoint | None, tokenizer: Token
         return model, ""
     load_weights(model, initial_state)
     return model, f"weights: init_from={config.init_from} {config.model_path} at context {model_config.block_size}"
+
+
+def model_without_corpus(config: Config, device: torch.device) -> tuple[GPT, int] | None:
+    """A new run's model and its tokenizer's vocabulary size, where both are known before the
+    corpus is prepared (estimate=true): GPT-2's vocabulary is fixed, a trained BPE has
+    data.vocab_size ids. None for characters (the corpus's own) and for a checkpoint's model
+    on a trained BPE (checked against the corpus's tokenizer)."""
+    if config.data.tokenizer == "gpt2":
+        return build_model(config, None, Gpt2Tokenizer(), device)[0], GPT2_VOCAB_SIZE
+    if config.data.tokenizer == "bpe" and config.init_from == "scratch":
+        return GPT(scratch_config(config, config.data.vocab_size)).to(device), config.data.vocab_size
+    return None

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 import train
 from conf import CONF_DIR, load_config
 from data.meta import read_meta
-from training.estimate import WARMUP_STEPS, duration, estimate, estimate_line, rounded, tokens_line
+from training.estimate import WARMUP_STEPS, duration, estimate, estimate_line, estimate_steps, rounded, tokens_line
 from run.metrics import read_metrics
 
 from test_train import run_cli, run_in_process
@@ -57,7 +57,8 @@ def test_a_run_states_its_tokens_and_after_the_warmup_steps_its_estimate(train_o
 def test_estimate_mode_times_steps_prints_the_estimate_and_writes_no_run(train_overrides, tmp_path, capsys):
     assert run_in_process(*train_overrides, "estimate=true", "estimate_steps=2", "cost.gpu_hour=2") is None
     out = capsys.readouterr().out
-    assert "estimate=true (nothing written)" in out and "tokens: 30 steps x 128 = 3,840" in out
+    assert "estimate=true (nothing written; data.tokenizer=char: its vocabulary comes from the corpus" in out
+    assert "tokens: 30 steps x 128 = 3,840" in out and "peak memory: measured on a GPU only" in out
     assert re.search(rf"estimate: [\d,]+ tokens/s \(steps {WARMUP_STEPS + 1}-{WARMUP_STEPS + 2}\) \| 30 steps to "
                      r"max_iters: .* \| cost [\d.]+ \([\d.]+ GPU-hours x 2, 1 GPU\(s\)\)", out)
     runs = tmp_path / "runs"
@@ -89,3 +90,24 @@ def test_a_resumed_runs_estimate_leaves_out_its_own_warm_up(train_overrides, tmp
     resumed = run_cli(f"resume={run_dir}", "max_iters=30", "eval_interval=30", cwd=tmp_path)
     first = 12 + WARMUP_STEPS + 1
     assert resumed.returncode == 0 and estimate_windows(resumed.stdout) == [(first, first, 30 - first)]
+
+
+@pytest.mark.parametrize("tokenizer, vocabulary", [(["data.tokenizer=gpt2"], "50,257"),
+                                                   (["data.tokenizer=bpe", "data.vocab_size=512"], "512")])
+def test_estimate_mode_needs_no_corpus_when_the_vocabulary_is_known_without_it(train_overrides, tmp_path, capsys,
+                                                                               tokenizer, vocabulary):
+    missing = tmp_path / "no_such_corpus.txt"  # preparing would fail on it
+    assert run_in_process(*train_overrides, f"data.path={missing}", *tokenizer, "estimate=true",
+                          "estimate_steps=1") is None
+    out = capsys.readouterr().out
+    assert (f"estimate=true (nothing written; no data prepared: the steps run on random tokens of the {vocabulary}-"
+            "token vocabulary, as a step's time does not depend on the text)") in out
+    assert "tokens: 30 steps x 128 = 3,840 (3.8k) | train split not prepared yet" in out and "estimate: " in out
+    assert not (tmp_path / "data").exists()
+
+
+def test_estimate_mode_counts_its_steps_in_micro_batches():
+    """A GPU recipe's step of 16 micro-batches warms up and times as many micro-batches as 16 steps of one."""
+    assert estimate_steps(20, 1) == (range(0, WARMUP_STEPS), range(WARMUP_STEPS, WARMUP_STEPS + 20))
+    assert estimate_steps(20, 16) == (range(0, 1), range(1, 3))
+    assert estimate_steps(20, 2) == (range(0, 5), range(5, 15))

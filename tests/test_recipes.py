@@ -1,11 +1,14 @@
 """The GPU recipes (conf/experiment/gpt2_*.yaml) hold the values their references publish,
 whatever the settings' defaults become."""
 
+from dataclasses import replace
+
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from conf import CONF_DIR, load_config
-from training.budget import grad_accum_steps
+from training.microbatch import plan_micro_batches
 
 # llm.c's GPT-2 (124M) run (github.com/karpathy/llm.c/discussions/481) and nanoGPT's
 # config/train_gpt2.py with its train.py's defaults, as the recipes' comments cite them.
@@ -42,10 +45,14 @@ def test_a_gpu_recipe_holds_its_references_values(name):
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_one_gpu_accumulates_eight_times_what_eight_gpus_do(name):
     config = load_config(compose_recipe(name))
-    accum = {n: grad_accum_steps(tokens_per_step=config.tokens_per_step, grad_accum_steps=1,
-                                 batch_size=config.batch_size, block_size=config.model.block_size, world_size=n)
-             for n in (1, 2, 4, 8)}
-    assert accum == {1: 16, 2: 8, 4: 4, 8: 2}
+    assert config.batch_size == "auto"  # the largest micro-batch that fits, keeping tokens_per_step
+    for n in (1, 2, 4, 8):
+        plan = plan_micro_batches(config, config.model.block_size, n, torch.device("cuda"))
+        assert plan.sequences * config.model.block_size * n == config.tokens_per_step
+        assert {size * plan.accum(size) for size in plan.sizes} == {plan.sequences}
+    fixed = replace(config, batch_size=4)  # a number instead: 4 sequences a micro-batch on every GPU
+    accum = {n: plan_micro_batches(fixed, config.model.block_size, n, torch.device("cpu")).accum(4) for n in (1, 2, 4, 8)}
+    assert accum == {n: config.tokens_per_step // (4 * 1024 * n) for n in (1, 2, 4, 8)}
 
 
 def test_the_fineweb_recipe_is_llm_cs_ten_billion_tokens():

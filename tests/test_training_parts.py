@@ -266,7 +266,7 @@ runpy.run_path({script!r}, run_name="__main__")
 
 
 @pytest.mark.parametrize("script, module, function, advice", [
-    ("train.py", "conf", "load_config", "lower batch_size (and raise grad_accum_steps"),
+    ("train.py", "conf", "load_config", "lower batch_size, model.block_size or the model's size"),
     ("sample.py", "conf.sample_config", "load_sample_config", "lower num_samples, or the model's memory with weights=bf16"),
 ])
 def test_out_of_memory_ends_a_script_with_one_line_of_advice(tmp_path, script, module, function, advice):

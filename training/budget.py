@@ -1,4 +1,4 @@
-"""How many optimizer steps a run takes, and how many micro-batches make one.
+"""How many optimizer steps a run takes (training/microbatch.py: how many micro-batches make one).
 
 max_iters is taken as given, or derived from the model.
 
@@ -46,25 +46,9 @@ def training_budget(
     return Budget(max_iters, f"budget: {' '.join(reasons)} = {max_iters:,} steps of {tokens_per_step:,} tokens")
 
 
-def run_budget(config: Config, model_config: GPTConfig, block_size: int, accum: int,
-               world_size: int) -> tuple[int, Budget]:
-    """Tokens per optimizer step (all processes together) and the run's steps."""
-    tokens_per_step = config.batch_size * block_size * accum * world_size
-    return tokens_per_step, training_budget(
+def run_budget(config: Config, model_config: GPTConfig, tokens_per_step: int) -> Budget:
+    """The run's steps, of `tokens_per_step` tokens each (all processes together)."""
+    return training_budget(
         max_iters=config.max_iters, tokens_per_param=config.tokens_per_param, match_mha_flops=config.match_mha_flops,
         model_config=model_config, tokens_per_step=tokens_per_step,
     )
-
-
-def grad_accum_steps(*, tokens_per_step: int | None, grad_accum_steps: int, batch_size: int, block_size: int,
-                     world_size: int) -> int:
-    """Micro-batches per process per step: grad_accum_steps, or what makes tokens_per_step."""
-    if tokens_per_step is None:
-        return grad_accum_steps
-    per_micro_step = batch_size * block_size * world_size
-    if tokens_per_step % per_micro_step:
-        raise ValueError(
-            f"tokens_per_step ({tokens_per_step}) must be a multiple of batch_size * block_size * "
-            f"world_size ({batch_size} * {block_size} * {world_size} = {per_micro_step})"
-        )
-    return tokens_per_step // per_micro_step

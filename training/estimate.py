@@ -8,6 +8,7 @@ estimate=true).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 WARMUP_STEPS = 10
@@ -31,12 +32,30 @@ def estimate(*, steps: int, tokens_per_step: int, tok_per_s: float, world_size: 
     return Estimate(seconds, gpu_hours, None if gpu_hour is None else gpu_hours * gpu_hour)
 
 
-def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int) -> str:
+def estimate_steps(micro_batches: int, accum: int) -> tuple[range, range]:
+    """estimate=true's untimed and timed optimizer steps: WARMUP_STEPS and `micro_batches`
+    micro-batches' worth each, in whole steps of `accum` micro-batches (a GPU recipe's step of
+    16 micro-batches settles as fast as 16 steps of one, and the estimate stays near a minute)."""
+    warmup = math.ceil(WARMUP_STEPS / accum)
+    return range(warmup), range(warmup, warmup + math.ceil(micro_batches / accum))
+
+
+def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int | None) -> str:
     """The run's tokens, the prepared train split's, and how many passes over it they make
     (batches are random windows: a pass is that many tokens drawn, not each token once)."""
     total = max_iters * tokens_per_step
-    return (f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({rounded(total)}) | prepared train "
-            f"split: {train_tokens:,} ({rounded(train_tokens)}) | {total / train_tokens:.2f} epochs")
+    split = ("train split not prepared yet" if train_tokens is None else
+             f"prepared train split: {train_tokens:,} ({rounded(train_tokens)}) | {total / train_tokens:.2f} epochs")
+    return f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({rounded(total)}) | {split}"
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB"
+
+
+def peak_line(peak: int, capacity: int) -> str:
+    """The device memory the timed steps peaked at, per GPU."""
+    return f"peak memory: {gib(peak)} per GPU of the {gib(capacity)} this process may use ({peak / capacity:.0%})"
 
 
 def rounded(count: int) -> str:

@@ -4,6 +4,8 @@ the same data, shared out among the ranks and summed by one all-reduce.
 The windows do not depend on the run's seed: every arm and seed of a sweep is measured
 on the same text (eval_iters batches drawn once per data directory, context and batch
 size), so differences between runs are differences between models, not between samples.
+A batch goes through the model in pieces of the run's micro-batch, so eval_batch_size may
+hold more windows than a training micro-batch (batch_size=auto's choice varies by GPU).
 With eval_whole_val the val split is instead covered whole, by every non-overlapping
 window, at the final evaluation ("final") or at every one ("always").
 
@@ -49,6 +51,7 @@ class Evaluator:
         precision: Precision,
         ranks: Ranks,
         device: torch.device,
+        micro_batch: int | None = None,
     ) -> None:
         assert whole_val in WHOLE_VAL, whole_val
         self.loaders = {
@@ -56,6 +59,7 @@ class Evaluator:
         }
         self.eval_iters, self.whole_val, self.precision, self.ranks, self.device = (
             eval_iters, whole_val, precision, ranks, device)
+        self.micro_batch = micro_batch or batch_size  # a batch's windows go through the model this many at a time
         self.token_bytes = torch.tensor(token_bytes, dtype=torch.float64, device=device)  # (tokenizer vocab,)
 
     @torch.no_grad()
@@ -69,13 +73,14 @@ class Evaluator:
         for split, loader in self.loaders.items():
             split_sums = torch.zeros(4, dtype=torch.float64, device=self.device)
             batches = self._whole(loader) if whole and split == "val" else self._sampled(loader)
-            for x, y in batches:
-                with self.precision.autocast():
-                    logits = model(x)[0]
-                losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
-                window = losses.view(y.shape).double().mean(1)  # (B,)
-                split_sums += torch.stack([window.sum(), window.square().sum(), window.new_tensor(len(window)),
-                                           self.token_bytes[y].sum()])
+            for x_batch, y_batch in batches:
+                for x, y in zip(x_batch.split(self.micro_batch), y_batch.split(self.micro_batch)):
+                    with self.precision.autocast():
+                        logits = model(x)[0]
+                    losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+                    window = losses.view(y.shape).double().mean(1)  # (B,)
+                    split_sums += torch.stack([window.sum(), window.square().sum(), window.new_tensor(len(window)),
+                                               self.token_bytes[y].sum()])
             sums.append(split_sums)
         model.train()
         values = all_reduce_sum(self.ranks, torch.stack(sums)).tolist()  # the one host read

@@ -52,8 +52,9 @@ class RunLogger:
         if torn:
             self.print(f"{self.path}: dropped its last line, cut short by an interrupted write: {torn[:60]!r}")
 
-    def log(self, record: dict[str, Any]) -> None:
-        """One record: {"kind": "train" | "eval", "step": ..., metrics...}."""
+    def log(self, record: dict[str, Any], echo: bool = True) -> None:
+        """One record: {"kind": "train" | "eval" | "micro_batch", "step": ..., metrics...}; `echo`
+        False: the caller prints its own line for it."""
         if not self.enabled:
             return
         record = {**record, "time": round(time.time(), 3)}
@@ -64,7 +65,7 @@ class RunLogger:
         if record["kind"] == "train" and not self.bar.disable:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(_format(record, ("loss", "lr", "tok_per_s", "mfu")), refresh=True)
-        else:
+        elif echo:
             self.print(f"step {record['step']:>6} | {record['kind']:<5} | " + _format(record, _shown(record)))
 
     def print(self, text: str) -> None:

@@ -83,6 +83,24 @@ class Prefetcher:
         self._ahead = (following, self.loader.get_batch(*following))
 
 
+class RandomBatches:
+    """A Prefetcher's stand-in for a step whose time and memory are wanted, not its learning
+    (estimate=true, batch_size=auto's trial): one micro-batch of random tokens of the
+    vocabulary, made on the device by its own generator (the run's random streams untouched)
+    and given for every micro-step. A step's time and memory do not depend on the text."""
+
+    def __init__(self, vocab_size: int, batch_size: int, block_size: int, device: torch.device) -> None:
+        generator = torch.Generator(device=device).manual_seed(0)
+        tokens = torch.randint(vocab_size, (batch_size, block_size + 1), device=device, generator=generator)
+        self.batch = (tokens[:, :-1], tokens[:, 1:])
+
+    def get(self, step: int, micro_step: int) -> tuple[Tensor, Tensor]:
+        return self.batch
+
+    def fetch_after(self, step: int, micro_step: int) -> None:
+        pass
+
+
 @dataclass
 class StepResult:
     """What a step did, as 0-d device tensors (reading one to the host waits for the step)."""
@@ -148,7 +166,8 @@ class Trainer:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
 
 
-def train_step(t: Trainer, batches: Prefetcher, step: int, stop_requested: bool = False) -> StepResult:
+def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int,
+               stop_requested: bool = False) -> StepResult:
     """One optimizer step: forward and backward over accum_steps micro-batches, then
     unscale, measure and clip the gradients, and update. A step whose loss or gradients
     are not finite updates nothing. The host waits for nothing here."""
