@@ -7,13 +7,14 @@
     python train.py experiment=gpt2_fineweb          # GPT-2 small on a GPU: llm.c's recipe, cited
     torchrun --nproc_per_node=8 train.py experiment=gpt2_fineweb  # data parallel over 8 GPUs (or CPU processes)
 
-The story of one run, top to bottom through train() and run_training(): validate the config, join the process
-group (under torchrun), start the run (its directory, new or resumed, held by one writer), prepare the data,
-build the model (fresh or from a checkpoint) and restore a resume's state, build the step (batch_size=auto: at
-the largest micro-batch that fits), loop, finish. A step (train_step): forward under autocast, backward with
-gradient accumulation, clip, update, all decided on the device. The host reads the step's results only at
-boundaries (every log_interval steps, at evaluation and at a stop), where it logs; every eval_interval steps
-all ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
+The story of one run, top to bottom through train() and run_training(): validate the config,
+join the process group (under torchrun), start the run (its directory, new or resumed, held by
+one writer), prepare the data, build the model (fresh or from a checkpoint) and restore a
+resume's state, build the step (batch_size=auto: at the largest micro-batch that fits), loop,
+finish. A step (train_step): forward under autocast, backward with gradient accumulation, clip,
+update, all decided on the device. The host reads the step's results only at boundaries (every
+log_interval steps, at evaluation and at a stop), where it logs; every eval_interval steps all
+ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ recorded as skipped:
                the variants taking turns step by step, median of the timed steps; MFU against the
                datasheet peak and against a large matmul measured on the same device; peak memory,
                recompilations after warm-up, graph breaks; the same for GQA-4 and MQA
+  memory       gpt2's step (batch_size=auto's trial), eager and compiled: peaks at 8, 16; what fits 24/40/80 GB
   decode       KV-cached greedy decode of the gpt2 preset in bf16 for MHA, GQA-4 and MQA at batch
                1/16/64 and context 128/1000: ms/token, tokens/s, cache MiB, eagerly and with each
                step replayed as a CUDA graph, each mode measured on its own
@@ -81,11 +82,11 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench import gpu_figures  # noqa: E402
+from bench import gpu_figures, memory_fit  # noqa: E402
 from bench.gpu_report import missing, render  # noqa: E402
 from run.runtime import configure_cuda, synchronize  # noqa: E402
 
-STAGES = ("environment", "throughput", "decode", "train", "cuda_tests", "time_to_loss")  # the order they run in: by value
+STAGES = ("environment", "throughput", "memory", "decode", "train", "cuda_tests", "time_to_loss")  # the order they run in: by value
 ROW_STAGES = {"throughput": gpu_figures.throughput, "decode": gpu_figures.decode}  # measured variant by variant
 
 
@@ -95,7 +96,8 @@ class Sizes:
     def __init__(self, smoke: bool) -> None:
         self.smoke = smoke
         self.preset = "nano" if smoke else "gpt2"
-        self.batches = (4, 2) if smoke else (32, 16, 8)  # largest first: the first that fits is used
+        # throughput's, largest first (the first that fits is used); memory's, the step's peak at each
+        self.batches, self.memory_batches = ((4, 2), (1, 2)) if smoke else ((32, 16, 8), (8, 16))
         self.warmup, self.timed = (1, 2) if smoke else (3, 10)
         self.reference_variants = ["reference-eager"] if smoke else ["reference-eager", "reference-compiled"]
         self.matmul = (256, 3) if smoke else (8192, 10)  # (size, timed products) of the measured matmul rate
@@ -119,9 +121,9 @@ class Sizes:
         # Seconds a stage is expected to take, the budget's yardstick. On the GPU these are
         # estimates (docs/gpu_check.md says how they were made) until a GPU run replaces them;
         # --smoke's are this project's 2-core CPU under load.
-        self.estimate_s = (dict(environment=2, throughput=150, decode=30, train=120, cuda_tests=40, time_to_loss=90)
-                           if smoke else
-                           dict(environment=15, throughput=230, decode=60, train=90, cuda_tests=120, time_to_loss=300))
+        self.estimate_s = (dict(environment=2, throughput=150, memory=20, decode=30, train=120, cuda_tests=40,
+                                time_to_loss=90) if smoke else dict(environment=15, throughput=230, memory=150, decode=60,
+                                                                    train=90, cuda_tests=120, time_to_loss=300))
 
 
 def environment(device: torch.device, sizes: Sizes) -> dict:
@@ -378,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     calls = {
         "environment": lambda: environment(device, sizes),
         "throughput": lambda rows: gpu_figures.throughput(device, sizes, rows),
+        "memory": lambda: memory_fit.measure(device, memory_fit.preset_config(sizes.preset, 512 if sizes.smoke else 50304),
+                                             sizes.memory_batches, sizes.precision, (False, True)[:1 + (not sizes.smoke)]),
         "decode": lambda rows: gpu_figures.decode(device, sizes, rows),
         "train": lambda: train(device, sizes, work, lambda: timeout("train")),
         "cuda_tests": lambda: cuda_tests(timeout("cuda_tests")),

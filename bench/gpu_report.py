@@ -22,7 +22,7 @@ def render(report: dict) -> str:
              "| stage | result | seconds |", "|---|---|--:|"]
     for name in report["asked"]:
         lines.append(f"| {name} | {_stage_result(report.get(name))} | {report.get(name, {}).get('seconds', '-')} |")
-    for section in (_sdpa(env), _throughput(report), _decode(report), _train(report), _tests(report),
+    for section in (_sdpa(env), _throughput(report), _memory(report), _decode(report), _train(report), _tests(report),
                     _time_to_loss(report), _targets(report), _missing(report)):
         if section:
             lines += ["", *section]
@@ -95,6 +95,23 @@ def _time_to_loss(report: dict) -> list[str]:
         return []
     return [f"## The GPT-2 recipe against the modern one, {result['budget_s']:g} s of training each "
             "(`bench/time_to_loss.py`, one seed)", "", markdown(result["rows"])]
+
+
+def _memory(report: dict) -> list[str]:
+    result = _result(report, "memory")
+    if not result:
+        return []
+    mode = lambda compiled: "compiled" if compiled else "eager"  # noqa: E731
+    lines = ["## Training memory: the step's peak, and what fits (`bench/memory_fit.py`)", "",
+             "| mode | micro-batch | peak GiB | arithmetic GiB |", "|---|--:|--:|--:|"]
+    gib = lambda count: "-" if count is None else f"{count / 2**30:.2f}"  # noqa: E731
+    lines += [f"| {mode(r['compile'])} | {r['micro_batch']} | {gib(r['peak_bytes'])} | {gib(r['arithmetic_bytes'])} |"
+              for r in result["rows"]]
+    arithmetic = {(r["compile"], r["card_gib"]): r["micro_batch"] for r in result["arithmetic"]}
+    lines += ["", "| mode | card | largest micro-batch: measured line | arithmetic |", "|---|--:|--:|--:|"]
+    lines += [f"| {mode(f['compile'])} | {f['card_gib']} GiB | {_or_dash(f['measured'])} | "
+              f"{_or_dash(arithmetic[f['compile'], f['card_gib']])} |" for f in result["fits"]]
+    return lines
 
 
 def _train(report: dict) -> list[str]:

@@ -140,3 +140,17 @@ def test_the_whole_split_is_shared_out_among_ranks_batch_by_batch(source):
     assert len(shares[0]) + len(shares[1]) == len(alone) > 2
     for i, batch in enumerate(alone):
         assert torch.equal(shares[i % 2][i // 2], batch)
+
+
+def test_a_batch_runs_through_the_model_a_micro_batch_at_a_time_with_the_same_figures(source):
+    """eval_batch_size windows a batch, a smaller micro-batch (batch_size=auto's choice) at a time:
+    the same windows, so the same figures, sampled and whole."""
+    directory, run_dir = source
+    model = trained(run_dir)
+    for whole_val in ("never", "always"):
+        whole = evaluator(directory, whole_val)(model)
+        pieces = Evaluator(data_dir_of(directory), block_size=BLOCK, batch_size=BATCH, micro_batch=BATCH // 2 - 1,
+                           eval_iters=ITERS, whole_val=whole_val, token_bytes=[1] * 64,
+                           precision=resolve_precision("fp32", CPU), ranks=Ranks(), device=CPU)(model)
+        assert pieces.keys() == whole.keys()
+        assert all(pieces[k] == pytest.approx(whole[k], rel=1e-6) for k in whole)

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from bench.gpu_report import render
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ["environment", "throughput", "decode", "train", "cuda_tests"]  # the order they run in
+STAGES = ["environment", "throughput", "memory", "decode", "train", "cuda_tests"]  # the order they run in
 # and last, when time is left: time_to_loss (bench/time_to_loss.py, minutes even at --smoke sizes; its own test below)
 
 
@@ -51,7 +51,11 @@ def test_the_smoke_run_passes_every_stage_and_prints_the_report_last(tmp_path):
     decode = report["decode"]["result"]
     assert {r["attention"] for r in decode} == {"MHA", "GQA-4", "MQA"}
     assert all(r["graph_mode"] == "static" and r["graph_tokens_per_s"] > 0 for r in decode)  # no CUDA: no graph
-    for heading in ("| static ms/token |", "## Training throughput", "## KV-cached decode", "## Targets"):
+    memory = report["memory"]["result"]  # the step's peak at 1 and 2 sequences, counted on the CPU
+    assert [r["micro_batch"] for r in memory["rows"]] == [1, 2] and memory["rows"][0]["peak_bytes"] > 0
+    assert [f["card_gib"] for f in memory["fits"]] == [24, 40, 80]
+    for heading in ("| static ms/token |", "## Training throughput", "## KV-cached decode", "## Targets",
+                    "## Training memory: the step's peak, and what fits", "| eager | 24 GiB |"):
         assert heading in markdown
 
 
@@ -194,7 +198,8 @@ def test_a_failed_stage_is_reported_and_the_others_still_show():
     assert "batch-64 MQA decode at context 1000 faster than MHA (cache 12x smaller): 2.00x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MHA): 3.50x (met)" in markdown
     assert "batch-1 graph decode at context 1000 >= 3x eager (MQA): 2.00x (NOT met)" in markdown
-    assert markdown.endswith("python bench/gpu_check.py --out gpu/ --budget-s 540 --stages throughput train cuda_tests\n")
+    assert markdown.endswith(
+        "python bench/gpu_check.py --out gpu/ --budget-s 540 --stages throughput memory train cuda_tests\n")
 
 
 def fake_wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:

@@ -1,21 +1,19 @@
 """batch_size=auto on the CPU: the search of training/microbatch.py, run against an injected
-memory limit (every allocation counted, torch.OutOfMemoryError past the limit), so the code
-that runs is the code CUDA runs; the plan's micro-batches; the out-of-memory advice."""
+memory limit (bench/memory_fit.py's CountedMemory: every allocation counted,
+torch.OutOfMemoryError past the limit), so the code that runs is the code CUDA runs; the
+plan's micro-batches; the refused settings; the out-of-memory advice."""
 
-import contextlib
 import math
 import random
-import weakref
 from dataclasses import replace
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import train
+from bench.memory_fit import CountedMemory
 from conf import CONF_DIR, Config, load_config
 from model import GPT
 from run.distributed import Ranks
@@ -35,52 +33,6 @@ from test_train import run_in_process
 CUDA = torch.device("cuda")  # plan_micro_batches only reads its type
 
 
-class LimitedMemory(TorchDispatchMode):
-    """Counts the bytes of every storage an operation allocates while watched (not the views and
-    in-place results, whose storage was there), until the storage is freed; an allocation that takes the count past `limit` raises
-    torch.OutOfMemoryError, as CUDA's allocator does."""
-
-    def __init__(self, limit: float = math.inf) -> None:
-        super().__init__()
-        self.limit, self.live, self.highest, self.counted = limit, 0, 0, set()
-
-    def capacity(self) -> int:
-        return int(self.limit)
-
-    @contextlib.contextmanager
-    def watch(self):
-        self.highest = self.live
-        with self:
-            yield
-
-    def peak(self) -> int:
-        return self.highest
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if any(result.alias_info for result in func._schema.returns):
-            return out  # a view or an in-place operation: memory it did not allocate
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self._count(tensor.untyped_storage())
-        if self.live > self.limit:
-            raise torch.OutOfMemoryError(f"{self.live} bytes are over the limit of {self.limit:.0f}")
-        return out
-
-    def _count(self, storage: torch.UntypedStorage) -> None:
-        key = storage.data_ptr()
-        if key in self.counted or storage.nbytes() == 0:
-            return
-        self.counted.add(key)
-        self.live += storage.nbytes()
-        self.highest = max(self.highest, self.live)
-        weakref.finalize(storage, self._free, key, storage.nbytes())
-
-    def _free(self, key: int, nbytes: int) -> None:
-        self.counted.discard(key)
-        self.live -= nbytes
-
-
 def config(**settings) -> Config:
     base = dict(batch_size="auto", tokens_per_step=16 * 16, device="cpu", precision="fp32")
     return Config(**{**base, **settings})
@@ -91,7 +43,7 @@ def measured_peaks(model: GPT, sizes, accum: int = 2) -> dict[int, int]:
     micro-batches, AdamW's update, twice (the second with its moments), with no limit."""
     peaks = {}
     for size in sizes:
-        meter = LimitedMemory()
+        meter = CountedMemory()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = torch.randint(model.config.vocab_size, (size, model.config.block_size))
         with meter.watch():
@@ -135,7 +87,7 @@ def test_auto_chooses_the_largest_micro_batch_under_an_injected_limit(fits, monk
     peaks = measured_peaks(model, (1, 2, 4, 8, 16))
     # The margin's line falls midway between the peaks of `fits` and the next size.
     limit = (peaks[fits] + peaks[fits * 2]) / 2 / (1 - MARGIN)
-    monkeypatch.setattr(microbatch, "device_memory", lambda device: LimitedMemory(limit))
+    monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(limit))
     cfg = config()
     plan = Plan((16, 8, 4, 2, 1), sequences=16, auto=True)
     chosen = choose_micro_batch(plan, model, model, cfg, resolve_precision("fp32", torch.device("cpu")), Ranks(),
@@ -154,7 +106,7 @@ def test_a_trial_that_runs_out_of_memory_leaves_the_run_as_it_was(monkeypatch):
     trainer = Trainer(model, optimizer, precision.grad_scaler(), precision.autocast(), accum_steps=1, grad_clip=1.0,
                       ranks=Ranks())
     train_step(trainer, RandomBatches(97, 2, 16, cpu), 0)
-    memory = LimitedMemory(measured_peaks(model, (2,))[2] * 1.05)  # the first trial, 4, raises
+    memory = CountedMemory(measured_peaks(model, (2,))[2] * 1.05)  # the first trial, 4, raises
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
     rng = torch.get_rng_state()
@@ -175,7 +127,7 @@ def test_the_trial_is_the_runs_own_step(monkeypatch):
     model = GPT(tiny_config())
     trial = Trial(model, model, config().optim, resolve_precision("fp32", torch.device("cpu")), torch.device("cpu"),
                   vocab_size=97, block_size=16)
-    assert trial.peak(1, 1, LimitedMemory()) is None
+    assert trial.peak(1, 1, CountedMemory()) is None
 
 
 @pytest.mark.parametrize("settings, advice", [
@@ -192,11 +144,11 @@ def test_the_out_of_memory_advice_names_what_to_change_under_each_way_of_batchin
 def test_a_run_with_auto_steps_with_the_largest_micro_batch_under_the_limit_and_records_it(
         train_overrides, monkeypatch, capsys):
     auto = [*train_overrides, "batch_size=auto", "tokens_per_step=256", "max_iters=2", "eval_interval=2"]  # 8 x 32
-    monkeypatch.setattr(microbatch, "device_memory", lambda device: LimitedMemory(1e12))
+    monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(1e12))
     measured = next(r for r in read_metrics(run_in_process(*auto)) if r["kind"] == "micro_batch")
     assert measured["batch_size"] == 8 and measured["accum"] == 1  # nothing stops it at 8
     limit = (measured["tried"]["4"] + measured["tried"]["8"]) / 2 / (1 - MARGIN)  # 4 fits, 8 does not
-    monkeypatch.setattr(microbatch, "device_memory", lambda device: LimitedMemory(limit))
+    monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(limit))
     capsys.readouterr()
     run_dir = run_in_process(*auto)
     out = capsys.readouterr().out
@@ -214,7 +166,7 @@ def test_a_run_with_auto_steps_with_the_largest_micro_batch_under_the_limit_and_
 ])
 def test_an_out_of_memory_in_a_run_says_what_to_change_under_its_batching(train_overrides, monkeypatch, settings,
                                                                           advice):
-    monkeypatch.setattr(microbatch, "device_memory", lambda device: LimitedMemory(1e12))  # a GPU's, for auto
+    monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(1e12))  # a GPU's, for auto
     monkeypatch.setattr(train, "build_trainer", lambda *args, **kwargs: (_ for _ in ()).throw(
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")))
     with pytest.raises(UserError, match=r"^out of memory \(CUDA out of memory. Tried to allocate 2.00 GiB\): ") as err:

@@ -204,7 +204,9 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
     [
         ("model.n_kv_head=3", r"n_kv_head \(3\) must divide n_head \(4\)"),
         ("optim.min_lr=1.0", r"optim.min_lr \(1.0\) must not exceed optim.learning_rate"),
-        ("tokens_per_step=1000", r"tokens_per_step \(1000\) must be a multiple of batch_size \* block_size"),
+        ("tokens_per_step=1000", r"tokens_per_step \(1000\) must be a multiple of block_size \* world_size \(32 \*"),
+        ("tokens_per_step=96", r"tokens_per_step \(96\) must be a multiple of batch_size \* block_size \* world_size"),
+        ("batch_size=auto", "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step"),
         ("on_nonfinite=ignore", "on_nonfinite must be one of"),
         ("logging.wandb.mode=cloud", r"logging.wandb.mode must be one of \('disabled', 'offline', 'online'\), got 'cloud'"),
         ("resume=nowhere", "no checkpoint at nowhere"),

@@ -176,7 +176,7 @@ def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int,
         x, y = batches.get(step, micro)
         with gradient_sync(t.model, sync=micro == t.accum_steps - 1):  # DDP averages on the last backward
             with t.autocast:
-                _, loss = t.model(x, y)
+                loss = t.model(x, y)[1]  # the logits (batch x context x vocabulary) are freed here, not kept
             batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
             t.scaler.scale(loss / t.accum_steps).backward()  # the gradients add up
         loss_sum = loss_sum + loss.detach().float()
