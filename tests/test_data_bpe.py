@@ -100,7 +100,11 @@ def test_the_description_names_the_file_which_rebuilds_the_same_ids(tokenizer, t
     assert load_tokenizer(description, tmp_path).encode(PYTHON) == tokenizer.encode(PYTHON)
     with pytest.raises(DataError, match="load it from the data or checkpoint directory"):
         load_tokenizer(description)
-    (tmp_path / TOKENIZER_FILE).write_text(tokenizer.json.replace('"Ġt"', '"Ġq"'), encoding="utf-8")
+    vocab = json.loads(tokenizer.json)["model"]["vocab"]  # a learned piece (the training text is gptlab's own)
+    learned = min((piece for piece, i in vocab.items() if i >= 256 and piece.isalpha()), key=vocab.get)
+    edited = tokenizer.json.replace(f'"{learned}"', f'"{learned}q"')
+    assert edited != tokenizer.json
+    (tmp_path / TOKENIZER_FILE).write_text(edited, encoding="utf-8")
     with pytest.raises(DataError, match="does not match the sha256"):
         load_tokenizer(description, tmp_path)
     (tmp_path / TOKENIZER_FILE).unlink()
