@@ -6,6 +6,7 @@ plan's micro-batches; the refused settings; the out-of-memory advice."""
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,18 @@ def test_a_trial_that_runs_out_of_memory_leaves_the_run_as_it_was(monkeypatch):
     assert memory.live == live  # the trials' gradients, moments and activations are all freed
 
 
+def test_a_trial_out_of_memory_with_gradients_accumulated_frees_them():
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    cpu = torch.device("cpu")
+    trial = Trial(model, model, config().optim, resolve_precision("fp32", cpu), cpu, vocab_size=97, block_size=16)
+    alone, accumulating = (trial.peak(8, accum, CountedMemory()) for accum in (1, 2))
+    # Past one micro-batch's step, short of the second micro-batch's, which meets the first's gradients.
+    memory = CountedMemory((alone + accumulating) / 2)
+    assert trial.peak(8, 2, memory) is None
+    assert all(p.grad is None for p in model.parameters()) and memory.live == 0
+
+
 def test_the_trial_is_the_runs_own_step(monkeypatch):
     """The trial calls training/step.py's train_step: a step that raises there raises here."""
     monkeypatch.setattr(microbatch, "train_step", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
@@ -195,3 +208,43 @@ def test_grad_accum_steps_alone_still_accumulates():
     plan = plan_micro_batches(config(batch_size=4, tokens_per_step=None, grad_accum_steps=3), 16, 1,
                               torch.device("cpu"))
     assert (plan.sizes, plan.accum(4)) == ((4,), 3)
+
+
+def _choose_on_rank(rank, world_size, port, limits, out_dir):
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        microbatch.device_memory = lambda device: CountedMemory(limits[rank])
+        torch.manual_seed(0)
+        model = GPT(tiny_config())
+        cpu = torch.device("cpu")
+        chosen = choose_micro_batch(Plan((16, 8, 4, 2, 1), 16, True), model, model, config(),
+                                    resolve_precision("fp32", cpu), Ranks(rank, 0, world_size), cpu, vocab_size=97)
+        fitting = [size for size, peak in chosen.tried.items() if peak is not None and peak <= 0.9 * limits[rank]]
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"size": chosen.size, "own": max(fitting)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_ddp_every_rank_takes_the_smallest_choice(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    peaks = measured_peaks(GPT(tiny_config()), (2, 4))
+    buckets = sum(p.numel() * 4 for p in GPT(tiny_config()).parameters())  # DDP's, added to a rank's peak
+    limits = [1e12, (peaks[2] + peaks[4]) / 2 / 0.9 + buckets]  # rank 1 holds 2, not 4
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_choose_on_rank, args=(2, port, limits, str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["own"] == 16 and ranks[1]["own"] == 2  # each alone would differ
+    assert ranks[0]["size"] == ranks[1]["size"] == 2

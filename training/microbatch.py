@@ -200,9 +200,8 @@ class Trial:
             peak = memory.peak()
         except torch.OutOfMemoryError:
             peak = None
-        # Out of the except block, the failed step's frames (its activations, in a cycle) can go.
         self.model.zero_grad(set_to_none=True)  # an out-of-memory in the backward leaves some
-        gc.collect()
+        gc.collect()  # whatever the failed step left in reference cycles would count in the next trial
         return peak
 
     def run(self, size: int, accum: int) -> None:
