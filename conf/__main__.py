@@ -31,8 +31,8 @@ data/config.py: edit those, then run it again. -->
 Every setting of `train.py` (and `python -m data`, which reads the same `data.*` settings)
 and of `sample.py` and `downstream.py`, with its type, its default and the rule it must follow. Set any of them
 on the command line, a section's with a dot: `python train.py max_iters=100 optim.learning_rate=1e-3
-model.n_kv_head=1`. A value of the wrong type or a misspelt name is refused in one line, and
-every broken rule in one error, a line each, before any work starts. `model.*` and `data.*`
+model.n_kv_head=1`. Every value of the wrong type, misspelt name and broken rule of a command
+line is refused in one error, a line each, before any work starts. `model.*` and `data.*`
 start from the presets listed after their tables (`model=mini` and `data=stdlib` unless you
 choose others); the defaults shown are those of the dataclasses, which a preset changes only
 where it says.

@@ -12,13 +12,15 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR
+from conf import CONF_DIR, load_config
+from rules import SettingsError
 
 # key=value, +key=value or key@package=value: Hydra's overrides; anything else is text.
 OVERRIDE = re.compile(r"^[+~]{0,2}[\w./@-]+=")
@@ -40,16 +42,40 @@ OTHER_NAMES = {"dtype": "precision", "torch_dtype": "precision"}
 
 
 def check_overrides(args: list[str], schema: type, config_name: str) -> None:
-    """Exit with one clear line for the first argument that Hydra would refuse, or that
-    would quietly do what no one means, in a command line of conf/<config_name>.yaml
-    (whose values `schema` types)."""
+    """Exit with one error, a line per problem, when an argument of a command line of
+    conf/<config_name>.yaml (whose values `schema` types) is one Hydra would refuse, or one
+    that would quietly do what no one means; the rules the other arguments break are listed
+    with them, so that one error says all there is to fix."""
     options = hydra_option_positions(args)
     multirun = any(args[i] in ("-m", "--multirun") for i in options)
     groups = config_groups(config_name)
-    for i, arg in enumerate(args):
-        problem = None if i in options else argument_problem(arg, schema, groups, multirun)
-        if problem:
-            sys.exit(f"error: {problem}")
+    checked = [(arg, argument_problem(arg, schema, groups, multirun)) for i, arg in enumerate(args) if i not in options]
+    problems = [problem for _, problem in checked if problem]
+    if problems:
+        readable = [arg for arg, problem in checked if problem is None]
+        sys.exit(f"error: {SettingsError(problems + broken_rules_of(readable, schema, config_name))}")
+
+
+def broken_rules_of(overrides: list[str], schema: type, config_name: str) -> list[str]:
+    """The rule violations of conf/<config_name>.yaml under these (readable) overrides, as
+    load_config would report them; a sweep is checked at its first value of each list."""
+    first_values = [_first_of_sweep(override) for override in overrides]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            load_config(compose(config_name=config_name, overrides=first_values), schema)
+    except SettingsError as err:
+        return err.problems
+    except Exception:  # noqa: BLE001  # what composing finds on its own is reported when the command runs
+        return []
+    return []
+
+
+def _first_of_sweep(override: str) -> str:
+    parsed = PARSER.parse_overrides([override])[0]
+    if not parsed.is_sweep_override():
+        return override
+    first = next(iter(parsed.sweep_iterator()))
+    return f"{parsed.get_key_element()}={first}"
 
 
 def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = False) -> str | None:

@@ -10,7 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conf import CONF_DIR, Config
-from conf.cli import HYDRA_OPTIONS, argument_problem, config_groups, options_first, prompt_from_words
+from conf.cli import (
+    HYDRA_OPTIONS, argument_problem, check_overrides, config_groups, options_first, prompt_from_words,
+)
 from conf.sample_config import SampleConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +136,20 @@ def test_a_bad_override_gets_one_line_of_ours_not_hydras(tmp_path, command, mess
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
     assert not any(tmp_path.iterdir())  # refused before any run directory or data
+
+
+@pytest.mark.parametrize("args", [
+    ["max_iters=abc", "model.n_layr=3", "optim.learning_rate=-1", "model.n_layer=0"],
+    ["-m", "seed=1,2", "model.n_layer=0,2", "max_iters=abc", "model.n_layr=3", "optim.learning_rate=-1"],
+])
+def test_every_problem_of_a_command_line_is_one_error(args):
+    """Types and names (which Hydra would refuse) and the rules of what it could read, all at once."""
+    with pytest.raises(SystemExit) as refused:
+        check_overrides(args, Config, "train")
+    lines = str(refused.value.code).splitlines()
+    assert lines[0] == "error: 4 settings are wrong:"
+    assert [line.strip().split(" ")[0] for line in lines[1:]] == [
+        "max_iters", "model.n_layr", "model.n_layer", "optim.learning_rate"]  # the readable ones' rules after
 
 
 @pytest.mark.parametrize("arg, prompt", [
