@@ -97,9 +97,18 @@ def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: lis
     text = (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
             f"{', '.join(map(str, seeds))}. Measured at report time ({where['date']}) on {device.type} "
             f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}.")
-    if not left_out:
-        return text
-    return "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])
+    if left_out:
+        text = "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])
+    return f"{text}\n\n{trained_as(arms)}"
+
+
+def trained_as(arms: list[Arm]) -> str:
+    """The recipe(s) and data the runs trained under (the blocks head each section below)."""
+    runs = [run for a in arms for run in a.runs]
+    recipes = sorted({str(run.groups.get("recipe", "not recorded")) for run in runs})
+    data = runs[0].settings["data"]  # the same for every run: check_same_data
+    tokens = f"{data['tokenizer']} tokenizer" + (f", {data['vocab_size']:,} ids" if data.get("vocab_size") else "")
+    return f"Recipe: {', '.join(recipes)}. Data: {data['name']} ({tokens})."
 
 
 def shape_section(shape, rows: list[Result], image: str) -> str:
@@ -111,20 +120,23 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
         "'own end' for an arm not evaluated at the baseline's tokens. Mean and 95% confidence interval over "
         "seeds (Student t); training FLOPs are one run's at those tokens.", "",
         "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) | val bits/byte "
-        "| vs baseline (nats) | p | Holm p | train tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs baseline (bits/byte) | vs baseline (nats) | p | Holm p | train tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a = r.arm
-        comparison = (f"{r.comparison.difference.mean:+.4f} ({ci(r.comparison.difference, signed=True)})"
-                      if r.comparison else "baseline")
-        p = f"{p_value(r.comparison.p_value)} | {p_value(r.comparison.deciding_p)}" if r.comparison else " "
+        if r.comparison:
+            bpb = signed(r.bpb_difference) if r.bpb_difference else "n/a"
+            comparison = f"{bpb} | {signed(r.comparison.difference)} | {p_value(r.comparison.p_value)} | " \
+                         f"{p_value(r.comparison.deciding_p)}"
+        else:
+            comparison = "baseline | baseline | |"
         train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
         missing = f" ({_seeds(r.missing)} missing)" if r.missing else ""
         lines.append(
             f"| {a.label} | {len(a.runs)}{missing} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
             f"{'baseline' if r.comparison is None else r.axis} | {r.tokens:,} | {r.flops:.4g} | "
-            f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {p} | {train_speed:,.0f} |"
+            f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {train_speed:,.0f} |"
         )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
     changed = [(r.arm.label, changes(r.arm, rows[0].arm)) for r in rows[1:]]
@@ -260,7 +272,9 @@ METHOD = """## How this was measured
   run and seed on the same data (eval_iters batches, or with eval_whole_val the whole val split); bits
   per byte divide the same total by the UTF-8 bytes the evaluated tokens stand for, so it compares
   across tokenizers. Every run here has the same tokenizer (the report refuses others): models on
-  different tokenizers compare in bits per byte, never in nats per token.
+  different tokenizers compare in bits per byte, never in nats per token. On one tokenizer and the same
+  windows a run's bits per byte are its nats times one constant, so the table's differences in both
+  units have the same p-values, which the verdicts and the power section state in nats.
 - ± is a 95% Student t confidence interval over seeds. "vs baseline" is the mean of per-seed
   differences (arm minus baseline) with its 95% CI and a two-sided paired t-test p-value when both arms
   ran the same seeds, else a Welch t-test; a positive difference means a higher (worse) loss. Holm p
@@ -270,6 +284,11 @@ METHOD = """## How this was measured
   wherever the shapes allow (training/ and model/init.py), which is what makes pairing by seed valid.
 - FLOPs/token are training FLOPs (forward and backward) at the full context; train tok/s is the median
   of the logged training throughput over all of an arm's runs."""
+
+
+def signed(e: Estimate) -> str:
+    """A difference with its interval: '+0.0107 (-0.0086..+0.0300)'."""
+    return f"{e.mean:+.4f} ({ci(e, signed=True)})"
 
 
 def estimate(e: Estimate) -> str:

@@ -24,6 +24,7 @@ class Result:
     verdict: str | None
     left_out: list[str] = field(default_factory=list)  # a line for each run of the arm not evaluated at `tokens`
     missing: list[int] = field(default_factory=list)  # seeds the other arms ran (of those the baseline ran), not this one
+    bpb_difference: Estimate | None = None  # against the baseline in bits per byte, where both logged it
 
     @property
     def flops(self) -> float:
@@ -68,17 +69,26 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     for (arm, at, axis, left_out), missing in zip(compared, _missing_seeds(ran, [c[0] for c in compared])):
         check_seeds_alike(arm)
         losses = arm.at_tokens(at)
-        bpb = arm.at_tokens(at, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
-        comparison = None
+        bpb = _bpb(arm, at)
+        comparison = bpb_difference = None
         if arm is not base:
             check_against_baseline(arm, base)
             check_independent(arm, base)
             comparison = difference(base.at_tokens(tokens), base.seeds, losses, arm.seeds)
+            base_bpb = _bpb(base, tokens)
+            if bpb and base_bpb:
+                bpb_difference = difference(base_bpb, base.seeds, bpb, arm.seeds).difference
         rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None, left_out,
-                           missing))
+                           missing, bpb_difference))
     adjusted = holm([r.comparison for r in rows[1:]])
     return rows[:1] + [replace(r, comparison=c, verdict=verdict(r.arm.label, base.label, c))
                        for r, c in zip(rows[1:], adjusted)]
+
+
+def _bpb(arm: Arm, tokens: int) -> list[float] | None:
+    """Each seed's val bits per byte at `tokens`, or None where a run logged none (runs that predate it)."""
+    values = arm.at_tokens(tokens, "val_bpb") if all("val_bpb" in r.final for r in arm.runs) else None
+    return values if values and None not in values else None
 
 
 def _compared(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[Arm, int, str, list[str]]:

@@ -11,7 +11,7 @@ a baseline, paired by seed. Runs of different blocks are never compared with eac
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from model import GPT, GPTConfig
 from run.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
 from run.load import load_model
 from run.metrics import METRICS, read_metrics
-from run.run_dir import RUN_CONFIG, logged_a_save, read_run_yaml
+from run.run_dir import RUN_CONFIG, RUN_GROUPS, logged_a_save, read_run_yaml
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Run:
     checkpoint: Checkpoint
     settings: dict[str, Any]  # the run's config.yaml
     metrics: list[dict]
+    groups: dict[str, Any] = field(default_factory=dict)  # its groups.yaml: recipe, model, data... (empty if none)
 
     @property
     def model_config(self) -> GPTConfig:
@@ -227,7 +228,9 @@ def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
     metrics = read_metrics(run_dir)
     if not any(r["kind"] == "eval" for r in metrics):
         raise CheckpointError(f"{run_dir / METRICS} has no evaluation records")
-    return Run(run_dir, checkpoint, settings, metrics)
+    groups = run_dir / RUN_GROUPS
+    return Run(run_dir, checkpoint, settings, metrics,
+               read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {})
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:

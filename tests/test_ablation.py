@@ -2,12 +2,16 @@
 from real tiny runs: a null arm comes out "no difference", a planted one significant."""
 
 import contextlib
+import dataclasses
 import io
+import math
 import re
 import shlex
+import statistics
 from dataclasses import replace
 
 import pytest
+import scipy.stats
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -17,7 +21,7 @@ import report
 import train
 from ablation.commands import add_seeds_commands
 from ablation.compare import baseline_of, results, uptraining
-from ablation.runs import group_arms, read_sweep
+from ablation.runs import flatten, group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
 from evaluation.results import write_results
@@ -31,8 +35,10 @@ SEEDS = (1, 2, 3)
 
 
 def compose_experiment(name, *overrides, hydra=False):
+    """train.yaml with experiment=name (None: the default run) and overrides."""
+    chosen = [f"experiment={name}"] if name else []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="train", overrides=[f"experiment={name}", *overrides], return_hydra_config=hydra)
+        return compose(config_name="train", overrides=[*chosen, *overrides], return_hydra_config=hydra)
 
 
 def sweep_params(name):
@@ -60,6 +66,32 @@ def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
     assert [c.model.n_embd for c in ladder] == [64, 96, 128] and {c.tokens_per_param for c in ladder} == {4}
     assert {c.eval_whole_val for c in ladder} == {load_config(compose_experiment("attention_ablation")).eval_whole_val} == {
         "final"}  # the compared evaluation covers the whole val split
+
+
+def flat_settings(config):
+    return flatten(dataclasses.asdict(config))
+
+
+def test_the_ablation_is_the_default_run_with_its_steps_and_evaluations_cut_to_fit():
+    """attention_ablation follows the default: its recipe, corpus, tokenizer, model and optimizer
+    are the default run's, whatever they become; only the schedule's length and the evaluations differ."""
+    default = flat_settings(load_config(compose_experiment(None)))
+    ablation = flat_settings(load_config(compose_experiment("attention_ablation")))
+    differ = {key for key in default if default[key] != ablation[key]}
+    assert differ == {"max_iters", "optim.warmup_iters", "eval_interval", "eval_whole_val", "arm", "logging.wandb.group"}
+    assert ablation["optim.warmup_iters"] / ablation["max_iters"] == default["optim.warmup_iters"] / default["max_iters"]
+    choices = compose_experiment("attention_ablation", hydra=True).hydra.runtime.choices
+    assert choices["recipe"] == compose_experiment(None, hydra=True).hydra.runtime.choices["recipe"]
+
+
+@pytest.mark.parametrize("experiment", ["attention_ablation_char", "attention_ablation_ladder", "attention_uptraining"])
+def test_the_character_level_experiments_keep_the_gpt2_recipe_their_results_were_measured_under(experiment):
+    settings = load_config(compose_experiment(experiment))
+    assert compose_experiment(experiment, hydra=True).hydra.runtime.choices["recipe"] == "gpt2"
+    assert (settings.data.name, settings.data.tokenizer, settings.batch_size) == ("stdlib_char", "char", 16)
+    assert settings.model.position == "learned" and not settings.model.qk_norm  # GPT-2's block
+    if experiment == "attention_ablation_char":  # the first ablation's arms, seeds and steps
+        assert sweep_params(experiment) == sweep_params("attention_ablation") and settings.max_iters == 300
 
 
 def test_uptraining_arms_start_from_the_mha_run_of_their_seed():
@@ -181,6 +213,24 @@ def test_the_table_holds_each_arms_mean_and_ci_over_its_seeds(sweep_dir, written
     assert f"| {mean:.4f} ± " in row and f"{expected.mean:+.4f} ({expected.low:+.4f}..{expected.high:+.4f})" in row
     assert f"| {mqa.params:,} |" in row and f"{mqa.flops_per_token / 1e6:.2f}M" in row
     assert "val bits/byte" in written[1] and f"torch {torch.__version__}" in written[1]
+
+
+def test_the_table_compares_in_bits_per_byte_and_names_the_recipe_and_data(sweep_dir, written):
+    """The bits-per-byte difference, recomputed from the runs' logged val_bpb with scipy's t; on this
+    ASCII corpus of characters it is also the difference in nats over ln 2."""
+    arms, baseline = arms_of_main_shape(sweep_dir)
+    mqa = next(a for a in arms if a.name == "kv1")
+    differences = [m - b for m, b in zip(mqa.finals("val_bpb"), baseline.finals("val_bpb"))]
+    mean, half = statistics.mean(differences), scipy.stats.t.ppf(0.975, 2) * statistics.stdev(differences) / math.sqrt(3)
+    nats = paired_difference(baseline.finals(), mqa.finals()).difference.mean
+    assert mean == pytest.approx(nats / math.log(2))
+    row = next(line for line in written[1].splitlines() if line.startswith("| MQA (1 kv heads) | 3 |")).split(" | ")
+    header = next(line for line in written[1].splitlines() if line.startswith("| arm |")).split(" | ")
+    assert row[header.index("vs baseline (bits/byte)")] == f"{mean:+.4f} ({mean - half:+.4f}..{mean + half:+.4f})"
+    assert "\nRecipe: not recorded. Data: files (char tokenizer).\n" in written[1]  # train.train(cfg): no groups.yaml
+    runs = [replace(run, groups={"recipe": "modern"}, settings=dict(run.settings, data=dict(
+        run.settings["data"], name="stdlib", tokenizer="bpe", vocab_size=4096))) for run in mqa.runs]
+    assert report.trained_as([replace(mqa, runs=runs)]) == "Recipe: modern. Data: stdlib (bpe tokenizer, 4,096 ids)."
 
 
 def test_uptraining_starts_from_the_converted_loss_and_compares_at_equal_tokens(sweep_dir, written):
