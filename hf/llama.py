@@ -89,8 +89,15 @@ def _either(values: tuple) -> str:
 def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a LlamaForCausalLM computing our Llama-block `config`."""
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": LLAMA,
+        "architectures": [ARCHITECTURE], "model_type": LLAMA, **rotary_decoder_config(config, eos_token_id),
+        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": NORM_EPS, "mlp_bias": False,
+    }
+
+
+def rotary_decoder_config(config: GPTConfig, eos_token_id: int | None) -> dict:
+    """The config.json keys Llama and NanoChat share: the shape, rotary, no attention biases,
+    dropout, the head's tying and the end-of-text token."""
+    return {
         "vocab_size": config.vocab_size,
         "max_position_embeddings": config.block_size,
         "hidden_size": config.n_embd,
@@ -98,12 +105,8 @@ def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
         "num_hidden_layers": config.n_layer,
         "num_attention_heads": config.n_head,
         "num_key_value_heads": config.kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": NORM_EPS,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
         "attention_bias": False,
-        "mlp_bias": False,
         "attention_dropout": config.dropout,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eos_token_id,

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from model.config import NANOCHAT_BLOCK, GPTConfig
 from .llama import (
-    FUSED, NANOCHAT, QKV, SHAPE_KEYS, TIED_HEAD, check_tied_head, rotary_base, rotary_shape, split_qkv, tied,
-    unsupported,
+    FUSED, NANOCHAT, QKV, SHAPE_KEYS, TIED_HEAD, check_tied_head, rotary_base, rotary_decoder_config, rotary_shape,
+    split_qkv, tied, unsupported,
 )
 
 ARCHITECTURE = "NanoChatForCausalLM"
@@ -49,24 +49,9 @@ EMBEDDING = {"transformer.wte.weight": "model.embed_tokens.weight"}
 def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a NanoChatForCausalLM computing our nanochat-block `config`."""
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": NANOCHAT,
-        "vocab_size": config.vocab_size,
-        "max_position_embeddings": config.block_size,
-        "hidden_size": config.n_embd,
-        "intermediate_size": config.mlp_hidden,
-        "num_hidden_layers": config.n_layer,
-        "num_attention_heads": config.n_head,
-        "num_key_value_heads": config.kv_heads,
-        "hidden_act": "relu2",
-        "rms_norm_eps": config.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
-        "attention_bias": False,
-        "attention_dropout": config.dropout,
+        "architectures": [ARCHITECTURE], "model_type": NANOCHAT, **rotary_decoder_config(config, eos_token_id),
+        "hidden_act": "relu2", "rms_norm_eps": config.norm_eps,
         "final_logit_softcapping": config.logit_softcap,  # null: none (NanoChatConfig's default is 15)
-        "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": eos_token_id,
-        "eos_token_id": eos_token_id,
         "pad_token_id": eos_token_id,  # NanoChatConfig's default, 1, is a token of ours
     }
 
