@@ -11,6 +11,7 @@ block_family, here, decides which family a model exports as: GPT-2's, Llama's or
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -185,27 +186,49 @@ def _rope(hf_config: dict) -> dict:
 
 def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our Llama-block state dict (a tied head left out) under LlamaForCausalLM's names."""
-    named = {llama: state[ours] for ours, llama in OUTSIDE.items()}
-    if not config.tie_embeddings:
-        named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
-    for layer in range(config.n_layer):
-        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {theirs + llama: state[ours + name] for name, llama in LAYER_NAMES.items()}
-        named |= dict(zip((theirs + name for name in QKV), split_qkv(state[ours + FUSED], config)))
-    return named
+    return to_decoder(config, state, OUTSIDE, LAYER_NAMES)
 
 
 def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """LlamaForCausalLM's state dict under our names, c_attn fused again. A tied model's
     stored lm_head must be the embedding itself. The names are checked before."""
-    check_tied_head(config, hf_state, OUTSIDE["transformer.wte.weight"])
-    named = {ours: hf_state[llama] for ours, llama in OUTSIDE.items()}
+    return from_decoder(config, hf_state, OUTSIDE, LAYER_NAMES)
+
+
+def _same(rows: Tensor, config: GPTConfig) -> Tensor:
+    return rows
+
+
+def to_decoder(config: GPTConfig, state: dict[str, Tensor], outside: dict[str, str], layer_names: dict[str, str],
+               turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same) -> dict[str, Tensor]:
+    """Our state dict under a Llama-like family's names (`outside` the blocks, `layer_names` in
+    each after "model.layers.<i>."), c_attn split into q_proj, k_proj and v_proj, whose q and k
+    rows `turn_qk` converts; a tied head left out."""
+    named = {theirs: state[ours] for ours, theirs in outside.items()}
+    if not config.tie_embeddings:
+        named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
+    for layer in range(config.n_layer):
+        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
+        named |= {theirs + name: state[ours + name_ours] for name_ours, name in layer_names.items()}
+        q, k, v = split_qkv(state[ours + FUSED], config)
+        named |= dict(zip((theirs + name for name in QKV), (turn_qk(q, config), turn_qk(k, config), v)))
+    return named
+
+
+def from_decoder(config: GPTConfig, hf_state: dict[str, Tensor], outside: dict[str, str],
+                 layer_names: dict[str, str], turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same
+                 ) -> dict[str, Tensor]:
+    """to_decoder's inverse (turn_qk its own inverse too); a tied model's stored lm_head must be
+    the embedding itself."""
+    check_tied_head(config, hf_state, outside["transformer.wte.weight"])
+    named = {ours: hf_state[theirs] for ours, theirs in outside.items()}
     if not config.tie_embeddings:
         named[TIED_HEAD] = hf_state[TIED_HEAD]
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {ours + name: hf_state[theirs + llama] for name, llama in LAYER_NAMES.items()}
-        named[ours + FUSED] = torch.cat([hf_state[theirs + name] for name in QKV])
+        named |= {ours + name_ours: hf_state[theirs + name] for name_ours, name in layer_names.items()}
+        q, k, v = (hf_state[theirs + name] for name in QKV)
+        named[ours + FUSED] = torch.cat([turn_qk(q, config), turn_qk(k, config), v])
     return named
 
 

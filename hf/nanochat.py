@@ -23,8 +23,8 @@ from torch import Tensor
 
 from model.config import NANOCHAT_BLOCK, GPTConfig
 from .llama import (
-    FUSED, NANOCHAT, QKV, SHAPE_KEYS, TIED_HEAD, check_tied_head, rotary_base, rotary_decoder_config, rotary_shape,
-    split_qkv, tied, unsupported,
+    NANOCHAT, SHAPE_KEYS, from_decoder, rotary_base, rotary_decoder_config, rotary_shape, tied, to_decoder,
+    unsupported,
 )
 
 ARCHITECTURE = "NanoChatForCausalLM"
@@ -74,30 +74,13 @@ def config_from_nanochat(hf_config: dict) -> GPTConfig:
 
 def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names."""
-    named = {theirs: state[ours] for ours, theirs in EMBEDDING.items()}
-    if not config.tie_embeddings:
-        named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
-    for layer in range(config.n_layer):
-        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {theirs + name: state[ours + name_ours] for name_ours, name in LAYER_NAMES.items()}
-        q, k, v = split_qkv(state[ours + FUSED], config)
-        named |= dict(zip((theirs + name for name in QKV), (flip_rotary(q, config), flip_rotary(k, config), v)))
-    return named
+    return to_decoder(config, state, EMBEDDING, LAYER_NAMES, flip_rotary)
 
 
 def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """NanoChatForCausalLM's state dict under our names, c_attn fused again. A tied model's stored
     lm_head must be the embedding itself. The names are checked before."""
-    check_tied_head(config, hf_state, EMBEDDING["transformer.wte.weight"])
-    named = {ours: hf_state[theirs] for ours, theirs in EMBEDDING.items()}
-    if not config.tie_embeddings:
-        named[TIED_HEAD] = hf_state[TIED_HEAD]
-    for layer in range(config.n_layer):
-        ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {ours + name_ours: hf_state[theirs + name] for name_ours, name in LAYER_NAMES.items()}
-        q, k, v = (hf_state[theirs + name] for name in QKV)
-        named[ours + FUSED] = torch.cat([flip_rotary(q, config), flip_rotary(k, config), v])
-    return named
+    return from_decoder(config, hf_state, EMBEDDING, LAYER_NAMES, flip_rotary)
 
 
 def flip_rotary(rows: Tensor, config: GPTConfig) -> Tensor:
