@@ -22,7 +22,7 @@ from conf import Config
 from conf.cli import named_settings
 from data import Tokenizer
 from model import GPTConfig
-from hf.files import HFError, load_hf_pretrained, local_hf_dir
+from hf.files import HFError, hf_tokenizer, load_hf_pretrained, local_hf_dir, resolve_hf_dir
 from hf.gpt2 import crop_block_size, pool_kv_heads
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from run.run_dir import command_line_overrides
@@ -62,7 +62,13 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
         if tokenizer.name != "gpt2":
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
         with reading_hf():
-            source, state = load_hf_pretrained(config.model_path, n_kv_head=requested_kv_heads)
+            directory = resolve_hf_dir(config.model_path)
+            theirs = hf_tokenizer(directory)  # before the weights: a refusal reads no gigabytes
+            if theirs.describe() != tokenizer.describe():
+                raise HFError(f"{directory}'s tokenizer.json is not GPT-2's ({theirs.name}, {theirs.vocab_size} ids), "
+                              "and init_from=hf trains on GPT-2's tokens: its model would read other ids than "
+                              "it learned; start from a model trained with GPT-2's tokenizer")
+            source, state = load_hf_pretrained(directory, n_kv_head=requested_kv_heads)
         refuse_contradictions(config.model, source, f"the weights of {config.model_path}")
     else:
         checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root, setting="model_path"))

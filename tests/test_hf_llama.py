@@ -15,11 +15,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 import export
 from conf import CONF_DIR, load_config
+from data.bpe import train_bpe
 from data.tokenizer import load_tokenizer
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from hf.files import HFError, load_hf_pretrained, save_hf
 from run.checkpoints import save_checkpoint
+from run import init_from
+from run.checkpoint import CheckpointError
 from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
@@ -160,7 +163,7 @@ def test_an_untied_head_imports_with_transformers_logits_and_exports_back_as_it_
 
 def test_init_from_hf_starts_a_run_from_llama_weights_pooled_to_fewer_kv_heads(tmp_path):
     model = ours(n_kv_head=6, vocab_size=50257, n_layer=1)
-    save_hf(tmp_path / "hf", model.config, model.state_dict())
+    save_hf(tmp_path / "hf", model.config, model.state_dict(), load_tokenizer({"name": "gpt2"}))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[
             "init_from=hf", f"model_path={tmp_path / 'hf'}", "model.n_kv_head=3", "model.block_size=32",
@@ -250,3 +253,15 @@ def test_non_finite_weights_are_refused_at_import_naming_the_tensor(tmp_path, ma
     saved_with(tmp_path / "hf", make(), lambda state: state[embedding].view(-1)[7].fill_(value))
     with pytest.raises(HFError, match=f"NaN or infinite values, in {embedding}$"):
         load_hf_pretrained(tmp_path / "hf")
+
+
+def test_init_from_hf_refuses_weights_trained_on_another_tokenizer_before_reading_them(tmp_path, monkeypatch):
+    """A run trains on GPT-2's ids; weights whose tokenizer.json is another (a trained BPE) would read
+    them as other words."""
+    model = ours(vocab_size=512, n_layer=1)
+    save_hf(tmp_path / "hf", model.config, model.state_dict(), train_bpe(["text to learn a few merges from " * 40], 300))
+    monkeypatch.setattr(init_from, "load_hf_pretrained", lambda *args, **kwargs: pytest.fail("the weights were read"))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=["init_from=hf", f"model_path={tmp_path / 'hf'}"])
+    with pytest.raises(CheckpointError, match=r"hf's tokenizer.json is not GPT-2's \(bpe, \d+ ids\), and init_from=hf "):
+        initial_model(load_config(cfg), load_tokenizer({"name": "gpt2"}))

@@ -200,7 +200,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model, block):
         (dict(norm="batchnorm"), r"^model.norm must be one of \('layernorm', 'rmsnorm'\)"),
         (dict(mlp="relu"), r"^model.mlp must be one of \('gelu', 'swiglu', 'relu2'\)"),
         (dict(position="rope", rope_base=0.0), r"^model.rope_base must be in \(0, inf\), got 0.0$"),
-        (dict(position="rope", rope_base=float("inf")), r"^model.rope_base must be in \(0, inf\), got inf$"),
+        (dict(position="rope", rope_base=float("inf")), r"^model.rope_base must be a finite number in \(0, inf\), got inf$"),
         (dict(rope_base=500.0), r"^model.rope_base \(500\) is read only when position is rope, and position is "
                                 r"learned: set model.position=rope too, or leave rope_base unset$"),
         (dict(position="rope", n_embd=36), r"position=rope needs an even head_dim \(n_embd / n_head = 9\)"),
