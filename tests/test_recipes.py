@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conf import CONF_DIR, load_config
+from model.config import BLOCKS
 from training.microbatch import plan_micro_batches
 
 # llm.c's GPT-2 (124M) run (github.com/karpathy/llm.c/discussions/481) and nanoGPT's
@@ -21,8 +22,9 @@ REFERENCES = {
 
 
 def compose_recipe(name, hydra=False):
+    """train.py's config under experiment=<name> (None: the default run's)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=hydra)
+        return compose(config_name="train", overrides=[f"experiment={name}"] if name else [], return_hydra_config=hydra)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
@@ -58,3 +60,26 @@ def test_one_gpu_accumulates_eight_times_what_eight_gpus_do(name):
 def test_the_fineweb_recipe_is_llm_cs_ten_billion_tokens():
     config = load_config(compose_recipe("gpt2_fineweb"))
     assert config.max_iters * config.tokens_per_step == 9_999_745_024  # llm.c: 19,073 steps of 2^19 tokens
+
+
+# The experiments the docs say run GPT-2's recipe (docs/recipes.md, ablation_results.md, finetuning.md):
+# its block (Llama's where the experiment names it) and none of the modern recipe's pieces.
+PINNED_TO_GPT2 = {"shakespeare_char_cpu": "gpt2", "gpt2_fineweb": "gpt2", "gpt2_openwebtext": "gpt2",
+                  "attention_ablation_gpt2": "gpt2", "attention_ablation_char": "gpt2",
+                  "attention_ablation_ladder": "gpt2", "attention_uptraining": "gpt2", "finetune_gpt2": "gpt2"}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_TO_GPT2))
+def test_an_experiment_on_gpt2s_recipe_has_no_modern_piece(name):
+    config = load_config(compose_recipe(name))
+    block = {key: getattr(config.model, key) for key in BLOCKS[PINNED_TO_GPT2[name]]}
+    assert block == BLOCKS[PINNED_TO_GPT2[name]]
+    m = config.model
+    assert (m.zero_init_proj, m.qk_norm, m.tie_embeddings, m.logit_softcap, config.optim.name) == (
+        False, False, True, None, "adamw")
+
+
+def test_the_attention_ablation_follows_the_default_recipe():
+    default, ablation = (load_config(compose_recipe(name)) for name in (None, "attention_ablation"))
+    assert {key: getattr(ablation.model, key) for key in BLOCKS["modern"]} == BLOCKS["modern"]
+    assert (ablation.model.zero_init_proj, ablation.data.tokenizer) == (default.model.zero_init_proj, default.data.tokenizer)
