@@ -19,7 +19,8 @@ from ablation.runs import Arm, flatten
 from conf import CONF_DIR
 from run.run_dir import RUN_GROUPS, group_choices, read_run_yaml
 
-NOT_CARRIED = {"seed", "out_dir", "resume"}  # what differs from run to run, or would make a run anything but new
+NOT_CARRIED = {"seed", "out_dir", "resume",  # what differs from run to run, or would make a run anything but new
+               "model.vocab_size"}  # recorded from the tokenizer (or the weights), which sets it whatever a command says
 
 
 def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
