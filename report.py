@@ -99,7 +99,7 @@ def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: lis
             f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}.")
     if left_out:
         text = "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])
-    return f"{text}\n\n{trained_as(arms)}"
+    return f"{text}\n\n{trained_as(arms)}" if runs else text
 
 
 def trained_as(arms: list[Arm]) -> str:
