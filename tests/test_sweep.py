@@ -1,5 +1,5 @@
-"""What a sweep (`train.py -m`) leaves and says: its directory and the report.py command, or,
-for estimates, which write nothing, neither."""
+"""An estimate sweep (`train.py -m estimate=true`) writes nothing, so it leaves no sweep
+directory and names no report.py command (a sweep of runs does both: tests/test_train.py)."""
 
 import subprocess
 import sys
@@ -22,9 +22,3 @@ def test_an_estimate_sweep_leaves_no_directory_and_names_no_report(tmp_path):
     assert done.stdout.count("estimate:") == 2 and "report.py" not in done.stdout
     assert not (tmp_path / "sweep").exists()
 
-
-def test_a_sweep_names_its_directory_and_the_report_command(tmp_path):
-    done = sweep(tmp_path, "seed=1,2")
-    assert done.returncode == 0, done.stderr
-    assert f"report on it: python report.py {tmp_path / 'sweep'}" in done.stdout
-    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0", "1", "multirun.yaml"]
