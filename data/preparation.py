@@ -54,7 +54,7 @@ from data.meta import (
 )
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
-from data.sources import Corpus, local_source_files, open_corpus
+from data.sources import Corpus, open_corpus, source_digests
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
 from system import on_signals, write_atomic
 
@@ -235,12 +235,6 @@ def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dic
     write_json_atomic(data_dir / META_FILE, meta)
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return meta
-
-
-def source_digests(cfg: DataConfig) -> dict[str, str]:
-    """{path: sha256} of the source's local files, which data.verify=sha256 checks before reuse
-    (the fingerprint sees their sizes and modification times only)."""
-    return {str(path.resolve()): file_sha256(path) for path in local_source_files(cfg)}
 
 
 def _new_counters() -> dict:

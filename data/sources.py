@@ -29,6 +29,7 @@ from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
 from data.errors import DataError
+from data.meta import file_sha256
 from data.readers import ROWS_PER_BATCH, Chain, Corpus, JsonLines, Rows, TextFiles, check_column, check_utf8
 from system import write_atomic
 
@@ -68,6 +69,12 @@ def local_source_files(cfg: DataConfig) -> list[Path]:
     if cfg.source == "files":
         return resolve_files(cfg.path) if cfg.path else []
     return resolve_files(cfg.dataset) if Path(cfg.dataset).expanduser().is_dir() else []
+
+
+def source_digests(cfg: DataConfig) -> dict[str, str]:
+    """{path: sha256} of the source's local files, which data.verify=sha256 checks before reuse
+    (the fingerprint sees their sizes and modification times only)."""
+    return {str(path.resolve()): file_sha256(path) for path in local_source_files(cfg)}
 
 
 def _file_stats(files: list[Path]) -> list[tuple[str, int, int]]:
