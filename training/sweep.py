@@ -3,6 +3,7 @@ and the command that reports on them, as a single run ends with its sample.py co
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into every sweep directory
 
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if os.environ.get("RANK", "0") != "0":  # under torchrun every process ends the sweep: rank 0 speaks
+            return
         directory = config.hydra.sweep.dir
         if config.get("estimate"):  # each job printed its estimate and wrote nothing: no sweep to report on
             _remove_if_only_hydras(Path(directory))
