@@ -5,7 +5,8 @@
 
 In GPT-2's block MHA models become GPT2LMHeadModel and MQA models GPTBigCodeForCausalLM;
 in the Llama block (model/block=llama) every layout, GQA included, becomes
-LlamaForCausalLM, and in nanochat's (model/block=nanochat) NanoChatForCausalLM (transformers >= 5.0). A gpt2-tokenized model also gets its tokenizer files, so in the output directory
+LlamaForCausalLM, and in nanochat's (model/block=nanochat) NanoChatForCausalLM (transformers >= 5.0).
+A gpt2-tokenized model also gets its tokenizer files, so in the output directory
 `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` work.
 """
 

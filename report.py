@@ -30,15 +30,15 @@ import torch
 from ablation.attention_plot import AttentionLayout, attention_maps, plot_attention, token_labels
 from ablation.commands import add_seeds_commands
 from ablation.compare import Result, Uptraining, baseline_of, ladder_gaps, one_per_layout, results, uptraining
-from ablation.downstream import downstream_section
 from ablation.decode import gpt2_sized, kv_cache_bytes, kv_cache_bytes_per_token, measure_layout
-from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
+from ablation.downstream import downstream_section
 from ablation.fairness import changes, check_same_data
+from ablation.plots import plot_curves, plot_frontier, plot_ladder, plot_uptraining
 from ablation.runs import GPT2_BLOCK, Arm, group_arms, layout_name, read_sweep, shape_name, shape_order, size_name
 from ablation.stats import LEVEL, MAX_SEEDS, POWER, Estimate, detectable_effect, p_value, seeds_needed
-from training.provenance import provenance
 from model import GPT, to_decode_layout
 from system import exits
+from training.provenance import provenance
 
 DECODE_BATCHES = (1, 8)
 DECODE_REPEATS = 5  # timed passes per figure, the fastest kept: a busy moment does not decide it
@@ -46,8 +46,16 @@ DEFAULT_PROMPT = "def __init__(self, name):"
 DEFAULT_EFFECT = 0.01  # nats: the difference the power section counts the seeds for
 
 
-def write_report(sweep_dir: Path, out_dir: Path, *, prompt: str = DEFAULT_PROMPT, baseline: str | None = None,
-                 frontier_preset=None, decode_steps: int = 16, effect: float = DEFAULT_EFFECT) -> Path:
+def write_report(
+    sweep_dir: Path,
+    out_dir: Path,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    baseline: str | None = None,
+    frontier_preset=None,
+    decode_steps: int = 16,
+    effect: float = DEFAULT_EFFECT,
+) -> Path:
     """frontier_preset maps a trained layout to the config whose random-weight decode
     speed the frontier also shows (gpt2_sized for the CLI; None leaves it out); effect is
     the difference in nats the power section counts the seeds for."""
@@ -94,11 +102,15 @@ def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: lis
     runs = sum(len(a.runs) for a in arms)
     seeds = sorted({s for a in arms for s in a.seeds})
     where = provenance(device)
-    text = (f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
-            f"{', '.join(map(str, seeds))}. Measured at report time ({where['date']}) on {device.type} "
-            f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}.")
+    text = (
+        f"# Attention ablation: {sweep_dir.name}\n\n{runs} runs in {len(arms)} arms, seeds "
+        f"{', '.join(map(str, seeds))}. Measured at report time ({where['date']}) on {device.type} "
+        f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}."
+    )
     if left_out:
-        text = "\n".join([f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)])
+        text = "\n".join(
+            [f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)]
+        )
     return f"{text}\n\n{trained_as(arms)}" if runs else text
 
 
@@ -113,30 +125,37 @@ def trained_as(arms: list[Arm]) -> str:
 
 def shape_section(shape, rows: list[Result], image: str) -> str:
     lines = [
-        f"## {shape_name(shape)}", "",
+        f"## {shape_name(shape)}",
+        "",
         f"Each arm is compared with the baseline (the first row, at its final {rows[0].tokens:,} training tokens) "
         "on the axis its budget was matched on: 'equal tokens' at the baseline's final tokens; 'equal FLOPs' "
         "(match_mha_flops) at its own final evaluation, where it has spent the baseline's training FLOPs; "
         "'own end' for an arm not evaluated at the baseline's tokens. Mean and 95% confidence interval over "
-        "seeds (Student t); training FLOPs are one run's at those tokens.", "",
-        "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) | val bits/byte "
-        "| vs baseline (bits/byte) | vs baseline (nats) | p | Holm p | train tok/s |",
+        "seeds (Student t); training FLOPs are one run's at those tokens.",
+        "",
+        "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) "
+        "| val bits/byte | vs baseline (bits/byte) | vs baseline (nats) | p | Holm p | train tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a = r.arm
         if r.comparison:
             bpb = signed(r.bpb_difference) if r.bpb_difference else "n/a"
-            comparison = f"{bpb} | {signed(r.comparison.difference)} | {p_value(r.comparison.p_value)} | " \
-                         f"{p_value(r.comparison.deciding_p)}"
+            comparison = (
+                f"{bpb} | {signed(r.comparison.difference)} | {p_value(r.comparison.p_value)} | "
+                f"{p_value(r.comparison.deciding_p)}"
+            )
         else:
             comparison = "baseline | baseline | |"
-        train_speed = statistics.median(rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train")
+        train_speed = statistics.median(
+            rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train"
+        )
         missing = f" ({_seeds(r.missing)} missing)" if r.missing else ""
         lines.append(
             f"| {a.label} | {len(a.runs)}{missing} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
             f"{'baseline' if r.comparison is None else r.axis} | {r.tokens:,} | {r.flops:.4g} | "
-            f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | {train_speed:,.0f} |"
+            f"{estimate(r.val_loss)} | {estimate(r.val_bpb) if r.val_bpb else 'n/a'} | {comparison} | "
+            f"{train_speed:,.0f} |"
         )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
     changed = [(r.arm.label, changes(r.arm, rows[0].arm)) for r in rows[1:]]
@@ -146,13 +165,17 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
 
 def power_section(rows: list[Result], sweep_dir: Path, effect: float) -> str:
     """What each comparison could have detected, and the seeds that would detect `effect`."""
-    lines = ["### What these seeds can detect", "",
-             f"The smallest difference each test detects {POWER * 100:g}% of the time at alpha {1 - LEVEL:.2g} "
-             "(two-sided, noncentral t, from the observed spread of one seed's difference; before Holm's "
-             f"adjustment), and the seeds per arm that would detect a difference of {effect:g} nats as often, "
-             "if that spread holds.", "",
-             "| comparison | sd of one seed's difference | detectable at these seeds (nats) | "
-             f"seeds for {effect:g} nats |", "|---|---|---|---|"]
+    lines = [
+        "### What these seeds can detect",
+        "",
+        f"The smallest difference each test detects {POWER * 100:g}% of the time at alpha {1 - LEVEL:.2g} "
+        "(two-sided, noncentral t, from the observed spread of one seed's difference; before Holm's "
+        f"adjustment), and the seeds per arm that would detect a difference of {effect:g} nats as often, "
+        "if that spread holds.",
+        "",
+        f"| comparison | sd of one seed's difference | detectable at these seeds (nats) | seeds for {effect:g} nats |",
+        "|---|---|---|---|",
+    ]
     needed = {r.arm.name: seeds_needed(r.comparison, effect) for r in rows[1:]}
     for r in rows[1:]:
         c, n = r.comparison, needed[r.arm.name]
@@ -164,22 +187,35 @@ def power_section(rows: list[Result], sweep_dir: Path, effect: float) -> str:
     targets += [(r.arm, needed[r.arm.name]) for r in rows[1:] if needed[r.arm.name]]
     commands = add_seeds_commands(targets, sweep_dir)
     if commands:
-        lines += ["", "To add those seeds to this sweep (report.py then reads them with the others):", "",
-                  "```", *commands, "```"]
+        lines += [
+            "",
+            "To add those seeds to this sweep (report.py then reads them with the others):",
+            "",
+            "```",
+            *commands,
+            "```",
+        ]
     return "\n".join(lines)
 
 
 def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
-    lines = ["## Across model sizes", "",
-             "The final validation loss difference of each GQA/MQA arm to its size's MHA arm, against the MHA "
-             "model's non-embedding parameters. A gap that widens means fewer key/value heads cost more as the "
-             "model grows at this token budget; CIs are 95% over seeds, paired by seed.", "",
-             "| MHA model | non-embedding params | tokens | arm | difference (nats) | 95% CI | p |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Across model sizes",
+        "",
+        "The final validation loss difference of each GQA/MQA arm to its size's MHA arm, against the MHA "
+        "model's non-embedding parameters. A gap that widens means fewer key/value heads cost more as the "
+        "model grows at this token budget; CIs are 95% over seeds, paired by seed.",
+        "",
+        "| MHA model | non-embedding params | tokens | arm | difference (nats) | 95% CI | p |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for gap in ladder_gaps(per_shape):
         d = gap.comparison.difference
-        lines.append(f"| {shape_name(gap.baseline.shape)} | {gap.non_embedding_params:,} | "
-                     f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
-                     f"{p_value(gap.comparison.p_value)} |")
+        lines.append(
+            f"| {shape_name(gap.baseline.shape)} | {gap.non_embedding_params:,} | "
+            f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
+            f"{p_value(gap.comparison.p_value)} |"
+        )
     return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
 
 
@@ -189,13 +225,20 @@ def blocks_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
     seeds = {g.baseline.shape[3]: g.baseline.seeds for g in gaps}  # block -> its baseline's seeds
     cells: dict[tuple[str, str], dict[str, Estimate]] = {}
     for g in gaps:
-        cells.setdefault((size_name(g.baseline.shape), layout_name(g.arm.config)), {})[g.baseline.shape[3]] = \
+        cells.setdefault((size_name(g.baseline.shape), layout_name(g.arm.config)), {})[g.baseline.shape[3]] = (
             g.comparison.difference
-    lines = ["## The blocks side by side", "",
-             "Each block's arms against its own MHA baseline, never against the other block's runs: the final "
-             "validation loss difference (nats) and its 95% CI over seeds, paired by seed. Seeds: "
-             + "; ".join(f"{block} {_seeds(s)}" for block, s in seeds.items()) + ".", "",
-             "| shape | layout - MHA | " + " | ".join(seeds) + " |", "|---|---|" + "---|" * len(seeds)]
+        )
+    lines = [
+        "## The blocks side by side",
+        "",
+        "Each block's arms against its own MHA baseline, never against the other block's runs: the final "
+        "validation loss difference (nats) and its 95% CI over seeds, paired by seed. Seeds: "
+        + "; ".join(f"{block} {_seeds(s)}" for block, s in seeds.items())
+        + ".",
+        "",
+        "| shape | layout - MHA | " + " | ".join(seeds) + " |",
+        "|---|---|" + "---|" * len(seeds),
+    ]
     for (size, layout), found in cells.items():
         shown = [f"{found[b].mean:+.4f} ({ci(found[b], signed=True)})" if b in found else "not run" for b in seeds]
         lines.append(f"| {size} | {layout} | " + " | ".join(shown) + " |")
@@ -204,16 +247,22 @@ def blocks_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
 
 def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -> str:
     plot_uptraining(arms, rows, out_dir / "uptraining.png")
-    lines = ["## Uptraining against training from scratch", "",
-             "Each uptrained arm starts from the MHA run of the same seed, its K/V heads mean-pooled per group "
-             "(Ainslie et al., 2023), and trains on; 'converted' is its evaluation before any step. It is "
-             "compared with the same layout trained from scratch, at the same total training tokens (the MHA "
-             "source's included). 95% CIs over seeds.", "",
-             "| arm | tokens in all | converted (step 0) | after uptraining | from scratch at those tokens |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## Uptraining against training from scratch",
+        "",
+        "Each uptrained arm starts from the MHA run of the same seed, its K/V heads mean-pooled per group "
+        "(Ainslie et al., 2023), and trains on; 'converted' is its evaluation before any step. It is "
+        "compared with the same layout trained from scratch, at the same total training tokens (the MHA "
+        "source's included). 95% CIs over seeds.",
+        "",
+        "| arm | tokens in all | converted (step 0) | after uptraining | from scratch at those tokens |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         scratch = estimate(r.scratch_at_total) if r.scratch_at_total else "not evaluated at these tokens"
-        lines.append(f"| {r.arm.label} | {r.total_tokens:,} | {estimate(r.converted)} | {estimate(r.final)} | {scratch} |")
+        lines.append(
+            f"| {r.arm.label} | {r.total_tokens:,} | {estimate(r.converted)} | {estimate(r.final)} | {scratch} |"
+        )
     verdicts = [f"- {r.verdict}" for r in rows if r.verdict]
     return "\n".join(lines + ["", *verdicts, "", "![uptraining](uptraining.png)"])
 
@@ -224,14 +273,19 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
     groups = [("trained", [(r, r.arm.runs[0].model(device)) for r in rows])]
     if preset is not None:
         groups.append(("random weights", [(r, _random_model(preset(r.arm.config), device)) for r in rows]))
-    lines = ["## Quality and decode speed", "",
-             f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
-             f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
-             "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
-             "from the config.", "",
-             "| model | layout | KV cache bytes/token | KV cache MiB (one full context) | " +
-             " | ".join(f"tok/s b={b} {length}" for b in DECODE_BATCHES for length in ("short", "long")) + " |",
-             "|---|---|---|---|" + "---|" * 2 * len(DECODE_BATCHES)]
+    lines = [
+        "## Quality and decode speed",
+        "",
+        f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
+        f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
+        "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
+        "from the config.",
+        "",
+        "| model | layout | KV cache bytes/token | KV cache MiB (one full context) | "
+        + " | ".join(f"tok/s b={b} {length}" for b in DECODE_BATCHES for length in ("short", "long"))
+        + " |",
+        "|---|---|---|---|" + "---|" * 2 * len(DECODE_BATCHES),
+    ]
     panels = []
     for title, models in groups:
         points = []
@@ -240,9 +294,12 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
             short, long = sorted({s.context for s in speeds})
             cache = kv_cache_bytes_per_token(model.config)
             layout = row.arm.label if model.config == row.arm.config else layout_name(model.config)
-            lines.append(f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | "
-                         f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | " +
-                         " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds) + " |")
+            lines.append(
+                f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | "
+                f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | "
+                + " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds)
+                + " |"
+            )
             at_long = [s for s in speeds if s.batch == DECODE_BATCHES[-1] and s.context == long][0]
             points.append((layout, row.val_loss, at_long.tokens_per_s, f"{cache / 1024:g} KiB/token"))
         panels.append((f"{title} ({_size(models[0][1].config)}): batch {DECODE_BATCHES[-1]}, context {long}", points))
@@ -256,13 +313,19 @@ def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
     note = ""
     if unknown:  # a char tokenizer knows only its training text's characters
         prompt = "".join(c for c in prompt if c not in unknown) or "".join(tokenizer.chars[:24])
-        note = (f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
-                f"{prompt!r}.")
+        note = (
+            f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
+            f"{prompt!r}."
+        )
     ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
     last_layer = [attention_maps(a.runs[0].model(torch.device("cpu")), torch.tensor([ids]))[-1][0] for a in arms]
     layouts = [AttentionLayout(a.label, a.config.n_kv_head, weights) for a, weights in zip(arms, last_layer)]
-    plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png",
-                   f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}")
+    plot_attention(
+        layouts,
+        token_labels([tokenizer.decode([i]) for i in ids]),
+        out_dir / "attention.png",
+        f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}",
+    )
     return "## Attention patterns\n\n![attention](attention.png)" + note
 
 
@@ -332,11 +395,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: sweep_dir)")
     parser.add_argument("--baseline", help="the arm every other is compared with (default: MHA from scratch)")
     parser.add_argument("--decode-steps", type=int, default=16, help="decode steps per timed pass")
-    parser.add_argument("--no-gpt2-decode", action="store_true",
-                        help="skip the decode measurement of each layout at GPT-2 small size")
+    parser.add_argument(
+        "--no-gpt2-decode", action="store_true", help="skip the decode measurement of each layout at GPT-2 small size"
+    )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose attention the heatmaps show")
-    parser.add_argument("--effect", type=float, default=DEFAULT_EFFECT,
-                        help="the loss difference in nats to count the seeds for, at 80%% power (default 0.01)")
+    parser.add_argument(
+        "--effect",
+        type=float,
+        default=DEFAULT_EFFECT,
+        help="the loss difference in nats to count the seeds for, at 80%% power (default 0.01)",
+    )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         sys.exit(f"error: {args.sweep_dir} is not a directory")
@@ -349,9 +417,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         sys.exit(f"error: --out {args.out} is a file: pass a directory for report.md and the plots")
     with exits(writing=str(args.out or args.sweep_dir)):  # ValueError: a malformed metrics.jsonl or --baseline
-        path = write_report(args.sweep_dir, args.out or args.sweep_dir, prompt=args.prompt, baseline=args.baseline,
-                            frontier_preset=None if args.no_gpt2_decode else gpt2_sized, decode_steps=args.decode_steps,
-                            effect=args.effect)
+        path = write_report(
+            args.sweep_dir,
+            args.out or args.sweep_dir,
+            prompt=args.prompt,
+            baseline=args.baseline,
+            frontier_preset=None if args.no_gpt2_decode else gpt2_sized,
+            decode_steps=args.decode_steps,
+            effect=args.effect,
+        )
     print(f"wrote {path}")
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 # The problems noted inside all_problems(): each field's rule's, then the cross-field checks'.
 _noted: ContextVar[tuple[list[str], list[str]] | None] = ContextVar("noted_problems", default=None)

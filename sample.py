@@ -38,9 +38,9 @@ from conf.cli import check_overrides, options_first, prompt_from_words
 from conf.sample_config import SampleConfig, load_sample_config
 from data import Tokenizer
 from model import GPT, KVCache, cut_at_stop, stop_string_check, stream
-from system import exits
 from run.load import load_model
 from run.runtime import available_memory, resolve_device, resolve_precision
+from system import exits
 
 PROMPT_FILE = "FILE:"
 STDIN = "-"  # prompt=- reads the prompt from standard input
@@ -74,7 +74,10 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     if live:
         live.write(prompt)
     steps = stream(
-        model, [prompt_ids] * config.num_samples, config.max_new_tokens, config.sampling,
+        model,
+        [prompt_ids] * config.num_samples,
+        config.max_new_tokens,
+        config.sampling,
         stop_tokens=[] if tokenizer.eot_id is None else [tokenizer.eot_id],
         stop=stop_string_check(tokenizer.decode, stops),
         vocab_size=tokenizer.vocab_size,
@@ -94,9 +97,13 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
     return {
         "checkpoint": str(source),  # init_from=hf: the transformers directory read
         "prompt": prompt,
-        "settings": {**{name: getattr(config, name) for name in
-                        ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")},
-                     "stop": stops},  # as matched: a typed \n is a newline
+        "settings": {
+            **{
+                name: getattr(config, name)
+                for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")
+            },
+            "stop": stops,
+        },  # as matched: a typed \n is a newline
         "samples": [c.summary(config.max_new_tokens) for c in completions],
     }
 
@@ -106,15 +113,23 @@ def load_sampled_model(config: SampleConfig, device: torch.device, dtype: torch.
     a gptlab checkpoint, or (init_from=hf) a Hugging Face model imported as train.py imports it.
     The checkpoint's own copy of the weights is let go here: the model holds them."""
     hf = config.init_from == "hf"
-    model, tokenizer, checkpoint = load_model(config.model_path if hf else config.checkpoint, config.runs_root,
-                                              device, dtype, weights=config.weights, decode=config.decode, hf=hf)
+    model, tokenizer, checkpoint = load_model(
+        config.model_path if hf else config.checkpoint,
+        config.runs_root,
+        device,
+        dtype,
+        weights=config.weights,
+        decode=config.decode,
+        hf=hf,
+    )
     if not hf and config.checkpoint is None:
         print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
     return checkpoint.path, tokenizer, model
 
 
-def check_memory(model: GPT, config: SampleConfig, prompt_tokens: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+def check_memory(
+    model: GPT, config: SampleConfig, prompt_tokens: int, dtype: torch.dtype, device: torch.device
+) -> None:
     """Refuse, before generating, a batch whose KV cache and per-step logits would not fit
     (the kernel would kill the process without a word)."""
     max_len = min(prompt_tokens + config.max_new_tokens, model.config.block_size)
@@ -122,9 +137,11 @@ def check_memory(model: GPT, config: SampleConfig, prompt_tokens: int, dtype: to
     logits = 3 * config.num_samples * model.config.vocab_size * 4  # fp32 logits, probabilities and a sort
     available = available_memory(device)
     if available is not None and cache + logits > available:
-        raise ValueError(f"num_samples={config.num_samples} needs about {(cache + logits) / 2**30:.1f} GiB "
-                         f"(KV cache for {max_len} positions, and each step's logits), and {device} has "
-                         f"{available / 2**30:.1f} GiB available: lower num_samples")
+        raise ValueError(
+            f"num_samples={config.num_samples} needs about {(cache + logits) / 2**30:.1f} GiB "
+            f"(KV cache for {max_len} positions, and each step's logits), and {device} has "
+            f"{available / 2**30:.1f} GiB available: lower num_samples"
+        )
 
 
 def read_prompt(prompt: str) -> str:
@@ -134,7 +151,7 @@ def read_prompt(prompt: str) -> str:
         return sys.stdin.read()
     if not prompt.startswith(PROMPT_FILE):
         return unescape(prompt)
-    path = Path(prompt[len(PROMPT_FILE):]).expanduser()
+    path = Path(prompt[len(PROMPT_FILE) :]).expanduser()
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -156,8 +173,10 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
     unknown = tokenizer.unknown_characters(prompt)
     if unknown:
         listed = " ".join(repr(c) for c in unknown)
-        raise ValueError(f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "
-                         f"{listed} (its vocabulary is the characters of its training text)")
+        raise ValueError(
+            f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "
+            f"{listed} (its vocabulary is the characters of its training text)"
+        )
     return tokenizer.encode(prompt)
 
 

@@ -39,32 +39,54 @@ from conf import Config
 from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
-from system import GracefulStop, command_finished, exits
-from training.budget import run_budget
 from run.checkpoint import CheckpointError, load_weights
 from run.checkpoints import Checkpoints
 from run.distributed import (
-    Ranks, barrier, broadcast_from_main, gather_to_main, init_distributed, main_decides, shutdown, wrap_model,
+    Ranks,
+    barrier,
+    broadcast_from_main,
+    gather_to_main,
+    init_distributed,
+    main_decides,
+    shutdown,
 )
-from training.estimate import WARMUP_STEPS, estimate_line, estimate_steps, peak_line, tokens_line
-from training.evaluate import Evaluator
 from run.init_from import check_model_path
-from training.logger import RunLogger, check_wandb
-from training.microbatch import Plan, build_trainer, choice_line, device_memory, out_of_memory_advised, plan_micro_batches
-from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
-from training.optim import build_optimizer, schedule_scale
 from run.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
 from run.start import RunSpec, StartedRun, build_model, model_without_corpus, resolve_run, start_run
+from system import GracefulStop, command_finished, exits
+from training.budget import run_budget
+from training.estimate import WARMUP_STEPS, estimate_line, estimate_steps, peak_line, tokens_line
+from training.evaluate import Evaluator
+from training.logger import RunLogger, check_wandb
+from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
+from training.microbatch import (
+    Plan,
+    build_trainer,
+    choice_line,
+    device_memory,
+    out_of_memory_advised,
+    plan_micro_batches,
+)
+from training.optim import build_optimizer, schedule_scale
 from training.step import (
-    Prefetcher, RandomBatches, Trainer, TrainWindow, WindowSummary, check_finite, learning_rate, schedule_warnings,
+    Prefetcher,
+    RandomBatches,
+    Trainer,
+    TrainWindow,
+    WindowSummary,
+    check_finite,
+    learning_rate,
+    schedule_warnings,
     train_step,
 )
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> Path | None:
-    with exits(out_of_memory="lower batch_size, model.block_size or the model's size",  # train() says more
-               writing="writing the run"):
+    with exits(
+        out_of_memory="lower batch_size, model.block_size or the model's size",  # train() says more
+        writing="writing the run",
+    ):
         return train(cfg)  # the run directory: Hydra hands it to callbacks (evaluation/after_training.py)
 
 
@@ -131,26 +153,50 @@ def run_training(run: StartedRun, plan: Plan) -> Path:
     # A resume's training state restored, the run's config recorded.
     step, best_val_loss, resumed = run.restore(model, optimizer, scaler, config)
     # The step at its micro-batch (batch_size=auto tries it on the device), its batches, the evaluation and the log.
-    compiled, trainer, micro = build_trainer(config, plan, model, optimizer, scaler, precision, ranks, device,
-                                             vocab_size=tokenizer.vocab_size)
+    compiled, trainer, micro = build_trainer(
+        config, plan, model, optimizer, scaler, precision, ranks, device, vocab_size=tokenizer.vocab_size
+    )
     config = replace(config, batch_size=micro.size)
     session = Session(
-        config=config, ranks=ranks, device=device, run_dir=run.run_dir, checkpoints=run.checkpoints, model=model,
-        compiled=compiled, trainer=trainer, batches=train_batches(config, data, block_size, ranks, device, micro.accum),
+        config=config,
+        ranks=ranks,
+        device=device,
+        run_dir=run.run_dir,
+        checkpoints=run.checkpoints,
+        model=model,
+        compiled=compiled,
+        trainer=trainer,
+        batches=train_batches(config, data, block_size, ranks, device, micro.accum),
         evaluate=evaluator(config, data, block_size, precision, ranks, device),
         logger=RunLogger(
-            run.run_dir, start_step=step, max_iters=config.max_iters, progress=config.logging.progress,
-            wandb_settings=asdict(config.logging.wandb), config=run.settings, enabled=ranks.is_main,
+            run.run_dir,
+            start_step=step,
+            max_iters=config.max_iters,
+            progress=config.logging.progress,
+            wandb_settings=asdict(config.logging.wandb),
+            config=run.settings,
+            enabled=ranks.is_main,
         ),
-        checkpoint_config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
+        checkpoint_config={
+            "model": asdict(model.config),
+            "data": asdict(config.data),
+            "tokenizer": tokenizer.describe(),
+        },
         checkpoint_files=tokenizer.files(),
         tokens_per_step=tokens_per_step,
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
     # The loop.
-    session.logger.print(header(session, precision.name, micro.accum, train_tokens=data.meta["tokens"]["train"],
-                                notes=(run.takeover, origin, budget.reason, resumed)))
+    session.logger.print(
+        header(
+            session,
+            precision.name,
+            micro.accum,
+            train_tokens=data.meta["tokens"]["train"],
+            notes=(run.takeover, origin, budget.reason, resumed),
+        )
+    )
     if plan.auto:  # what batch_size=auto chose and measured, printed and in metrics.jsonl
         session.logger.print(choice_line(micro, tokens_per_step))
         session.logger.log(micro.record(step), echo=False)
@@ -179,19 +225,31 @@ def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
     metrics = evaluator(config, data, model.config.block_size, precision, ranks, device)(model, final=True)
     if ranks.is_main:
         source = resume_from.path if resume_from else (origin or "a freshly initialised model (init_from=scratch)")
-        print(f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
-              f"val windows of {model.config.block_size} tokens, {precision.name}")
+        print(
+            f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
+            f"val windows of {model.config.block_size} tokens, {precision.name}"
+        )
         for split in ("train", "val"):
-            print(f"{split:<5} loss {metrics[f'{split}_loss']:.4f} | ppl {metrics[f'{split}_ppl']:.2f} | "
-                  f"{metrics[f'{split}_bpb']:.4f} bits/byte")
+            print(
+                f"{split:<5} loss {metrics[f'{split}_loss']:.4f} | ppl {metrics[f'{split}_ppl']:.2f} | "
+                f"{metrics[f'{split}_bpb']:.4f} bits/byte"
+            )
 
 
 def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, device: torch.device) -> Evaluator:
     micro_batch = config.eval_batch_size if config.batch_size == "auto" else config.batch_size  # auto: max_iters=0
-    return Evaluator(data.data_dir, block_size=block_size, batch_size=config.eval_batch_size or micro_batch,
-                     micro_batch=micro_batch, eval_iters=config.eval_iters,
-                     whole_val=config.eval_whole_val, token_bytes=data.tokenizer().token_bytes(), precision=precision,
-                     ranks=ranks, device=device)
+    return Evaluator(
+        data.data_dir,
+        block_size=block_size,
+        batch_size=config.eval_batch_size or micro_batch,
+        micro_batch=micro_batch,
+        eval_iters=config.eval_iters,
+        whole_val=config.eval_whole_val,
+        token_bytes=data.tokenizer().token_bytes(),
+        precision=precision,
+        ranks=ranks,
+        device=device,
+    )
 
 
 def estimate_only(config: Config, ranks: Ranks, device: torch.device, plan: Plan) -> None:
@@ -203,8 +261,17 @@ def estimate_only(config: Config, ranks: Ranks, device: torch.device, plan: Plan
     model, vocab_size, train_tokens, source = estimate_model(config, ranks, device)
     tokens_per_step = plan.sequences * model.config.block_size * ranks.world_size
     config = replace(config, max_iters=run_budget(config, model.config, tokens_per_step).max_iters)  # the run's own
-    _, trainer, micro = build_trainer(config, plan, model, build_optimizer(model, config.optim, device.type),
-                                      precision.grad_scaler(), precision, ranks, device, vocab_size=vocab_size)
+    _, trainer, micro = build_trainer(
+        config,
+        plan,
+        model,
+        build_optimizer(model, config.optim, device.type),
+        precision.grad_scaler(),
+        precision,
+        ranks,
+        device,
+        vocab_size=vocab_size,
+    )
     batches = RandomBatches(vocab_size, micro.size, model.config.block_size, device)
     warmup, timed = estimate_steps(config.estimate_steps, micro.accum)
     timed_steps(trainer, batches, config, warmup)
@@ -212,15 +279,24 @@ def estimate_only(config: Config, ranks: Ranks, device: torch.device, plan: Plan
     with memory.watch() if memory else contextlib.nullcontext():  # the peak of the run's own steps
         seconds = timed_steps(trainer, batches, config, timed)
     if ranks.is_main:
-        print(f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} {precision.name} "
-              f"x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} per process")
+        print(
+            f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} {precision.name} "
+            f"x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} per process"
+        )
         if plan.auto:
             print(choice_line(micro, tokens_per_step))
         print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
         print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step, train_tokens=train_tokens))
-        print(estimate_line(tok_per_s=tokens_per_step * len(timed) / seconds, measured=(timed[0] + 1, timed[-1] + 1),
-                            steps_to_go=config.max_iters, tokens_per_step=tokens_per_step,
-                            world_size=ranks.world_size, gpu_hour=config.cost.gpu_hour))
+        print(
+            estimate_line(
+                tok_per_s=tokens_per_step * len(timed) / seconds,
+                measured=(timed[0] + 1, timed[-1] + 1),
+                steps_to_go=config.max_iters,
+                tokens_per_step=tokens_per_step,
+                world_size=ranks.world_size,
+                gpu_hour=config.cost.gpu_hour,
+            )
+        )
 
 
 def estimate_model(config: Config, ranks: Ranks, device: torch.device) -> tuple[GPT, int, int | None, str]:
@@ -230,13 +306,27 @@ def estimate_model(config: Config, ranks: Ranks, device: torch.device) -> tuple[
     known = model_without_corpus(config, device)
     if known:
         model, vocab_size = known
-        return model, vocab_size, None, (f"no data prepared: the steps run on random tokens of the {vocab_size:,}-"
-                                         "token vocabulary, as a step's time does not depend on the text")
+        return (
+            model,
+            vocab_size,
+            None,
+            (
+                f"no data prepared: the steps run on random tokens of the {vocab_size:,}-"
+                "token vocabulary, as a step's time does not depend on the text"
+            ),
+        )
     data = prepare_data(config, ranks)
     model, _ = build_model(config, None, data.tokenizer(), device)
-    return model, data.tokenizer().vocab_size, data.meta["tokens"]["train"], (
-        f"data.tokenizer={config.data.tokenizer}{'' if config.init_from == 'scratch' else ' from a checkpoint'}: its "
-        f"vocabulary comes from the corpus, so {data.data_dir} was prepared; the steps run on random tokens")
+    return (
+        model,
+        data.tokenizer().vocab_size,
+        data.meta["tokens"]["train"],
+        (
+            f"data.tokenizer={config.data.tokenizer}"
+            f"{'' if config.init_from == 'scratch' else ' from a checkpoint'}: its "
+            f"vocabulary comes from the corpus, so {data.data_dir} was prepared; the steps run on random tokens"
+        ),
+    )
 
 
 def timed_steps(t: Trainer, batches: RandomBatches, config: Config, steps: range) -> float:
@@ -249,10 +339,22 @@ def timed_steps(t: Trainer, batches: RandomBatches, config: Config, steps: range
     return time.perf_counter() - start
 
 
-def train_batches(config: Config, data: PreparedData, block_size: int, ranks: Ranks, device: torch.device,
-                  accum: int) -> Prefetcher:
-    return Prefetcher(BatchLoader(data.data_dir, "train", block_size, config.batch_size, config.batches_seed,
-                                  rank=ranks.rank, world_size=ranks.world_size, device=device, accum_steps=accum))
+def train_batches(
+    config: Config, data: PreparedData, block_size: int, ranks: Ranks, device: torch.device, accum: int
+) -> Prefetcher:
+    return Prefetcher(
+        BatchLoader(
+            data.data_dir,
+            "train",
+            block_size,
+            config.batch_size,
+            config.batches_seed,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            device=device,
+            accum_steps=accum,
+        )
+    )
 
 
 def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> tuple[Path | None, int]:
@@ -283,7 +385,9 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
             if at_eval or summary.stop:
                 checkpoint, best_val_loss = evaluate_and_save(s, step, best_val_loss, evaluate=at_eval)
             if summary.stop:
-                s.logger.print(f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}")
+                s.logger.print(
+                    f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}"
+                )
                 break
             window_start = time.perf_counter()  # evaluation and saving are not training time
     return checkpoint, step
@@ -293,7 +397,10 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
     """Every param group's learning rate for this step: the schedule, scaled to the group's
     own peak (Muon's muon_lr); returns the schedule's own (AdamW's), which the log records."""
     lr = learning_rate(
-        step, max_lr=config.optim.learning_rate, min_lr=config.optim.min_lr, warmup_iters=config.optim.warmup_iters,
+        step,
+        max_lr=config.optim.learning_rate,
+        min_lr=config.optim.min_lr,
+        warmup_iters=config.optim.warmup_iters,
         decay_iters=config.optim.decay_iters or config.max_iters,
     )
     for param_group in optimizer.param_groups:
@@ -304,20 +411,37 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
 def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> float:
     """Logs the window's train record; returns its tokens/s."""
     tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
-    mfu = estimate_mfu(s.flops_per_token, tok_per_s / s.ranks.world_size, s.peak.flops) if s.peak else None  # per device
-    s.logger.log({
-        "kind": "train", "step": step, "loss": summary.loss, "lr": lr, "tokens": step * s.tokens_per_step,
-        "tok_per_s": tok_per_s, "mfu": mfu,
-        "grad_norm": summary.grad_norm, "skipped": summary.skipped,
-    })
+    mfu = (
+        estimate_mfu(s.flops_per_token, tok_per_s / s.ranks.world_size, s.peak.flops) if s.peak else None
+    )  # per device
+    s.logger.log(
+        {
+            "kind": "train",
+            "step": step,
+            "loss": summary.loss,
+            "lr": lr,
+            "tokens": step * s.tokens_per_step,
+            "tok_per_s": tok_per_s,
+            "mfu": mfu,
+            "grad_norm": summary.grad_norm,
+            "skipped": summary.skipped,
+        }
+    )
     return tok_per_s
 
 
 def log_estimate(s: Session, tok_per_s: float, measured: tuple[int, int]) -> None:
     """The time (and, with cost.gpu_hour, the cost) of the steps to max_iters at the measured rate."""
-    s.logger.print(estimate_line(tok_per_s=tok_per_s, measured=measured, steps_to_go=s.config.max_iters - measured[1],
-                                 tokens_per_step=s.tokens_per_step, world_size=s.ranks.world_size,
-                                 gpu_hour=s.config.cost.gpu_hour))
+    s.logger.print(
+        estimate_line(
+            tok_per_s=tok_per_s,
+            measured=measured,
+            steps_to_go=s.config.max_iters - measured[1],
+            tokens_per_step=s.tokens_per_step,
+            world_size=s.ranks.world_size,
+            gpu_hour=s.config.cost.gpu_hour,
+        )
+    )
 
 
 def log_eval(s: Session, step: int, metrics: dict[str, float]) -> None:
@@ -336,12 +460,16 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     checkpoint, failure = None, None
     if s.ranks.is_main:
         state = {
-            "step": step, "best_val_loss": best_val_loss, "optimizer": s.trainer.optimizer.state_dict(),
-            "scaler": s.trainer.scaler.state_dict(), "rng": rng_states,
+            "step": step,
+            "best_val_loss": best_val_loss,
+            "optimizer": s.trainer.optimizer.state_dict(),
+            "scaler": s.trainer.scaler.state_dict(),
+            "rng": rng_states,
         }
         try:
-            checkpoint = s.checkpoints.save(step, s.model, s.checkpoint_config, state, is_best=is_best,
-                                            files=s.checkpoint_files)
+            checkpoint = s.checkpoints.save(
+                step, s.model, s.checkpoint_config, state, is_best=is_best, files=s.checkpoint_files
+            )
         except CheckpointError as err:
             failure = str(err)
     failure = broadcast_from_main(s.ranks, failure)  # a failed save stops every rank, not only rank 0
@@ -352,7 +480,11 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
 
 def header(s: Session, precision: str, accum: int, train_tokens: int, notes: tuple[str, ...]) -> str:
     c = s.model.config
-    peak = f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})" if s.peak else "MFU not reported: unknown peak"
+    peak = (
+        f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})"
+        if s.peak
+        else "MFU not reported: unknown peak"
+    )
     lines = [
         f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
         f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.ranks.world_size} "
@@ -365,8 +497,11 @@ def header(s: Session, precision: str, accum: int, train_tokens: int, notes: tup
 
 def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:
     """Settings that are legal but probably not meant, or slow where they run."""
-    warnings = schedule_warnings(max_iters=config.max_iters, warmup_iters=config.optim.warmup_iters,
-                                 decay_iters=config.optim.decay_iters or config.max_iters)
+    warnings = schedule_warnings(
+        max_iters=config.max_iters,
+        warmup_iters=config.optim.warmup_iters,
+        decay_iters=config.optim.decay_iters or config.max_iters,
+    )
     slow = slow_cpu_precision(precision) if device.type == "cpu" else None
     return warnings + ([slow] if slow else [])
 

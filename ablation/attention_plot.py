@@ -123,14 +123,25 @@ def _figure(layouts: Sequence[AttentionLayout], tokens: Sequence[str], title: st
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     image = None
     for r, (layout, row) in enumerate(zip(layouts, rows)):
-        row.suptitle(f"{layout.label}: {sharing(n_head, layout.n_kv_head)}", x=0.0, ha="left",
-                     fontsize=10, fontweight="bold", parse_math=False)
+        row.suptitle(
+            f"{layout.label}: {sharing(n_head, layout.n_kv_head)}",
+            x=0.0,
+            ha="left",
+            fontsize=10,
+            fontweight="bold",
+            parse_math=False,
+        )
         colours = _group_colours(layout.n_kv_head)
         weights = layout.weights.detach().float().cpu().numpy()
         for h, ax in enumerate(row.subplots(1, n_head, squeeze=False)[0]):
             g = kv_head_of(h, n_head, layout.n_kv_head)
-            image = ax.imshow(np.ma.masked_array(weights[h], mask=future), cmap=cmap, norm=norm,
-                              interpolation="nearest", aspect="equal")
+            image = ax.imshow(
+                np.ma.masked_array(weights[h], mask=future),
+                cmap=cmap,
+                norm=norm,
+                interpolation="nearest",
+                aspect="equal",
+            )
             ax.set_title(f"q head {h} → kv head {g}", fontsize=8.5, color=_darker(colours[g]), parse_math=False)
             ax.set_xticks(ticks, shown, rotation=90, fontsize=fontsize, parse_math=False)
             ax.set_yticks(ticks, shown, fontsize=fontsize, parse_math=False)
@@ -160,8 +171,10 @@ def _check(layouts: Sequence[AttentionLayout], tokens: Sequence[str]) -> tuple[i
     for layout in layouts:
         shape = tuple(layout.weights.shape)
         if shape != (n_head, T, T):
-            raise ValueError(f"{layout.label}: attention weights of shape {shape}, expected "
-                             f"({n_head}, {T}, {T}) (n_head, tokens, tokens)")
+            raise ValueError(
+                f"{layout.label}: attention weights of shape {shape}, expected "
+                f"({n_head}, {T}, {T}) (n_head, tokens, tokens)"
+            )
         if layout.n_kv_head < 1 or n_head % layout.n_kv_head:
             raise ValueError(f"{layout.label}: {n_head} query heads cannot share {layout.n_kv_head} kv heads evenly")
     return n_head, T

@@ -19,8 +19,12 @@ from ablation.runs import Arm, flatten
 from conf import CONF_DIR
 from run.run_dir import RUN_GROUPS, group_choices, read_run_yaml
 
-NOT_CARRIED = {"seed", "out_dir", "resume",  # what differs from run to run, or would make a run anything but new
-               "model.vocab_size"}  # recorded from the tokenizer (or the weights), which sets it whatever a command says
+NOT_CARRIED = {
+    "seed",
+    "out_dir",
+    "resume",  # what differs from run to run, or would make a run anything but new
+    "model.vocab_size",
+}  # recorded from the tokenizer (or the weights), which sets it whatever a command says
 
 
 def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
@@ -31,8 +35,7 @@ def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dic
     HydraConfig.instance().set_config(cfg)  # ${hydra:sweep.dir} resolves as in a sweep's job
     choices = group_choices()
     settings = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return (flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)),
-            choices)
+    return (flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)), choices)
 
 
 def _value(value: Any) -> str:
@@ -55,10 +58,15 @@ def arm_overrides(arm: Arm, sweep_dir: Path) -> list[str]:
     groups = read_run_yaml(groups_file, run.path, may_be_empty=True) if groups_file.is_file() else {}
     base = [f"experiment={groups['experiment']}"] if groups.get("experiment") else []
     chosen = _composed(base)[2]
-    base += [f"{'' if k in chosen else '+'}{k}={v}" for k, v in groups.items()
-             if k != "experiment" and v is not None and chosen.get(k) != v]  # +: a group the defaults lack
+    base += [
+        f"{'' if k in chosen else '+'}{k}={v}"
+        for k, v in groups.items()
+        if k != "experiment" and v is not None and chosen.get(k) != v
+    ]  # +: a group the defaults lack
     composed, unresolved, _ = _composed(base)
-    changed = {k: v for k, v in flatten(run.settings).items() if k not in NOT_CARRIED and composed.get(k, object()) != v}
+    changed = {
+        k: v for k, v in flatten(run.settings).items() if k not in NOT_CARRIED and composed.get(k, object()) != v
+    }
     derived = {k for k in changed if "${" in str(unresolved.get(k, ""))}
     if derived:
         rest = [f"{k}={_value(v)}" for k, v in changed.items() if k not in derived]
@@ -83,8 +91,10 @@ def add_seeds_commands(targets: list[tuple[Arm, int]], sweep_dir: Path) -> list[
     commands = []
     for (first, count), override_lists in pending.items():
         for overrides in _merged(override_lists):
-            commands.append(f"python train.py -m {' '.join(overrides)} seed={_seeds(first, count)} "
-                            f"hydra.sweep.dir={_value(str(sweep_dir))}")
+            commands.append(
+                f"python train.py -m {' '.join(overrides)} seed={_seeds(first, count)} "
+                f"hydra.sweep.dir={_value(str(sweep_dir))}"
+            )
     return commands
 
 
@@ -99,4 +109,4 @@ def _merged(override_lists: list[list[str]]) -> list[list[str]]:
         return override_lists
     i, key = differing[0], keys.pop()
     values = ",".join(o[i].split("=", 1)[1] for o in override_lists)
-    return [override_lists[0][:i] + [f"{key}={values}"] + override_lists[0][i + 1:]]
+    return [override_lists[0][:i] + [f"{key}={values}"] + override_lists[0][i + 1 :]]

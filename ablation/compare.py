@@ -9,7 +9,6 @@ from ablation.fairness import check_against_baseline, check_independent, check_s
 from ablation.runs import GPT2_BLOCK, Arm, Run
 from ablation.stats import Comparison, Estimate, holm, mean_ci, paired_difference, verdict, welch_difference
 
-
 EQUAL_TOKENS, EQUAL_FLOPS, OWN_END = "equal tokens", "equal FLOPs", "own end"
 
 
@@ -23,7 +22,9 @@ class Result:
     comparison: Comparison | None  # against the baseline; None for the baseline itself
     verdict: str | None
     left_out: list[str] = field(default_factory=list)  # a line for each run of the arm not evaluated at `tokens`
-    missing: list[int] = field(default_factory=list)  # seeds the other arms ran (of those the baseline ran), not this one
+    missing: list[int] = field(
+        default_factory=list
+    )  # seeds the other arms ran (of those the baseline ran), not this one
     bpb_difference: Estimate | None = None  # against the baseline in bits per byte, where both logged it
 
     @property
@@ -78,11 +79,24 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
             base_bpb = _bpb(base, tokens)
             if bpb and base_bpb:
                 bpb_difference = difference(base_bpb, base.seeds, bpb, arm.seeds).difference
-        rows.append(Result(arm, at, axis, mean_ci(losses), mean_ci(bpb) if bpb else None, comparison, None, left_out,
-                           missing, bpb_difference))
+        rows.append(
+            Result(
+                arm,
+                at,
+                axis,
+                mean_ci(losses),
+                mean_ci(bpb) if bpb else None,
+                comparison,
+                None,
+                left_out,
+                missing,
+                bpb_difference,
+            )
+        )
     adjusted = holm([r.comparison for r in rows[1:]])
-    return rows[:1] + [replace(r, comparison=c, verdict=verdict(r.arm.label, base.label, c))
-                       for r, c in zip(rows[1:], adjusted)]
+    return rows[:1] + [
+        replace(r, comparison=c, verdict=verdict(r.arm.label, base.label, c)) for r, c in zip(rows[1:], adjusted)
+    ]
 
 
 def _bpb(arm: Arm, tokens: int) -> list[float] | None:
@@ -121,17 +135,23 @@ def _end(arm: Arm) -> int:
 
 def _evaluated(arm: Arm, run: Run, tokens: int, windows: set | None) -> bool:
     """Whether the run was evaluated at `tokens` (on one of `windows`, unless None)."""
-    return any(r["tokens"] + arm.pretraining_tokens == tokens and (windows is None or r.get("val_windows") in windows)
-               for r in run.evals)
+    return any(
+        r["tokens"] + arm.pretraining_tokens == tokens and (windows is None or r.get("val_windows") in windows)
+        for r in run.evals
+    )
 
 
 def _why_left_out(arm: Arm, run: Run, tokens: int) -> str:
     end = run.final
     if end["tokens"] + arm.pretraining_tokens < tokens:
-        return (f"{run.path}: stopped at {end['tokens'] + arm.pretraining_tokens:,} tokens (step {end['step']}), before "
-                f"the {tokens:,} tokens arm {arm.name} is compared at; left out of that comparison")
-    return (f"{run.path}: not evaluated at {tokens:,} tokens on the baseline's validation windows, where arm "
-            f"{arm.name} is compared; left out of that comparison")
+        return (
+            f"{run.path}: stopped at {end['tokens'] + arm.pretraining_tokens:,} tokens (step {end['step']}), before "
+            f"the {tokens:,} tokens arm {arm.name} is compared at; left out of that comparison"
+        )
+    return (
+        f"{run.path}: not evaluated at {tokens:,} tokens on the baseline's validation windows, where arm "
+        f"{arm.name} is compared; left out of that comparison"
+    )
 
 
 def _missing_seeds(ran: list[Arm], compared: list[Arm]) -> list[list[int]]:
@@ -145,7 +165,9 @@ def _missing_seeds(ran: list[Arm], compared: list[Arm]) -> list[list[int]]:
 
 def _windows(arm: Arm, tokens: int) -> set:
     """The val windows counted by the arm's evaluations at `tokens` (None for runs that predate the count)."""
-    return {r.get("val_windows") for run in arm.runs for r in run.evals if r["tokens"] + arm.pretraining_tokens == tokens}
+    return {
+        r.get("val_windows") for run in arm.runs for r in run.evals if r["tokens"] + arm.pretraining_tokens == tokens
+    }
 
 
 def one_per_layout(rows: list[Result]) -> list[Result]:
@@ -180,7 +202,9 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
         arm, left_out = _reaching(ran, _end(ran))
         check_seeds_alike(arm)
         total = _end(arm)
-        scratch = [a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head]
+        scratch = [
+            a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head
+        ]
         scratch.sort(key=lambda a: not any(_evaluated(a, run, total, None) for run in a.runs))  # evaluated there first
         if not scratch:
             continue
@@ -189,15 +213,25 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
             source, not_there = _reaching(source, total)
         at_total = source.at_tokens(total)
         comparison = None if at_total is None else difference(at_total, source.seeds, arm.finals(), arm.seeds)
-        rows.append(Uptraining(
-            arm, source, mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals()), total,
-            mean_ci(at_total) if at_total is not None else None, comparison, None, left_out + not_there,
-        ))
+        rows.append(
+            Uptraining(
+                arm,
+                source,
+                mean_ci([r.evals[0]["val_loss"] for r in arm.runs]),
+                mean_ci(arm.finals()),
+                total,
+                mean_ci(at_total) if at_total is not None else None,
+                comparison,
+                None,
+                left_out + not_there,
+            )
+        )
     tested = [r for r in rows if r.comparison is not None]  # one family for Holm's adjustment
     for row, comparison in zip(tested, holm([r.comparison for r in tested])):
         row.comparison = comparison
-        row.verdict = verdict(f"{row.arm.name} ({row.total_tokens:,} tokens in all)",
-                              f"{row.scratch.name} at the same tokens", comparison)
+        row.verdict = verdict(
+            f"{row.arm.name} ({row.total_tokens:,} tokens in all)", f"{row.scratch.name} at the same tokens", comparison
+        )
     return sorted(rows, key=lambda r: (-r.arm.config.n_kv_head, r.total_tokens))  # 5% before 10%
 
 

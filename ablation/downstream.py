@@ -50,14 +50,21 @@ def checked_results(arms: list[Arm]) -> dict[Path, dict[str, dict[str, Any]]]:
             problems.append(str(err))
             continue
         except RecursionError:  # json's own limit, met before read_results can judge the file
-            problems.append(f"{run.checkpoint.path / RESULTS} is nested too deeply to be a results file of "
-                            "downstream.py; delete it and evaluate the tasks again")
+            problems.append(
+                f"{run.checkpoint.path / RESULTS} is nested too deeply to be a results file of "
+                "downstream.py; delete it and evaluate the tasks again"
+            )
             continue
-        fields = [f"[{json.dumps(task)}]{field} {why}" for task, entry in tasks.items()
-                  for field, why in _entry_problems(entry)]
+        fields = [
+            f"[{json.dumps(task)}]{field} {why}"
+            for task, entry in tasks.items()
+            for field, why in _entry_problems(entry)
+        ]
         if fields:
-            problems.append(f"{run.checkpoint.path / RESULTS}: {', '.join(fields)}; mend the file, or delete it and "
-                            "evaluate the tasks again")
+            problems.append(
+                f"{run.checkpoint.path / RESULTS}: {', '.join(fields)}; mend the file, or delete it and "
+                "evaluate the tasks again"
+            )
         found[run.path] = tasks
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: {'; '.join(problems)}")
@@ -99,14 +106,19 @@ def _scores(run: Run, results: dict[Path, dict]) -> dict[str, dict[str, float]]:
 
 def partial_scores(arms: list[Arm], results: dict[Path, dict]) -> list[str]:
     """A line for each score left out because it was taken on part of its task (limit=)."""
-    return [f"{markdown_text(run.path.name)}: {markdown_text(task)} was scored on {_count(entry.get('items'))} items "
-            f"(limit={entry['limit']}); left out: score it again without limit to compare it"
-            for arm in arms for run in arm.runs
-            for task, entry in results[run.path].items() if entry.get("limit") is not None]
+    return [
+        f"{markdown_text(run.path.name)}: {markdown_text(task)} was scored on {_count(entry.get('items'))} items "
+        f"(limit={entry['limit']}); left out: score it again without limit to compare it"
+        for arm in arms
+        for run in arm.runs
+        for task, entry in results[run.path].items()
+        if entry.get("limit") is not None
+    ]
 
 
-def task_rows(arms: list[Arm], baseline: Arm, results: dict[Path, dict] | None = None
-              ) -> dict[tuple[str, str], list[TaskRow]]:
+def task_rows(
+    arms: list[Arm], baseline: Arm, results: dict[Path, dict] | None = None
+) -> dict[tuple[str, str], list[TaskRow]]:
     """(task, metric) -> a row per arm that has the task, the baseline first; `results`
     as checked_results(arms) returns them (read here when not given)."""
     results = checked_results(arms) if results is None else results
@@ -118,8 +130,12 @@ def task_rows(arms: list[Arm], baseline: Arm, results: dict[Path, dict] | None =
         metric = next((m for m in PRIMARY if all(m in tasks[task] for tasks in base.values())), None)
         if metric is None:
             continue
-        values = {id(arm): {seed: tasks[task][metric] for seed, tasks in by_arm[id(arm)].items()
-                            if metric in tasks.get(task, {})} for arm in arms}
+        values = {
+            id(arm): {
+                seed: tasks[task][metric] for seed, tasks in by_arm[id(arm)].items() if metric in tasks.get(task, {})
+            }
+            for arm in arms
+        }
         tables[(task, metric)] = _rows(arms, baseline, values)
     return tables
 
@@ -127,11 +143,17 @@ def task_rows(arms: list[Arm], baseline: Arm, results: dict[Path, dict] | None =
 def _rows(arms: list[Arm], baseline: Arm, values: dict[int, dict[int, float]]) -> list[TaskRow]:
     base = values[id(baseline)]
     others = [arm for arm in arms if arm is not baseline and values[id(arm)]]
-    comparisons = holm([difference(list(base.values()), list(base), list(values[id(arm)].values()),
-                                   list(values[id(arm)])) for arm in others])
+    comparisons = holm(
+        [
+            difference(list(base.values()), list(base), list(values[id(arm)].values()), list(values[id(arm)]))
+            for arm in others
+        ]
+    )
     rows = [TaskRow(baseline, list(base), mean_ci(list(base.values())), None)]
-    return rows + [TaskRow(arm, list(values[id(arm)]), mean_ci(list(values[id(arm)].values())), comparison)
-                   for arm, comparison in zip(others, comparisons)]
+    return rows + [
+        TaskRow(arm, list(values[id(arm)]), mean_ci(list(values[id(arm)].values())), comparison)
+        for arm, comparison in zip(others, comparisons)
+    ]
 
 
 def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
@@ -140,16 +162,24 @@ def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
     tables, partial = task_rows(arms, baseline, results), partial_scores(arms, results)
     if not tables and not partial:
         return None
-    lines = ["### Downstream tasks", "",
-             "Scored by `python downstream.py` on each run's final checkpoint: mean and 95% confidence interval "
-             "over seeds (Student t), and the difference to the baseline (paired t-test where the seeds match, "
-             "Welch otherwise; Holm-adjusted across the arms). Accuracies are in percent.", ""]
+    lines = [
+        "### Downstream tasks",
+        "",
+        "Scored by `python downstream.py` on each run's final checkpoint: mean and 95% confidence interval "
+        "over seeds (Student t), and the difference to the baseline (paired t-test where the seeds match, "
+        "Welch otherwise; Holm-adjusted across the arms). Accuracies are in percent.",
+        "",
+    ]
     for (task, metric), rows in tables.items():
-        lines += [f"| arm | seeds | {markdown_text(task)} {metric} | vs baseline (95% CI) | p | Holm p |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"| arm | seeds | {markdown_text(task)} {metric} | vs baseline (95% CI) | p | Holm p |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in rows:
-            lines.append(f"| {row.arm.label} | {', '.join(map(str, row.seeds))} | {_value(row.value, metric)} | "
-                         f"{_difference(row.comparison, metric)} |")
+            lines.append(
+                f"| {row.arm.label} | {', '.join(map(str, row.seeds))} | {_value(row.value, metric)} | "
+                f"{_difference(row.comparison, metric)} |"
+            )
         lines.append("")
     lines += [f"- {line}" for line in partial]
     return "\n".join(lines).rstrip("\n")

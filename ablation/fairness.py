@@ -23,10 +23,25 @@ from ablation.runs import Arm, Run, flatten
 from system import UserError
 
 # Where a run went and how it was run, not what it trained: free to differ between any two runs.
-NOT_COMPARED = frozenset({
-    "seed", "out_dir", "resume", "runs_root", "model_path", "device", "compile", "keep_last", "keep_state",
-    "data.num_proc", "data.batch_mb", "data.data_dir", "data.hf_cache_dir", "data.keep_hf_cache", "data.verify",
-})
+NOT_COMPARED = frozenset(
+    {
+        "seed",
+        "out_dir",
+        "resume",
+        "runs_root",
+        "model_path",
+        "device",
+        "compile",
+        "keep_last",
+        "keep_state",
+        "data.num_proc",
+        "data.batch_mb",
+        "data.data_dir",
+        "data.hf_cache_dir",
+        "data.keep_hf_cache",
+        "data.verify",
+    }
+)
 NOT_COMPARED_PREFIXES = ("logging.",)
 ARM_SETTINGS = ("arm", "model.n_kv_head", "match_mha_flops", "tokens_per_param")  # what a kv<n> arm may change
 DATA_PREFIXES = ("data.", "tokenizer.")
@@ -38,16 +53,22 @@ def settings(run: Run) -> dict[str, Any]:
     """The run's settings as dotted keys, those that do not change what it trains left out."""
     described = {key: value for key, value in run.settings.items() if key != "model"}
     described |= {"model": run.checkpoint.config["model"], "tokenizer": run.checkpoint.config.get("tokenizer") or {}}
-    return {key: value for key, value in flatten(described).items()
-            if key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)}
+    return {
+        key: value
+        for key, value in flatten(described).items()
+        if key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)
+    }
 
 
 def differences(run: Run, other: Run, ignored: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
     """The settings whose values differ between the two runs: key -> (run's value, other's).
     A setting one of them does not record (it predates the setting) is not compared."""
     mine, theirs = settings(run), settings(other)
-    return {key: (mine[key], theirs[key]) for key in sorted(mine.keys() & theirs.keys())
-            if key not in ignored and mine[key] != theirs[key]}
+    return {
+        key: (mine[key], theirs[key])
+        for key in sorted(mine.keys() & theirs.keys())
+        if key not in ignored and mine[key] != theirs[key]
+    }
 
 
 def check_same_data(runs: list[Run]) -> None:
@@ -56,8 +77,10 @@ def check_same_data(runs: list[Run]) -> None:
     for run in runs[1:]:
         differ = {k: v for k, v in differences(run, first).items() if k.startswith(DATA_PREFIXES)}
         if differ:
-            raise UserError(f"{run.path} trained on other data than {first.path}: {_listed(differ)}; a loss on other "
-                            "text or tokens is not comparable: move one of them out of the sweep directory")
+            raise UserError(
+                f"{run.path} trained on other data than {first.path}: {_listed(differ)}; a loss on other "
+                "text or tokens is not comparable: move one of them out of the sweep directory"
+            )
 
 
 def check_seeds_alike(arm: Arm) -> None:
@@ -66,9 +89,11 @@ def check_seeds_alike(arm: Arm) -> None:
     for run in arm.runs[1:]:
         differ = differences(run, first)
         if differ:
-            raise UserError(f"{run.path} and {first.path}, two seeds of arm {arm.name}, differ in {_listed(differ)}: "
-                            "the runs of an arm may differ in their seed only; give the run's settings an arm of their "
-                            "own (arm=NAME), or move it out of the sweep directory")
+            raise UserError(
+                f"{run.path} and {first.path}, two seeds of arm {arm.name}, differ in {_listed(differ)}: "
+                "the runs of an arm may differ in their seed only; give the run's settings an arm of their "
+                "own (arm=NAME), or move it out of the sweep directory"
+            )
 
 
 def check_against_baseline(arm: Arm, baseline: Arm) -> None:
@@ -82,7 +107,8 @@ def check_against_baseline(arm: Arm, baseline: Arm) -> None:
             f"{arm.runs[0].path} (arm {arm.name}) differs from the baseline {baseline.runs[0].path} (arm "
             f"{baseline.name}) in {_listed(differ)}: arms under their default names kv<n> may differ only in "
             f"{', '.join(ARM_SETTINGS)} and seed; give a deliberate change an arm name of its own (arm=NAME), or "
-            "move the run out of the sweep directory")
+            "move the run out of the sweep directory"
+        )
 
 
 def check_independent(arm: Arm, baseline: Arm) -> None:
@@ -92,19 +118,25 @@ def check_independent(arm: Arm, baseline: Arm) -> None:
     twins = {run.seed: run for run in baseline.runs}
     for run in arm.runs:
         twin = twins.get(run.seed)
-        if twin is not None and not differences(run, twin, ("arm",)) and all(
-                run.settings.get(key) == twin.settings.get(key) for key in NUMERICS):
+        if (
+            twin is not None
+            and not differences(run, twin, ("arm",))
+            and all(run.settings.get(key) == twin.settings.get(key) for key in NUMERICS)
+        ):
             free = max(arm.seeds + baseline.seeds) + 1
             raise UserError(
                 f"{run.path} (arm {arm.name}, seed {run.seed}) is the baseline's run {twin.path} again: the same "
                 f"settings under the same seed train the same model, so it is no independent sample; move it out of "
-                f"the sweep directory and run arm {arm.name} under seeds the baseline did not run (seed={free})")
+                f"the sweep directory and run arm {arm.name} under seeds the baseline did not run (seed={free})"
+            )
 
 
 def changes(arm: Arm, baseline: Arm) -> str:
     """What an arm changes besides its layout and budget, e.g. 'optim.learning_rate 0.001 (baseline 0.002)'."""
     differ = differences(arm.runs[0], baseline.runs[0], ARM_SETTINGS)
-    return ", ".join(f"{key} {_shown(key, mine)} (baseline {_shown(key, theirs)})" for key, (mine, theirs) in differ.items())
+    return ", ".join(
+        f"{key} {_shown(key, mine)} (baseline {_shown(key, theirs)})" for key, (mine, theirs) in differ.items()
+    )
 
 
 def _default_name(arm: Arm) -> bool:

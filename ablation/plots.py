@@ -32,7 +32,9 @@ def curve(arm: Arm, metric: str = "val_loss") -> tuple[list[int], list[Estimate]
 def _band(ax, x: list[float], estimates: list[Estimate], colour, label: str) -> None:
     ax.plot(x, [e.mean for e in estimates], color=colour, marker="o", markersize=2.5, label=label)
     if all(e.n > 1 for e in estimates):
-        ax.fill_between(x, [e.low for e in estimates], [e.high for e in estimates], color=colour, alpha=0.2, linewidth=0)
+        ax.fill_between(
+            x, [e.low for e in estimates], [e.high for e in estimates], color=colour, alpha=0.2, linewidth=0
+        )
 
 
 def _zoomed(ax, arms: list[Arm], x_of) -> None:
@@ -58,11 +60,17 @@ def plot_curves(arms: list[Arm], baseline: Arm, path: Path, title: str) -> None:
         _band(full, tokens, estimates, colour, arm.label)
     full.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="all of training, mean over seeds")
     _zoomed(zoom, arms, lambda arm, t: t)
-    zoom.set(xlabel="training tokens", ylabel="validation loss (nats/token)",
-             title=f"last {1 - ZOOM_FROM:.0%} of training, 95% CI band over seeds")
+    zoom.set(
+        xlabel="training tokens",
+        ylabel="validation loss (nats/token)",
+        title=f"last {1 - ZOOM_FROM:.0%} of training, 95% CI band over seeds",
+    )
     _zoomed(flops, arms, lambda arm, t: t * arm.flops_per_token)
-    flops.set(xlabel="training FLOPs (tokens x the arm's FLOPs per token)", ylabel="validation loss (nats/token)",
-              title="the same against training compute")
+    flops.set(
+        xlabel="training FLOPs (tokens x the arm's FLOPs per token)",
+        ylabel="validation loss (nats/token)",
+        title="the same against training compute",
+    )
     _plot_differences(diff, arms, baseline)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -82,8 +90,11 @@ def _plot_differences(ax, arms: list[Arm], baseline: Arm) -> None:
         estimates = [paired_difference(baseline.at_tokens(t), arm.at_tokens(t)).difference for t in shared]
         _band(ax, shared, estimates, colour, arm.label)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(xlabel="training tokens", ylabel=f"validation loss minus {baseline.label}'s (nats)",
-           title="difference to the baseline, paired by seed, 95% CI band")
+    ax.set(
+        xlabel="training tokens",
+        ylabel=f"validation loss minus {baseline.label}'s (nats)",
+        title="difference to the baseline, paired by seed, 95% CI band",
+    )
 
 
 def plot_ladder(gaps: list[Gap], path: Path) -> None:
@@ -98,8 +109,11 @@ def plot_ladder(gaps: list[Gap], path: Path) -> None:
         ax.errorbar(x, [e.mean for e in d], yerr=yerr, color=colour, marker="o", capsize=4, label=f"{kind} - MHA")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set(xlabel="non-embedding parameters of the MHA model", ylabel="final validation loss difference (nats)",
-           title="Cost of fewer key/value heads against model size (95% CI over seeds)")
+    ax.set(
+        xlabel="non-embedding parameters of the MHA model",
+        ylabel="final validation loss difference (nats)",
+        title="Cost of fewer key/value heads against model size (95% CI over seeds)",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
@@ -117,10 +131,16 @@ def plot_uptraining(arms: list[Arm], rows: list[Uptraining], path: Path) -> None
         _band(full, tokens, estimates, colour, arm.label)
         keep = [i for i, t in enumerate(tokens) if t >= start * 0.9]
         _band(zoom, [tokens[i] for i in keep], [estimates[i] for i in keep], colour, arm.label)
-    full.set(xlabel="training tokens in all (the source's included)", ylabel="validation loss (nats/token)",
-             title="uptrained from MHA vs trained from scratch")
-    zoom.set(xlabel="training tokens in all", ylabel="validation loss (nats/token)",
-             title="from the conversion on, 95% CI band over seeds")
+    full.set(
+        xlabel="training tokens in all (the source's included)",
+        ylabel="validation loss (nats/token)",
+        title="uptrained from MHA vs trained from scratch",
+    )
+    zoom.set(
+        xlabel="training tokens in all",
+        ylabel="validation loss (nats/token)",
+        title="from the conversion on, 95% CI band over seeds",
+    )
     for ax in (full, zoom):
         ax.grid(alpha=0.3)
     zoom.legend(fontsize=8)

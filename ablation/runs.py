@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from data import Tokenizer
 import model.config
+from data import Tokenizer
 from model import GPT, GPTConfig
 from run.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
 from run.load import load_model
@@ -229,8 +229,13 @@ def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
     if not any(r["kind"] == "eval" for r in metrics):
         raise CheckpointError(f"{run_dir / METRICS} has no evaluation records")
     groups = run_dir / RUN_GROUPS
-    return Run(run_dir, checkpoint, settings, metrics,
-               read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {})
+    return Run(
+        run_dir,
+        checkpoint,
+        settings,
+        metrics,
+        read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {},
+    )
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:
@@ -254,6 +259,8 @@ def _source_tokens(run: Run, runs: list[Run]) -> int:
         return 0
     source = Path(run.uptrained_from).resolve()
     for other in runs:
-        if other.path.resolve() == source or other.path.resolve() in source.parents:  # the run or one of its checkpoints
+        if (
+            other.path.resolve() == source or other.path.resolve() in source.parents
+        ):  # the run or one of its checkpoints
             return other.final["tokens"]
     return 0  # the source is outside the sweep: tokens counted from the conversion on

@@ -69,7 +69,8 @@ class Comparison:
     """How an arm's losses differ from the baseline's: difference is arm minus baseline.
 
     p_value is two-sided, from `test` with df degrees of freedom; p_adjusted is the
-    Holm-adjusted p-value among `family` comparisons, which the verdict decides by. sd is the spread of the difference for one seed (the
+    Holm-adjusted p-value among `family` comparisons, which the verdict decides by. sd is
+    the spread of the difference for one seed (the
     sd of the paired differences; for Welch, sqrt(var_baseline + var_arm)) and se the
     standard error of the mean difference. Where no test is possible (fewer than 2
     values on a side) p-values, df, sd, se and the bounds are nan.
@@ -93,23 +94,35 @@ class Comparison:
 
 def _untestable(mean: float, test: str, n_baseline: int, n_arm: int) -> Comparison:
     n = n_arm if test == PAIRED else n_baseline + n_arm
-    return Comparison(Estimate(mean, math.nan, math.nan, n), math.nan, test, math.nan, n_baseline, n_arm,
-                      math.nan, math.nan)
+    return Comparison(
+        Estimate(mean, math.nan, math.nan, n), math.nan, test, math.nan, n_baseline, n_arm, math.nan, math.nan
+    )
 
 
-def _tested(test_on_scipy, mean: float, se: float, sd: float, test: str, n_baseline: int, n_arm: int,
-            df: float) -> Comparison:
+def _tested(
+    test_on_scipy, mean: float, se: float, sd: float, test: str, n_baseline: int, n_arm: int, df: float
+) -> Comparison:
     """A Comparison from scipy's t-test (test_on_scipy(), called only when se > 0). se == 0
     (every seed gave the same difference) leaves t undefined; the limit stands in for it:
     an interval of width 0, and p = 1 for a zero difference, p = 0 for any other."""
     n = n_arm if test == PAIRED else n_baseline + n_arm
     if se == 0:
-        return Comparison(Estimate(mean, mean, mean, n), 1.0 if mean == 0 else 0.0, test, df, n_baseline, n_arm, 0.0, 0.0)
+        return Comparison(
+            Estimate(mean, mean, mean, n), 1.0 if mean == 0 else 0.0, test, df, n_baseline, n_arm, 0.0, 0.0
+        )
     result = test_on_scipy()
     df = float(result.df)
     interval = result.confidence_interval(confidence_level=LEVEL)
-    return Comparison(Estimate(mean, float(interval.low), float(interval.high), n), float(result.pvalue), test, df,
-                      n_baseline, n_arm, sd, se)
+    return Comparison(
+        Estimate(mean, float(interval.low), float(interval.high), n),
+        float(result.pvalue),
+        test,
+        df,
+        n_baseline,
+        n_arm,
+        sd,
+        se,
+    )
 
 
 def paired_difference(baseline: Sequence[float], arm: Sequence[float]) -> Comparison:
@@ -128,8 +141,9 @@ def paired_difference(baseline: Sequence[float], arm: Sequence[float]) -> Compar
     if n < 2:
         return _untestable(mean, PAIRED, n, n)
     sd = statistics.stdev(differences, mean)
-    return _tested(lambda: distributions.ttest_rel(arm, baseline), mean, sd / math.sqrt(n), sd, PAIRED, n, n,
-                   float(n - 1))
+    return _tested(
+        lambda: distributions.ttest_rel(arm, baseline), mean, sd / math.sqrt(n), sd, PAIRED, n, n, float(n - 1)
+    )
 
 
 def welch_difference(baseline: Sequence[float], arm: Sequence[float]) -> Comparison:
@@ -147,8 +161,16 @@ def welch_difference(baseline: Sequence[float], arm: Sequence[float]) -> Compari
         return _untestable(mean, WELCH, n_baseline, n_arm)
     var_baseline, var_arm = statistics.variance(baseline), statistics.variance(arm)
     se = math.sqrt(var_baseline / n_baseline + var_arm / n_arm)
-    return _tested(lambda: distributions.ttest_ind(arm, baseline, equal_var=False), mean, se,
-                   math.sqrt(var_baseline + var_arm), WELCH, n_baseline, n_arm, math.nan)
+    return _tested(
+        lambda: distributions.ttest_ind(arm, baseline, equal_var=False),
+        mean,
+        se,
+        math.sqrt(var_baseline + var_arm),
+        WELCH,
+        n_baseline,
+        n_arm,
+        math.nan,
+    )
 
 
 def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
@@ -235,8 +257,7 @@ def _conclusion(comparison: Comparison, unit: str) -> str:
     if comparison.deciding_p < 1 - LEVEL:
         return "worse" if comparison.difference.mean > 0 else "better"
     mde = detectable_effect(comparison.se, comparison.df)
-    return (f"no difference detected at this budget; it detects {mde:.3f} {unit} or more "
-            f"{POWER * 100:g}% of the time")
+    return f"no difference detected at this budget; it detects {mde:.3f} {unit} or more {POWER * 100:g}% of the time"
 
 
 def verdict(name: str, baseline_name: str, comparison: Comparison, unit: str = "nats") -> str:
@@ -250,9 +271,13 @@ def verdict(name: str, baseline_name: str, comparison: Comparison, unit: str = "
     seeds = _seeds(comparison)
     if math.isnan(difference.low):
         return f"{head} ({seeds}: no confidence interval; run more seeds, e.g. seed=1,2,3)"
-    holm_note = f", Holm {_format_p(comparison.deciding_p)} of {comparison.family} tests" if comparison.family > 1 else ""
-    return (f"{head} ({LEVEL * 100:g}% CI {difference.low:+.3f}..{difference.high:+.3f}, "
-            f"{_format_p(comparison.p_value)}{holm_note}, {comparison.test}, {seeds}): {_conclusion(comparison, unit)}")
+    holm_note = (
+        f", Holm {_format_p(comparison.deciding_p)} of {comparison.family} tests" if comparison.family > 1 else ""
+    )
+    return (
+        f"{head} ({LEVEL * 100:g}% CI {difference.low:+.3f}..{difference.high:+.3f}, "
+        f"{_format_p(comparison.p_value)}{holm_note}, {comparison.test}, {seeds}): {_conclusion(comparison, unit)}"
+    )
 
 
 def p_value(p: float) -> str:

@@ -41,12 +41,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout
 
 import data.bpe as bpe  # noqa: E402
-from training.provenance import provenance  # noqa: E402
 from data import DataConfig, Gpt2Tokenizer  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 
-PATTERNS = {"gptlab": bpe.SPLIT_PATTERN,
-            "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""}
+PATTERNS = {
+    "gptlab": bpe.SPLIT_PATTERN,
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+}
 HELD_OUT_BYTES = 8 << 20
 SEED = 0
 
@@ -71,7 +73,7 @@ def split(docs: list[str]) -> tuple[list[str], list[str]]:
     while size < limit:
         held.append(docs[len(held)])
         size += len(held[-1].encode("utf-8"))
-    return docs[len(held):], held
+    return docs[len(held) :], held
 
 
 def measure(corpus: str, vocab: int, pattern: str, sample_bytes: int, seen: bool = False) -> dict:
@@ -84,19 +86,29 @@ def measure(corpus: str, vocab: int, pattern: str, sample_bytes: int, seen: bool
     seconds = time.perf_counter() - start
     held_bytes = sum(len(d.encode("utf-8")) for d in held)
     tokens = sum(len(tokenizer.encode_array(d)) for d in held)
-    return {"vocab": vocab, "pattern": pattern, "seen": seen, "sample_mib": min(sample_bytes, _bytes(train)) / 2**20,
-            "ids": tokenizer.vocab_size, "sha256": hashlib.sha256(tokenizer.json.encode("utf-8")).hexdigest(),
-            "bytes_per_token": held_bytes / tokens, "train_seconds": seconds,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "vocab": vocab,
+        "pattern": pattern,
+        "seen": seen,
+        "sample_mib": min(sample_bytes, _bytes(train)) / 2**20,
+        "ids": tokenizer.vocab_size,
+        "sha256": hashlib.sha256(tokenizer.json.encode("utf-8")).hexdigest(),
+        "bytes_per_token": held_bytes / tokens,
+        "train_seconds": seconds,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def baseline(corpus: str) -> dict:
     """The reference in a child like the others: GPT-2's tokenizer, and the RSS before any training."""
     train, held = split(documents(corpus))
     tokens = sum(len(Gpt2Tokenizer().encode_array(d)) for d in held)
-    return {"train_mib": _bytes(train) / 2**20, "held_out_mib": _bytes(held) / 2**20,
-            "gpt2_bytes_per_token": _bytes(held) / tokens,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "train_mib": _bytes(train) / 2**20,
+        "held_out_mib": _bytes(held) / 2**20,
+        "gpt2_bytes_per_token": _bytes(held) / tokens,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def _bytes(docs: list[str]) -> int:
@@ -113,19 +125,33 @@ def main() -> None:
     parser.add_argument("--corpus", default="stdlib", help="stdlib, or a directory of .py files")
     parser.add_argument("--vocab", type=int, nargs="+", default=[512, 2048, 4096, 8192, 16384])
     parser.add_argument("--patterns", nargs="+", choices=sorted(PATTERNS), default=["gptlab", "gpt2"])
-    parser.add_argument("--sample-mb", type=float, nargs="+", default=[bpe.TRAINING_SAMPLE_BYTES / 2**20],
-                        help="MiB of training text each tokenizer learns from (default: data/bpe.py's)")
-    parser.add_argument("--seen", nargs="+", choices=("no", "yes"), default=["no"],
-                        help="whether tokenizers also learn from the held-out text (default: no)")
+    parser.add_argument(
+        "--sample-mb",
+        type=float,
+        nargs="+",
+        default=[bpe.TRAINING_SAMPLE_BYTES / 2**20],
+        help="MiB of training text each tokenizer learns from (default: data/bpe.py's)",
+    )
+    parser.add_argument(
+        "--seen",
+        nargs="+",
+        choices=("no", "yes"),
+        default=["no"],
+        help="whether tokenizers also learn from the held-out text (default: no)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="trainings of each tokenizer, to compare")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     reference = in_child(baseline, args.corpus)
-    print(f"{args.corpus}: {reference['train_mib']:.1f} MiB to train on, {reference['held_out_mib']:.1f} MiB held out; "
-          f"GPT-2's tokenizer: {reference['gpt2_bytes_per_token']:.3f} bytes/token; baseline RSS "
-          f"{reference['peak_rss_mib']:.0f} MiB")
-    print(f"{'vocab':>6} {'pattern':<7} {'seen':<4} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} "
-          f"{'peak RSS MiB':>12}  sha256")
+    print(
+        f"{args.corpus}: {reference['train_mib']:.1f} MiB to train on, {reference['held_out_mib']:.1f} MiB held out; "
+        f"GPT-2's tokenizer: {reference['gpt2_bytes_per_token']:.3f} bytes/token; baseline RSS "
+        f"{reference['peak_rss_mib']:.0f} MiB"
+    )
+    print(
+        f"{'vocab':>6} {'pattern':<7} {'seen':<4} {'sample MiB':>10} {'ids':>6} {'bytes/token':>11} {'train s':>8} "
+        f"{'peak RSS MiB':>12}  sha256"
+    )
     rows = []
     for vocab in args.vocab:
         for sample_mb in args.sample_mb:
@@ -133,12 +159,25 @@ def main() -> None:
                 for _ in range(args.repeat):
                     rows.append(in_child(measure, args.corpus, vocab, pattern, int(sample_mb * 2**20), seen == "yes"))
                     r = rows[-1]
-                    print(f"{vocab:>6} {pattern:<7} {seen:<4} {r['sample_mib']:>10.1f} {r['ids']:>6} {r['bytes_per_token']:>11.3f} "
-                          f"{r['train_seconds']:>8.1f} {r['peak_rss_mib']:>12.0f}  {r['sha256'][:12]}", flush=True)
+                    print(
+                        f"{vocab:>6} {pattern:<7} {seen:<4} {r['sample_mib']:>10.1f} {r['ids']:>6} "
+                        f"{r['bytes_per_token']:>11.3f} "
+                        f"{r['train_seconds']:>8.1f} {r['peak_rss_mib']:>12.0f}  {r['sha256'][:12]}",
+                        flush=True,
+                    )
     if args.json:
-        args.json.write_text(json.dumps({"provenance": provenance() | {"tokenizers": tokenizers.__version__},
-                                         "settings": vars(args) | {"json": str(args.json)},
-                                         "reference": reference, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "provenance": provenance() | {"tokenizers": tokenizers.__version__},
+                    "settings": vars(args) | {"json": str(args.json)},
+                    "reference": reference,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

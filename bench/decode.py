@@ -10,7 +10,8 @@ How it is measured. Each model is the gpt2 preset (random weights: speed does no
 depend on their values) computing in fp32 on one device, its Linear weights in each
 --weights format (`to_weight_format`: bf16, or int8 with a scale per output channel),
 in the layout sample.py uses (`to_decode_layout`). The formats of one variant are
-measured side by side: at each batch and context they take turns, --rounds times. For every batch size and context length, `model.stream`
+measured side by side: at each batch and context they take turns, --rounds times. For every
+batch size and context length, `model.stream`
 generates greedily from random prompts of that length, and each decode step is
 timed from one yielded token to the next: sampling and Python overhead count, the
 prefill and --warmup steps do not. ms/token is the fastest step over the rounds (one new token for
@@ -57,13 +58,20 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from training.provenance import provenance  # noqa: E402
 from conf import model_preset  # noqa: E402
 from model import (  # noqa: E402
-    GPT, WEIGHT_FORMATS, KVCache, Sampling, huge_page_zeros, stream, to_decode_layout, to_weight_format,
+    GPT,
+    WEIGHT_FORMATS,
+    KVCache,
+    Sampling,
+    huge_page_zeros,
+    stream,
+    to_decode_layout,
+    to_weight_format,
 )
 from run.load import check_inference_settings  # noqa: E402
 from run.runtime import describe_machine, synchronize  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 
 VARIANTS = {"MHA": 12, "GQA": 4, "MQA": 1}  # name: n_kv_head of the gpt2 preset (12 heads)
 GREEDY = Sampling(temperature=0)
@@ -93,7 +101,9 @@ def measure_bandwidth(device: torch.device, repeats: int) -> tuple[float, float]
     fastest_mv, plain_read = 0.0, 0.0
     for rows, cols in ((8192, 8192), (1024, 65536)):
         rows *= 1 if device.type == "cpu" else 8
-        matrix = huge_page_zeros((rows, cols)).normal_() if device.type == "cpu" else torch.randn(rows, cols, device=device)
+        matrix = (
+            huge_page_zeros((rows, cols)).normal_() if device.type == "cpu" else torch.randn(rows, cols, device=device)
+        )
         # .t() reads the same bytes as a column-major (cols, rows) matrix
         for m, v in ((matrix, torch.randn(cols, device=device)), (matrix.t(), torch.randn(rows, device=device))):
             fastest_mv = max(fastest_mv, matrix.nbytes / fastest_seconds(lambda: torch.mv(m, v), device, repeats))
@@ -130,8 +140,9 @@ def random_prompts(batch: int, length: int, vocab_size: int) -> list[list[int]]:
     return torch.randint(0, vocab_size, (batch, length), generator=generator).tolist()
 
 
-def timed_generation(model: GPT, prompts: list[list[int]], steps: int, warmup: int,
-                     decode: str = "eager") -> tuple[float, list[float]]:
+def timed_generation(
+    model: GPT, prompts: list[list[int]], steps: int, warmup: int, decode: str = "eager"
+) -> tuple[float, list[float]]:
     """Seconds from the call to the first token (the prefill and one sampling), and
     of each decode step after `warmup` more."""
     start = time.perf_counter()
@@ -159,8 +170,11 @@ def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
     """Where batch-1 decode loses to the ceiling: each weight's matrix-vector product
     timed alone, in the model's order so that each weight comes from memory as in a
     decode step. Returns {role: ("out x in", bytes/s)}, the median over passes."""
-    linears = [(re.sub(r"^transformer\.h\.\d+\.", "", name), m) for name, m in model.named_modules()
-               if isinstance(m, nn.Linear)]
+    linears = [
+        (re.sub(r"^transformer\.h\.\d+\.", "", name), m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
     device = model.lm_head.weight.device
     inputs = {id(m): torch.randn(1, m.in_features, device=device) for _, m in linears}
     seconds: dict[str, list[float]] = {}
@@ -172,8 +186,10 @@ def matrix_rates(model: GPT, passes: int) -> dict[str, tuple[str, float]]:
             synchronize(device)
             seconds.setdefault(role, []).append(time.perf_counter() - start)
     weights = {role: m.weight for role, m in linears}
-    return {role: ("x".join(map(str, weights[role].shape)), weights[role].nbytes / statistics.median(times))
-            for role, times in seconds.items()}
+    return {
+        role: ("x".join(map(str, weights[role].shape)), weights[role].nbytes / statistics.median(times))
+        for role, times in seconds.items()
+    }
 
 
 def build_model(n_kv_head: int, device: torch.device, huge_pages: bool, weights: str = "fp32") -> GPT:
@@ -183,10 +199,14 @@ def build_model(n_kv_head: int, device: torch.device, huge_pages: bool, weights:
     return to_decode_layout(to_weight_format(model, weights), huge_pages)
 
 
-def run(args: argparse.Namespace, device: torch.device, bandwidth: tuple[float, float]) -> tuple[list[Row], dict[str, float]]:
+def run(
+    args: argparse.Namespace, device: torch.device, bandwidth: tuple[float, float]
+) -> tuple[list[Row], dict[str, float]]:
     rows, recompute_ratio = [], {}
     for name in args.variants:
-        models = {weights: build_model(VARIANTS[name], device, not args.small_pages, weights) for weights in args.weights}
+        models = {
+            weights: build_model(VARIANTS[name], device, not args.small_pages, weights) for weights in args.weights
+        }
         for batch in args.batch:
             for context in (args.short, args.long):
                 rows += measure_formats(models, name, batch, context, args, bandwidth)
@@ -196,8 +216,14 @@ def run(args: argparse.Namespace, device: torch.device, bandwidth: tuple[float, 
     return rows, recompute_ratio
 
 
-def measure_formats(models: dict[str, GPT], name: str, batch: int, context: int,
-                    args: argparse.Namespace, bandwidth: tuple[float, float]) -> list[Row]:
+def measure_formats(
+    models: dict[str, GPT],
+    name: str,
+    batch: int,
+    context: int,
+    args: argparse.Namespace,
+    bandwidth: tuple[float, float],
+) -> list[Row]:
     """Every weight format's decode at this batch and context, the formats taking turns
     for --rounds rounds, so that a slow moment of a shared machine does not fall on one
     format alone. Each figure is the fastest over all rounds."""
@@ -215,8 +241,21 @@ def measure_formats(models: dict[str, GPT], name: str, batch: int, context: int,
     for weights, model in models.items():
         seconds = min(steps[weights])
         matrix_vector, plain_read = (batch * rate / bytes_per_step(model, batch, context) for rate in bandwidth)
-        rows.append(Row(name, weights, VARIANTS[name], batch, context, kv_mb, 1e3 * seconds, batch / seconds,
-                        matrix_vector, plain_read, 1e3 * min(prefills[weights])))
+        rows.append(
+            Row(
+                name,
+                weights,
+                VARIANTS[name],
+                batch,
+                context,
+                kv_mb,
+                1e3 * seconds,
+                batch / seconds,
+                matrix_vector,
+                plain_read,
+                1e3 * min(prefills[weights]),
+            )
+        )
         print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -227,31 +266,44 @@ def measure_recompute(model: GPT, name: str, rows: list[Row], args: argparse.Nam
     cached = next(r for r in rows if (r.variant, r.batch, r.context) == (name, 1, args.long))
     recomputed = recompute_step_seconds(model, prompt, args.recompute_steps)
     ratio = 1e3 * recomputed / cached.ms_per_token
-    print(f"{name}: full recompute at context {args.long}: {1e3 * recomputed:.0f} ms/token, "
-          f"{ratio:.1f}x slower than cached ({cached.weights} weights)", flush=True)
+    print(
+        f"{name}: full recompute at context {args.long}: {1e3 * recomputed:.0f} ms/token, "
+        f"{ratio:.1f}x slower than cached ({cached.weights} weights)",
+        flush=True,
+    )
     return ratio
 
 
-HEADER = f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}{'% read':>8}{'prefill ms':>12}"
+HEADER = (
+    f"{'variant':<8}{'weights':>8}{'kv heads':>9}{'batch':>7}{'context':>9}{'KV MiB':>9}{'ms/token':>10}"
+    f"{'tok/s':>9}{'ceiling':>9}{'% ceil':>8}{'% read':>8}{'prefill ms':>12}"
+)
 
 
 def format_row(r: Row) -> str:
-    return (f"{r.variant:<8}{r.weights:>8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
-            f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%"
-            f"{100 * r.tokens_per_s / r.read_ceiling_tokens_per_s:>7.0f}%{r.prefill_ms:>12.0f}")
+    return (
+        f"{r.variant:<8}{r.weights:>8}{r.n_kv_head:>9}{r.batch:>7}{r.context:>9}{r.kv_cache_mib:>9.1f}{r.ms_per_token:>10.1f}"
+        f"{r.tokens_per_s:>9.1f}{r.ceiling_tokens_per_s:>9.1f}{100 * r.tokens_per_s / r.ceiling_tokens_per_s:>7.0f}%"
+        f"{100 * r.tokens_per_s / r.read_ceiling_tokens_per_s:>7.0f}%{r.prefill_ms:>12.0f}"
+    )
 
 
 def mqa_speedup(rows: list[Row], batch: int, context: int) -> float | None:
     """MQA's tokens/s over MHA's at this batch and context (first weight format), when both were measured."""
-    speed = {r.variant: r.tokens_per_s for r in rows if (r.batch, r.context, r.weights) == (batch, context, rows[0].weights)}
+    speed = {
+        r.variant: r.tokens_per_s for r in rows if (r.batch, r.context, r.weights) == (batch, context, rows[0].weights)
+    }
     return speed["MQA"] / speed["MHA"] if {"MQA", "MHA"} <= speed.keys() else None
 
 
 def format_speedups(rows: list[Row]) -> dict[str, float]:
     """Each weight format's batch-1 tokens/s over the first format's, per variant and context."""
     base = {(r.variant, r.context): r.tokens_per_s for r in rows if r.batch == 1 and r.weights == rows[0].weights}
-    return {f"{r.variant} {r.weights} context {r.context}": r.tokens_per_s / base[(r.variant, r.context)]
-            for r in rows if r.batch == 1 and r.weights != rows[0].weights and (r.variant, r.context) in base}
+    return {
+        f"{r.variant} {r.weights} context {r.context}": r.tokens_per_s / base[(r.variant, r.context)]
+        for r in rows
+        if r.batch == 1 and r.weights != rows[0].weights and (r.variant, r.context) in base
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -259,8 +311,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--weights", nargs="+", choices=WEIGHT_FORMATS, default=list(WEIGHT_FORMATS),
-                        help="weight formats, side by side (the first is the reference of the speed-ups)")
+    parser.add_argument(
+        "--weights",
+        nargs="+",
+        choices=WEIGHT_FORMATS,
+        default=list(WEIGHT_FORMATS),
+        help="weight formats, side by side (the first is the reference of the speed-ups)",
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--short", type=int, default=32, help="short context: prompt tokens")
     parser.add_argument("--long", type=int, default=960, help="long context: prompt tokens")
@@ -269,8 +326,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="rounds in which the weight formats take turns")
     parser.add_argument("--recompute-steps", type=int, default=2, help="timed full-recompute steps (0: skip)")
     parser.add_argument("--repeats", type=int, default=20, help="bandwidth measurements (the fastest counts)")
-    parser.add_argument("--small-pages", action="store_true",
-                        help="decode weights in ordinary 4 KiB pages, to compare with the huge-page default")
+    parser.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="decode weights in ordinary 4 KiB pages, to compare with the huge-page default",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.long + args.warmup + args.tokens + 1 > 1024:
@@ -288,12 +348,19 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     bandwidth, plain_read = measure_bandwidth(device, args.repeats)
     pages = "4 KiB pages" if args.small_pages else "huge pages"
-    print(f"gpt2 preset, fp32 activations, weights {'/'.join(args.weights)}, {device.type} ({describe_machine(device)}), torch {torch.__version__}, stored in {pages}")
-    print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, fastest of {args.repeats}); "
-          f"a plain sum reads {plain_read / 1e9:.1f} GB/s")
-    print(f"greedy decode, the fastest of {args.tokens} steps after {args.warmup} warm-up steps; "
-          "ceiling = bandwidth / bytes read per step (weights + KV cache); % read: the same share "
-          "against the plain sum's bandwidth")
+    print(
+        f"gpt2 preset, fp32 activations, weights {'/'.join(args.weights)}, {device.type} "
+        f"({describe_machine(device)}), torch {torch.__version__}, stored in {pages}"
+    )
+    print(
+        f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (fp32 matrix-vector product, fastest of {args.repeats}); "
+        f"a plain sum reads {plain_read / 1e9:.1f} GB/s"
+    )
+    print(
+        f"greedy decode, the fastest of {args.tokens} steps after {args.warmup} warm-up steps; "
+        "ceiling = bandwidth / bytes read per step (weights + KV cache); % read: the same share "
+        "against the plain sum's bandwidth"
+    )
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)
     rows, recompute_ratio = run(args, device, (bandwidth, plain_read))
@@ -305,25 +372,32 @@ def main() -> None:
         print(f"batch 1, {label}: {ratio:.2f}x the tokens/s of {args.weights[0]} weights")
     variant = args.variants[0]
     rates = matrix_rates(build_model(VARIANTS[variant], device, huge_pages=not args.small_pages), args.repeats)
-    print(f"{variant} batch 1: each weight's matrix-vector product timed alone "
-          f"(median over its layers and {args.repeats} passes)")
+    print(
+        f"{variant} batch 1: each weight's matrix-vector product timed alone "
+        f"(median over its layers and {args.repeats} passes)"
+    )
     for role, (shape, rate) in rates.items():
         print(f"  {role:<12}{shape:>11}{rate / 1e9:>7.1f} GB/s{100 * rate / bandwidth:>5.0f}% of the bandwidth")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "provenance": provenance(device),
-            "device": f"{device.type} ({describe_machine(device)})",
-            "torch": torch.__version__,
-            "huge_pages": not args.small_pages,
-            "bandwidth_gb_s": bandwidth / 1e9,
-            "plain_read_gb_s": plain_read / 1e9,
-            "rows": [asdict(r) for r in rows],
-            "recompute_over_cached": recompute_ratio,
-            "mqa_over_mha_tokens_per_s": speedup,
-            "over_first_weights_tokens_per_s": speedups,
-            "matrix_gb_s": {role: rate / 1e9 for role, (_, rate) in rates.items()},
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "provenance": provenance(device),
+                    "device": f"{device.type} ({describe_machine(device)})",
+                    "torch": torch.__version__,
+                    "huge_pages": not args.small_pages,
+                    "bandwidth_gb_s": bandwidth / 1e9,
+                    "plain_read_gb_s": plain_read / 1e9,
+                    "rows": [asdict(r) for r in rows],
+                    "recompute_over_cached": recompute_ratio,
+                    "mqa_over_mha_tokens_per_s": speedup,
+                    "over_first_weights_tokens_per_s": speedups,
+                    "matrix_gb_s": {role: rate / 1e9 for role, (_, rate) in rates.items()},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

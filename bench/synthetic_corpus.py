@@ -192,7 +192,9 @@ class ParquetLayout:
             self.chunks.append(self._string_array(self.pending))
             self.pending = []
         if self.chunks:
-            table = self.pa.Table.from_arrays([self.pa.chunked_array(self.chunks, self.pa.string())], schema=self.schema)
+            table = self.pa.Table.from_arrays(
+                [self.pa.chunked_array(self.chunks, self.pa.string())], schema=self.schema
+            )
             self.writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
             self.chunks = []
             del table
@@ -230,9 +232,14 @@ LAYOUTS = {"text-file": TextFileLayout, "text-dir": TextDirLayout, "jsonl": Json
 def generation_params(gb: float) -> dict:
     """What decides the corpora's content: a cached corpus is reused only when these match."""
     return {
-        "generator": GENERATOR_VERSION, "gb": gb, "seed": SEED, "python": platform.python_version(),
-        "stdlib": sysconfig.get_paths()["stdlib"], "text_dir_files": TEXT_DIR_FILES,
-        "parquet_files": PARQUET_FILES, "parquet_row_group": PARQUET_ROW_GROUP,
+        "generator": GENERATOR_VERSION,
+        "gb": gb,
+        "seed": SEED,
+        "python": platform.python_version(),
+        "stdlib": sysconfig.get_paths()["stdlib"],
+        "text_dir_files": TEXT_DIR_FILES,
+        "parquet_files": PARQUET_FILES,
+        "parquet_row_group": PARQUET_ROW_GROUP,
     }
 
 

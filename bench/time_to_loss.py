@@ -2,7 +2,7 @@
 
     python bench/time_to_loss.py                                  # the stdlib corpus, 2 recipes x 3 seeds
     python bench/time_to_loss.py --leave-one-out --seeds 1,2      # and the modern recipe without each piece
-    python bench/time_to_loss.py --blocks --arms "modern,modern (nanochat block)" --budget-s 120   # its block against nanochat's
+    python bench/time_to_loss.py --blocks --arms "modern,modern (nanochat block)" --budget-s 120  # vs nanochat's
     python bench/time_to_loss.py --corpus shakespeare_char --budget-s 120
     python bench/time_to_loss.py --seeds 1 --budget-s 60 --overrides model=gpt2 device=cuda precision=bf16
     python bench/time_to_loss.py --from-json bench/results/time_to_loss_stdlib.json --plot docs/images/time_to_loss.png
@@ -12,7 +12,8 @@ child process on the same corpus, one after another, seeds outermost and arms in
 within a seed, so a change in the machine's load hits every arm alike. First each arm
 trains a few calibration steps, twice, in turn with the others; its faster seconds per step
 set its max_iters so that every arm gets the same training wall-clock budget, and each
-decays its own schedule to its own end (as a speedrun does). A run's training seconds are read from its metrics.jsonl: each
+decays its own schedule to its own end (as a speedrun does). A run's training seconds are
+read from its metrics.jsonl: each
 train record's window of steps took tokens / tok_per_s seconds, so evaluation, saving
 and start-up are not counted. Losses are compared in bits per byte of validation text,
 the one unit that stays fair across tokenizers.
@@ -51,8 +52,14 @@ from training.provenance import provenance  # noqa: E402
 LOCAL_SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 CORPORA = {
     "stdlib": ([], True),
-    "shakespeare_char": (["data=shakespeare_char", "pad_vocab_to=1",
-                          *([f"data.path={LOCAL_SHAKESPEARE}"] if LOCAL_SHAKESPEARE.is_file() else [])], False),
+    "shakespeare_char": (
+        [
+            "data=shakespeare_char",
+            "pad_vocab_to=1",
+            *([f"data.path={LOCAL_SHAKESPEARE}"] if LOCAL_SHAKESPEARE.is_file() else []),
+        ],
+        False,
+    ),
 }
 # Each tokenizer prepares into a directory of its own: arms that alternate never rebuild each other's.
 GPT2_TOKENIZER = ["data.tokenizer=gpt2", "data.vocab_size=null", "data.name=stdlib_gpt2"]
@@ -96,8 +103,11 @@ def arms(corpus: str, leave_one_out: bool, vocab_size: int, blocks: bool = False
     the modern one with each block of BLOCK_ARMS in place of its own (blocks)."""
     base, trains_bpe = CORPORA[corpus]
     gpt2_data = GPT2_TOKENIZER if trains_bpe else []
-    modern_data = ["data.tokenizer=bpe", f"data.vocab_size={vocab_size}", f"data.name=stdlib_bpe{vocab_size}"] \
-        if trains_bpe else []
+    modern_data = (
+        ["data.tokenizer=bpe", f"data.vocab_size={vocab_size}", f"data.name=stdlib_bpe{vocab_size}"]
+        if trains_bpe
+        else []
+    )
     table = {"gpt2": ["recipe=gpt2", *base, *gpt2_data], "modern": ["recipe=modern", *MODERN_PIN, *base, *modern_data]}
     if blocks:
         for block, choose in BLOCK_ARMS.items():
@@ -116,14 +126,26 @@ def chosen_arms(args: argparse.Namespace) -> dict[str, list[str]]:
     return {arm: [*overrides, *args.overrides] for arm, overrides in table.items() if not args.arms or arm in args.arms}
 
 
-def train(overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int,
-          eval_iters: int) -> list[dict]:
+def train(
+    overrides: list[str], out_dir: Path, seed: int, max_iters: int, eval_interval: int, eval_iters: int
+) -> list[dict]:
     """One training run as a child process; its metrics.jsonl records."""
-    command = [sys.executable, "train.py", *overrides, f"seed={seed}", f"max_iters={max_iters}",
-               f"eval_interval={eval_interval}", f"eval_iters={eval_iters}", f"out_dir={out_dir}", "logging.progress=false",
-               "keep_last=1", "keep_state=latest"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "WANDB_MODE": "disabled"})
+    command = [
+        sys.executable,
+        "train.py",
+        *overrides,
+        f"seed={seed}",
+        f"max_iters={max_iters}",
+        f"eval_interval={eval_interval}",
+        f"eval_iters={eval_iters}",
+        f"out_dir={out_dir}",
+        "logging.progress=false",
+        "keep_last=1",
+        "keep_state=latest",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"}
+    )
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -152,8 +174,13 @@ def _train_seconds(records: list[dict]) -> list[float]:
 
 def seconds_per_step(overrides: list[str], out_dir: Path) -> float:
     """A short run's training seconds per step, its first log window (warm-up of the machinery) left out."""
-    records = [r for r in train(overrides, out_dir, seed=1, max_iters=CALIBRATION_STEPS,
-                                eval_interval=CALIBRATION_STEPS, eval_iters=1) if r["kind"] == "train"]
+    records = [
+        r
+        for r in train(
+            overrides, out_dir, seed=1, max_iters=CALIBRATION_STEPS, eval_interval=CALIBRATION_STEPS, eval_iters=1
+        )
+        if r["kind"] == "train"
+    ]
     seconds = _train_seconds(records)
     return (seconds[-1] - seconds[0]) / (records[-1]["step"] - records[0]["step"])
 
@@ -184,11 +211,20 @@ def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
     runs = []
     for seed in args.seeds:
         for arm, overrides in table.items():
-            records = train(overrides, scratch / _slug(arm, seed), seed, steps[arm],
-                            eval_interval=max(1, steps[arm] // args.evaluations), eval_iters=args.eval_iters)
+            records = train(
+                overrides,
+                scratch / _slug(arm, seed),
+                seed,
+                steps[arm],
+                eval_interval=max(1, steps[arm] // args.evaluations),
+                eval_iters=args.eval_iters,
+            )
             runs.append(read_run(arm, seed, steps[arm], records))
-            print(f"{arm} seed {seed}: {runs[-1].final_bpb:.4f} bits/byte after {runs[-1].train_seconds:.0f} s, "
-                  f"{runs[-1].max_iters} steps", flush=True)
+            print(
+                f"{arm} seed {seed}: {runs[-1].final_bpb:.4f} bits/byte after {runs[-1].train_seconds:.0f} s, "
+                f"{runs[-1].max_iters} steps",
+                flush=True,
+            )
     return runs
 
 
@@ -204,22 +240,32 @@ def summarise(runs: list[Run]) -> list[dict]:
     for arm, arm_runs in by_arm.items():
         reached = [] if target is None else [reach(r, target) for r in arm_runs]
         hit = [x for x in reached if x is not None]
-        rows.append({
-            "arm": arm, "seeds": [r.seed for r in arm_runs], "steps": arm_runs[0].max_iters,
-            "train_seconds": mean_ci([r.train_seconds for r in arm_runs]).__dict__,
-            "final_bpb": mean_ci([r.final_bpb for r in arm_runs]).__dict__,
-            "vs_modern": None if arm == "modern" or not modern else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
-            "reached": f"{len(hit)}/{len(reached)}" if reached else None, "target_bpb": target,
-            "seconds_to_target": mean_ci([s for s, _ in hit]).__dict__ if hit else None,
-            "tokens_to_target": mean_ci([t for _, t in hit]).__dict__ if hit else None,
-        })
+        rows.append(
+            {
+                "arm": arm,
+                "seeds": [r.seed for r in arm_runs],
+                "steps": arm_runs[0].max_iters,
+                "train_seconds": mean_ci([r.train_seconds for r in arm_runs]).__dict__,
+                "final_bpb": mean_ci([r.final_bpb for r in arm_runs]).__dict__,
+                "vs_modern": None
+                if arm == "modern" or not modern
+                else asdict(paired_difference(modern, [r.final_bpb for r in arm_runs])),
+                "reached": f"{len(hit)}/{len(reached)}" if reached else None,
+                "target_bpb": target,
+                "seconds_to_target": mean_ci([s for s, _ in hit]).__dict__ if hit else None,
+                "tokens_to_target": mean_ci([t for _, t in hit]).__dict__ if hit else None,
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
     gpt2_seconds = next((r["train_seconds"]["mean"] for r in rows if r["arm"] == "gpt2"), None)
-    lines = ["| arm | steps | train s | final val bits/byte | vs modern | reached target | s to target "
-             "(share of GPT-2's) | tokens to target |", "|---|--:|--:|---|---|--:|---|--:|"]
+    lines = [
+        "| arm | steps | train s | final val bits/byte | vs modern | reached target | s to target "
+        "(share of GPT-2's) | tokens to target |",
+        "|---|--:|--:|---|---|--:|---|--:|",
+    ]
     lines += [_row(r, gpt2_seconds) for r in rows]
     return "\n".join(lines)
 
@@ -229,8 +275,10 @@ def _row(r: dict, gpt2_seconds: float) -> str:
     vs_text = "" if vs is None else _diff(vs["difference"])
     to_text = "" if to is None else f"{_ci(to, 0)} ({to['mean'] / gpt2_seconds:.0%})"
     tokens_text = "" if tokens is None else f"{round(tokens['mean']):,}"
-    return (f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
-            f"{vs_text} | {r['reached'] or ''} | {to_text} | {tokens_text} |")
+    return (
+        f"| {r['arm']} | {r['steps']:,} | {r['train_seconds']['mean']:.0f} | {_ci(r['final_bpb'])} | "
+        f"{vs_text} | {r['reached'] or ''} | {to_text} | {tokens_text} |"
+    )
 
 
 def _slug(arm: str, suffix: object) -> str:
@@ -251,6 +299,7 @@ def _diff(e: dict) -> str:
 def plot(runs: list[Run], target: float | None, title: str, path: Path) -> None:
     """Val bits per byte against training seconds, one line per run, one colour per arm."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -259,7 +308,13 @@ def plot(runs: list[Run], target: float | None, title: str, path: Path) -> None:
     for run in runs:
         colour = colours.setdefault(run.arm, f"C{len(colours)}")
         seconds, _, bpb = zip(*run.curve)
-        axes.plot(seconds, bpb, color=colour, alpha=0.8, label=run.arm if run.arm not in axes.get_legend_handles_labels()[1] else None)
+        axes.plot(
+            seconds,
+            bpb,
+            color=colour,
+            alpha=0.8,
+            label=run.arm if run.arm not in axes.get_legend_handles_labels()[1] else None,
+        )
     if target is not None:
         axes.axhline(target, color="grey", linestyle="--", linewidth=1, label="GPT-2 recipe's final (mean)")
     axes.set(xlabel="training seconds", ylabel="val bits per byte", title=title)
@@ -275,15 +330,29 @@ def main() -> None:
     parser.add_argument("--corpus", choices=tuple(CORPORA), default="stdlib")
     parser.add_argument("--budget-s", type=float, default=300.0, help="training seconds per run (default: 300)")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
-    parser.add_argument("--leave-one-out", action="store_true",
-                        help="also the modern recipe without each piece, and with each piece it leaves out")
-    parser.add_argument("--blocks", action="store_true",
-                        help="also the modern recipe with each other block that could be its own (nanochat's)")
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="also the modern recipe without each piece, and with each piece it leaves out",
+    )
+    parser.add_argument(
+        "--blocks",
+        action="store_true",
+        help="also the modern recipe with each other block that could be its own (nanochat's)",
+    )
     parser.add_argument("--vocab-size", type=int, default=4096, help="the modern arms' trained BPE (stdlib)")
-    parser.add_argument("--arms", type=lambda s: s.split(","),
-                        help="only these arms (without gpt2, no target: the table compares final losses)")
-    parser.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="train.py overrides for every arm, after the arm's own (a size, a device)")
+    parser.add_argument(
+        "--arms",
+        type=lambda s: s.split(","),
+        help="only these arms (without gpt2, no target: the table compares final losses)",
+    )
+    parser.add_argument(
+        "--overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train.py overrides for every arm, after the arm's own (a size, a device)",
+    )
     parser.add_argument("--evaluations", type=int, default=12, help="evaluations per run, for the curves")
     parser.add_argument("--eval-iters", type=int, default=20, help="val batches per evaluation (default: 20)")
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
@@ -294,13 +363,20 @@ def main() -> None:
         record = json.loads(args.from_json.read_text())
         runs = [Run(**r) for r in record["runs"]]
     else:
-        record = {**provenance(), "corpus": args.corpus, "budget_s": args.budget_s, "seeds": args.seeds,
-                  "arms": chosen_arms(args)}
+        record = {
+            **provenance(),
+            "corpus": args.corpus,
+            "budget_s": args.budget_s,
+            "seeds": args.seeds,
+            "arms": chosen_arms(args),
+        }
         print(f"{record['machine']}, torch {record['torch']}, gptlab {record['gptlab']}", flush=True)
         with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
             runs = measure(args, Path(scratch))
         out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
-        out.write_text(json.dumps({**record, "rows": summarise(runs), "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
+        out.write_text(
+            json.dumps({**record, "rows": summarise(runs), "runs": [asdict(r) for r in runs]}, indent=2) + "\n"
+        )
         print(f"wrote {out}")
     rows = summarise(runs)
     print(markdown(rows))

@@ -35,17 +35,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from training.provenance import provenance  # noqa: E402
 from bench.reference_gpt import ReferenceGPT  # noqa: E402
 from conf import OptimConfig, model_preset  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.step import Trainer, train_step  # noqa: E402
 from run.distributed import Ranks  # noqa: E402
+from run.runtime import (  # noqa: E402
+    DTYPES,
+    Precision,
+    configure_cuda,
+    describe_machine,
+    resolve_device,
+    resolve_precision,
+    synchronize,
+)
 from training.mfu import estimate_mfu, measure_matmul_flops, peak_flops  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
-from run.runtime import (  # noqa: E402
-    DTYPES, Precision, configure_cuda, describe_machine, resolve_device, resolve_precision, synchronize,
-)
+from training.provenance import provenance  # noqa: E402
+from training.step import Trainer, train_step  # noqa: E402
 
 # Sequences per step: the reference configs of issue 8 (gpt2 at 1 x 1024, small at 8 x 256).
 DEFAULT_BATCH = {"nano": 8, "mini": 8, "small": 8, "gpt2": 1}
@@ -96,10 +102,18 @@ def variant_trainer(model: torch.nn.Module, compiled: bool, precision: Precision
     if isinstance(model, GPT):  # train.py's AdamW; the reference builds its own, as nanoGPT does
         optimizer = build_optimizer(model, OPTIM, device.type)
     else:
-        optimizer = model.configure_optimizer(OPTIM.weight_decay, OPTIM.learning_rate, (OPTIM.beta1, OPTIM.beta2),
-                                              device.type)
-    return Trainer(torch.compile(model) if compiled else model, optimizer, precision.grad_scaler(), precision.autocast(),
-                   accum_steps=1, grad_clip=OPTIM.grad_clip, ranks=Ranks())
+        optimizer = model.configure_optimizer(
+            OPTIM.weight_decay, OPTIM.learning_rate, (OPTIM.beta1, OPTIM.beta2), device.type
+        )
+    return Trainer(
+        torch.compile(model) if compiled else model,
+        optimizer,
+        precision.grad_scaler(),
+        precision.autocast(),
+        accum_steps=1,
+        grad_clip=OPTIM.grad_clip,
+        ranks=Ranks(),
+    )
 
 
 def build_trainers(
@@ -131,22 +145,39 @@ def timed_steps(trainers: dict[str, Trainer], loader: FixedBatch, warmup: int, s
     return seconds
 
 
-def measure(preset: str, precision_name: str, peak: float | None, device: torch.device,
-            args: argparse.Namespace) -> list[Row]:
+def measure(
+    preset: str, precision_name: str, peak: float | None, device: torch.device, args: argparse.Namespace
+) -> list[Row]:
     """One row per variant for this preset and precision."""
     torch._dynamo.reset()  # compile each preset afresh instead of piling up recompilations
     config = model_preset(preset)
     batch = args.batch or DEFAULT_BATCH[preset]
     precision = resolve_precision(precision_name, device)
-    seconds = timed_steps(build_trainers(config, args.variants, precision, device),
-                          FixedBatch(config, batch, device), args.warmup, args.steps)
+    seconds = timed_steps(
+        build_trainers(config, args.variants, precision, device),
+        FixedBatch(config, batch, device),
+        args.warmup,
+        args.steps,
+    )
     tokens = batch * config.block_size
     flops = training_flops_per_token(config)
     rows = []
     for variant, times in seconds.items():
         rate = tokens / min(times)
-        rows.append(Row(preset, batch, config.block_size, config.vocab_size, precision_name, variant, flops, rate,
-                        tokens / statistics.median(times), estimate_mfu(flops, rate, peak) if peak else None))
+        rows.append(
+            Row(
+                preset,
+                batch,
+                config.block_size,
+                config.vocab_size,
+                precision_name,
+                variant,
+                flops,
+                rate,
+                tokens / statistics.median(times),
+                estimate_mfu(flops, rate, peak) if peak else None,
+            )
+        )
     baseline = next((r.tokens_per_s for r in rows if r.variant == BASELINE), None)
     for row in rows:
         row.over_reference_eager = row.tokens_per_s / baseline if baseline else None
@@ -173,15 +204,19 @@ def measure_peak(device: torch.device, precision: str) -> float | None:
     return peak.flops if peak else None
 
 
-HEADER = (f"{'preset':<7}{'batch':>6}{'context':>8}{'vocab':>7}  {'prec':<6}{'variant':<20}"
-          f"{'tok/s':>9}{'MFU':>8}{'vs reference eager':>20}")
+HEADER = (
+    f"{'preset':<7}{'batch':>6}{'context':>8}{'vocab':>7}  {'prec':<6}{'variant':<20}"
+    f"{'tok/s':>9}{'MFU':>8}{'vs reference eager':>20}"
+)
 
 
 def format_row(r: Row) -> str:
     mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "-"
     ratio = f"{r.over_reference_eager:.2f}x" if r.over_reference_eager is not None else "-"
-    return (f"{r.preset:<7}{r.batch:>6}{r.context:>8}{r.vocab:>7}  {r.precision:<6}{r.variant:<20}"
-            f"{r.tokens_per_s:>9.1f}{mfu:>8}{ratio:>20}")
+    return (
+        f"{r.preset:<7}{r.batch:>6}{r.context:>8}{r.vocab:>7}  {r.precision:<6}{r.variant:<20}"
+        f"{r.tokens_per_s:>9.1f}{mfu:>8}{ratio:>20}"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -189,15 +224,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--presets", nargs="+", default=["mini", "small", "gpt2"], choices=list(DEFAULT_BATCH))
-    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
-                        help="default: fp32 and bf16, but on a CPU bf16 for the mini preset only")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:3]),
-                        help=f"default: all but reference-compiled; ratios need {BASELINE}")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=["fp32", "bf16"],
+        help="default: fp32 and bf16, but on a CPU bf16 for the mini preset only",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS[:3]),
+        help=f"default: all but reference-compiled; ratios need {BASELINE}",
+    )
     parser.add_argument("--batch", type=int, help=f"sequences per step for every preset (default: {DEFAULT_BATCH})")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per variant (compilation happens here)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
-    parser.add_argument("--json", type=Path, help="where to write the results (default: "
-                        "./train_throughput_<device>.json; the committed baseline in bench/results/ stays as it is)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="where to write the results (default: "
+        "./train_throughput_<device>.json; the committed baseline in bench/results/ stays as it is)",
+    )
     parser.add_argument("--no-json", dest="write_json", action="store_false", help="print the table only")
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1:
@@ -216,17 +264,25 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         configure_cuda(tf32=True)
-    plan = [(preset, precision)
-            for preset in args.presets for precision in precisions_for(preset, args.precisions, device)]
+    plan = [
+        (preset, precision) for preset in args.presets for precision in precisions_for(preset, args.precisions, device)
+    ]
     load_before = os.getloadavg()[0]
     peaks = {precision: measure_peak(device, precision) for precision in sorted({p for _, p in plan})}
     print(f"{device.type} ({describe_machine(device)}), torch {torch.__version__}")
-    print("peak: " + ", ".join(f"{name} {peak / 1e9:,.0f} GFLOP/s" if peak else f"{name} unknown"
-                               for name, peak in peaks.items())
-          + (f" (measured: {CPU_PEAK_MATMUL_SIZE}x{CPU_PEAK_MATMUL_SIZE} matmuls, best of 5)"
-             if device.type == "cpu" else " (datasheet)"))
-    print(f"step: train.py's train_step (fused AdamW, clip {OPTIM.grad_clip}), the same batch every step; {args.warmup} "
-          f"warm-up + {args.steps} timed steps per variant, variants taking turns; the fastest step is reported")
+    print(
+        "peak: "
+        + ", ".join(f"{name} {peak / 1e9:,.0f} GFLOP/s" if peak else f"{name} unknown" for name, peak in peaks.items())
+        + (
+            f" (measured: {CPU_PEAK_MATMUL_SIZE}x{CPU_PEAK_MATMUL_SIZE} matmuls, best of 5)"
+            if device.type == "cpu"
+            else " (datasheet)"
+        )
+    )
+    print(
+        f"step: train.py's train_step (fused AdamW, clip {OPTIM.grad_clip}), the same batch every step; {args.warmup} "
+        f"warm-up + {args.steps} timed steps per variant, variants taking turns; the fastest step is reported"
+    )
     print(f"load average before: {load_before:.2f} (other busy processes make every figure slower)")
     print(HEADER)
     rows = []
@@ -242,22 +298,31 @@ def main() -> None:
         print(f"wrote {path}")
 
 
-def write_json(path: Path, args: argparse.Namespace, device: torch.device, peaks: dict, rows: list[Row],
-               load: tuple[float, float]) -> None:
+def write_json(
+    path: Path, args: argparse.Namespace, device: torch.device, peaks: dict, rows: list[Row], load: tuple[float, float]
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "provenance": provenance(device),
-        "device": f"{device.type} ({describe_machine(device)})",
-        "torch": torch.__version__,
-        "method": {
-            "step": "training.step.train_step: forward + loss under autocast, backward, grad norm + clip, "
+    path.write_text(
+        json.dumps(
+            {
+                "provenance": provenance(device),
+                "device": f"{device.type} ({describe_machine(device)})",
+                "torch": torch.__version__,
+                "method": {
+                    "step": "training.step.train_step: forward + loss under autocast, backward, grad norm + clip, "
                     "fused AdamW (found_inf skip), zero_grad(set_to_none)",
-            "warmup_steps": args.warmup, "timed_steps": args.steps, "tokens_per_s": "fastest timed step",
-        },
-        "peak_flops": peaks,
-        "load_average": {"before": load[0], "after": load[1]},
-        "rows": [asdict(row) for row in rows],
-    }, indent=2) + "\n")
+                    "warmup_steps": args.warmup,
+                    "timed_steps": args.steps,
+                    "tokens_per_s": "fastest timed step",
+                },
+                "peak_flops": peaks,
+                "load_average": {"before": load[0], "after": load[1]},
+                "rows": [asdict(row) for row in rows],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

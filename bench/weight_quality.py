@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from training.provenance import provenance  # noqa: E402
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
 from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
 from run.load import load_model  # noqa: E402
+from training.provenance import provenance  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 SEED = 1234  # which validation windows
@@ -71,22 +71,26 @@ def measure(checkpoint: Checkpoint, loader: BatchLoader, args: argparse.Namespac
             reference = {"loss": loss, "texts": texts}
         same = sum(x == y for text, ref in zip(texts, reference["texts"]) for x, y in zip(text, ref))
         firsts = [first_difference(text, ref) for text, ref in zip(texts, reference["texts"])]
-        rows.append({
-            "weights": weights,
-            "val_loss": loss,
-            "val_loss_change": loss - reference["loss"],
-            "free_running_agreement": same / sum(len(ref) for ref in reference["texts"]),
-            "first_difference": [f if f is not None else "none" for f in firsts],
-            "teacher_forced_agreement": next_token_agreement(model, prompts, reference["texts"]),
-        })
+        rows.append(
+            {
+                "weights": weights,
+                "val_loss": loss,
+                "val_loss_change": loss - reference["loss"],
+                "free_running_agreement": same / sum(len(ref) for ref in reference["texts"]),
+                "first_difference": [f if f is not None else "none" for f in firsts],
+                "teacher_forced_agreement": next_token_agreement(model, prompts, reference["texts"]),
+            }
+        )
         print(format_row(rows[-1]), flush=True)
     return rows
 
 
 def format_row(r: dict) -> str:
-    return (f"{r['weights']:<8}{r['val_loss']:>10.5f}{r['val_loss_change']:>+10.5f}"
-            f"{100 * r['teacher_forced_agreement']:>14.1f}%{100 * r['free_running_agreement']:>13.1f}%"
-            f"   {', '.join(map(str, r['first_difference']))}")
+    return (
+        f"{r['weights']:<8}{r['val_loss']:>10.5f}{r['val_loss_change']:>+10.5f}"
+        f"{100 * r['teacher_forced_agreement']:>14.1f}%{100 * r['free_running_agreement']:>13.1f}%"
+        f"   {', '.join(map(str, r['first_difference']))}"
+    )
 
 
 def main() -> None:
@@ -106,14 +110,28 @@ def main() -> None:
         loader = BatchLoader(data_dir, "val", checkpoint.model_config.block_size, args.batch_size, SEED)
     except (CheckpointError, DataError) as err:
         sys.exit(f"error: {err}")
-    print(f"{checkpoint.path}: {GPT.shapes_only(checkpoint.model_config).num_params():,} parameters; "
-          f"validation: {args.eval_iters} batches of {args.batch_size} x {loader.block_size} tokens from {data_dir}; "
-          f"greedy: {args.prompts} prompts of {args.prompt_tokens} tokens, {args.tokens} tokens each")
-    print(f"{'weights':<8}{'val loss':>10}{'change':>10}{'teacher-forced':>15}{'free-running':>14}   first difference per prompt")
+    print(
+        f"{checkpoint.path}: {GPT.shapes_only(checkpoint.model_config).num_params():,} parameters; "
+        f"validation: {args.eval_iters} batches of {args.batch_size} x {loader.block_size} tokens from {data_dir}; "
+        f"greedy: {args.prompts} prompts of {args.prompt_tokens} tokens, {args.tokens} tokens each"
+    )
+    print(
+        f"{'weights':<8}{'val loss':>10}{'change':>10}{'teacher-forced':>15}{'free-running':>14}"
+        "   first difference per prompt"
+    )
     rows = measure(checkpoint, loader, args)
     if args.json:
-        args.json.write_text(json.dumps({"provenance": provenance(), "checkpoint": str(checkpoint.path),
-                                         "settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "provenance": provenance(),
+                    "checkpoint": str(checkpoint.path),
+                    "settings": vars(args) | {"json": str(args.json)},
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

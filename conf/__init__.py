@@ -16,9 +16,10 @@ a line each, before any data or model work starts.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -28,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
 from model import GPTConfig
-from rules import NOT_EMPTY, SEED, above, at_least, all_problems, between, check_rules, matching, one_of, setting
+from rules import NOT_EMPTY, SEED, above, all_problems, at_least, between, check_rules, matching, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
 NONFINITE_POLICIES = ("stop", "skip")
@@ -59,7 +60,7 @@ class OptimConfig:
     """AdamW's learning rate at the end of the cosine decay (at most learning_rate); Muon's ends at the same fraction of muon_lr."""
     warmup_iters: int = setting(100, at_least(0))
     """Optimizer steps of linear warmup from 0."""
-    decay_iters: Optional[int] = setting(None, at_least(1))
+    decay_iters: int | None = setting(None, at_least(1))
     """The step where min_lr is reached; null: max_iters."""
     weight_decay: float = setting(0.1, at_least(0))
     """AdamW's decoupled weight decay, on matrices and embeddings (not biases or norms)."""
@@ -85,8 +86,10 @@ class OptimConfig:
         if self.min_lr > self.learning_rate:
             yield f"optim.min_lr ({self.min_lr}) must not exceed optim.learning_rate ({self.learning_rate})"
         if self.name == "muon" and not hasattr(torch.optim, "Muon"):
-            yield (f"optim.name=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is torch "
-                   f"{torch.__version__}: upgrade torch, or use optim.name=adamw")
+            yield (
+                f"optim.name=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is torch "
+                f"{torch.__version__}: upgrade torch, or use optim.name=adamw"
+            )
 
 
 @dataclass
@@ -97,9 +100,9 @@ class WandbConfig:
     """disabled, offline (a local wandb directory to sync later) or online."""
     project: str = "gptlab"
     """The wandb project."""
-    name: Optional[str] = None
+    name: str | None = None
     """The wandb run's name; null: the run directory's name."""
-    group: Optional[str] = None
+    group: str | None = None
     """A wandb group, to see related runs side by side."""
 
     def __post_init__(self) -> None:
@@ -114,7 +117,7 @@ class LoggingConfig:
     """Optimizer steps between train records."""
     progress: bool = True
     """A live progress bar on a terminal (plain lines otherwise)."""
-    peak_flops: Optional[float] = setting(None, above(0))
+    peak_flops: float | None = setting(None, above(0))
     """FLOP/s the MFU is measured against; null: a known GPU's table value, or measured on a CPU."""
     wandb: WandbConfig = setting(factory=WandbConfig)
 
@@ -126,7 +129,7 @@ class LoggingConfig:
 class CostConfig:
     """What the run's GPUs cost, for the estimate line (docs/training.md#what-a-run-will-cost)."""
 
-    gpu_hour: Optional[float] = setting(None, above(0))
+    gpu_hour: float | None = setting(None, above(0))
     """The price of one GPU-hour (any currency): the estimate adds processes x hours x this; null: no cost."""
 
     def __post_init__(self) -> None:
@@ -152,21 +155,21 @@ class Config:
     """Time this run's steps on random tokens (no data prepared where the vocabulary is known), print its tokens, time, cost and peak memory, and exit writing nothing."""
     estimate_steps: int = setting(20, at_least(1))
     """estimate=true: the micro-batches timed, in whole optimizer steps, after 10 untimed ones (compilation, allocator warm-up)."""
-    tokens_per_param: Optional[float] = setting(None, above(0))
+    tokens_per_param: float | None = setting(None, above(0))
     """Replaces max_iters: steps giving each non-embedding parameter of the MHA model of this shape this many tokens."""
     match_mha_flops: bool = False
     """Scale max_iters so that a GQA/MQA model spends the training FLOPs of the MHA model of its shape."""
-    arm: Optional[str] = None
+    arm: str | None = None
     """This run's name in an ablation: report.py groups runs by it."""
     batch_size: Any = setting(8, at_least(1).or_words("auto"))
     """Sequences per micro-batch (per process); auto (GPU, with tokens_per_step): the largest that fits, tried on the device."""
-    grad_accum_steps: Optional[int] = setting(None, at_least(1))
+    grad_accum_steps: int | None = setting(None, at_least(1))
     """Micro-batches per optimizer step; null: 1, or what tokens_per_step makes (set one of the two, not both)."""
-    tokens_per_step: Optional[int] = setting(None, at_least(1))
+    tokens_per_step: int | None = setting(None, at_least(1))
     """Instead of grad_accum_steps: tokens per optimizer step over all processes, a multiple of batch_size * block_size * processes."""
     eval_interval: int = setting(200, at_least(1))
     """Optimizer steps between evaluations (and checkpoints)."""
-    eval_batch_size: Optional[int] = setting(None, at_least(1))
+    eval_batch_size: int | None = setting(None, at_least(1))
     """Windows per evaluation batch (eval_iters of them per split), run through the model a micro-batch at a time; null: the micro-batch."""
     eval_iters: int = setting(10, at_least(1))
     """Batches per split per evaluation: the same windows for every seed of a sweep."""
@@ -184,15 +187,15 @@ class Config:
     """Round the tokenizer's vocabulary up to a multiple of this (model.vocab_size)."""
     on_nonfinite: str = setting("stop", one_of(*NONFINITE_POLICIES))
     """What a step with a NaN or inf loss or gradient does: stop the run, or skip the update."""
-    out_dir: Optional[str] = setting(None, NOT_EMPTY)
+    out_dir: str | None = setting(None, NOT_EMPTY)
     """The run directory; null: <runs_root>/<date>_<time>."""
     runs_root: str = setting("runs", NOT_EMPTY)
     """Where new runs' directories go, and where resume=true looks."""
-    resume: Optional[str] = None
+    resume: str | None = None
     """true or latest (the newest run), a run directory or a checkpoint."""
     init_from: str = setting("scratch", one_of("scratch", "checkpoint", "hf"))
     """Where a new run's weights come from: scratch (random), checkpoint or hf (Hugging Face); from weights, the model (its block too) is theirs."""
-    model_path: Optional[str] = None
+    model_path: str | None = None
     """init_from=checkpoint: a run or checkpoint; init_from=hf: a directory or a Hub name."""
     keep_last: int = setting(3, at_least(1))
     """Step checkpoints kept besides the best one."""
@@ -204,24 +207,32 @@ class Config:
 
     def _conflicts(self) -> Iterator[str]:
         if self.model.vocab_size != GPTConfig.vocab_size:  # it would be overwritten without a word
-            yield (f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
-                   "(padded to a multiple of pad_vocab_to); leave it unset")
+            yield (
+                f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
+                "(padded to a multiple of pad_vocab_to); leave it unset"
+            )
         if self.init_from != "scratch" and not self.model_path:
             yield f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)"
         if self.estimate and (self.resume or self.max_iters == 0):
             yield "estimate=true times the steps of a new run: leave resume unset and max_iters above 0"
         if self.tokens_per_step is not None and self.grad_accum_steps is not None:  # one would be ignored
-            yield (f"grad_accum_steps={self.grad_accum_steps} and tokens_per_step={self.tokens_per_step} both set the "
-                   "micro-batches per step (tokens_per_step / (batch_size x block_size x processes)): set only one, "
-                   "grad_accum_steps=null or tokens_per_step=null")
+            yield (
+                f"grad_accum_steps={self.grad_accum_steps} and tokens_per_step={self.tokens_per_step} both set the "
+                "micro-batches per step (tokens_per_step / (batch_size x block_size x processes)): set only one, "
+                "grad_accum_steps=null or tokens_per_step=null"
+            )
         if self.batch_size == "auto" and self.tokens_per_step is None:
-            yield ("batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step "
-                   "(e.g. tokens_per_step=524288); or give batch_size a number")
+            yield (
+                "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step "
+                "(e.g. tokens_per_step=524288); or give batch_size a number"
+            )
         if self.batch_size == "auto" and self.max_iters == 0 and self.eval_batch_size is None:
             yield "max_iters=0 only evaluates, so batch_size=auto has no step to try: set eval_batch_size (e.g. 32)"
         if self.init_from == "scratch" and self.model_path:  # it would be ignored without a word
-            yield (f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
-                   "init_from is scratch: set init_from too, or leave model_path unset")
+            yield (
+                f"model_path={self.model_path} is read only with init_from=checkpoint or hf, and "
+                "init_from is scratch: set init_from too, or leave model_path unset"
+            )
 
     @property
     def weights_seed(self) -> int:
@@ -261,8 +272,11 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except (HydraException, OmegaConfBaseException) as err:
-        lines = [line for line in str(err).split("Config search path:")[0].splitlines()
-                 if not line.strip().startswith(("full_key:", "object_type=", "reference_type="))]
+        lines = [
+            line
+            for line in str(err).split("Config search path:")[0].splitlines()
+            if not line.strip().startswith(("full_key:", "object_type=", "reference_type="))
+        ]
         if err.__cause__ is not None:
             lines.append(": " + str(err.__cause__).splitlines()[0])
         where = f" (at {err.full_key})" if getattr(err, "full_key", None) else ""

@@ -54,10 +54,17 @@ def reference() -> str:
     for name in ("optim", "logging", "logging.wandb", "cost", "model", "data"):
         schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
-        parts += [presets(group) for group in ("model", "model/attention", "model/block", "data") if group.split("/")[0] == name]
+        parts += [
+            presets(group)
+            for group in ("model", "model/attention", "model/block", "data")
+            if group.split("/")[0] == name
+        ]
     parts += ["## Recipes\n", RECIPES_INTRO, recipes()]
-    parts += ["## Experiments\n", "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
-              presets("experiment", what_it_is=True)]
+    parts += [
+        "## Experiments\n",
+        "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
+        presets("experiment", what_it_is=True),
+    ]
     parts += ["## sample.py\n", table(SampleConfig, "")]
     parts += ["## downstream.py\n", table(DownstreamConfig, "")]
     return "\n".join(part for part in parts if part)
@@ -72,8 +79,10 @@ def table(schema: type, prefix: str) -> str:
         default = f.default_factory() if f.default is MISSING else f.default
         rule = rule_of(f) or ""
         each = "each: " if rule and isinstance(default, list) else ""
-        rows.append(f"| `{prefix}{f.name}` | {describe(hints[f.name])} | `{yaml_value(default)}` | "
-                    f"{each}{rule} | {_cell(docs[f.name])} |")
+        rows.append(
+            f"| `{prefix}{f.name}` | {describe(hints[f.name])} | `{yaml_value(default)}` | "
+            f"{each}{rule} | {_cell(docs[f.name])} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -82,7 +91,9 @@ def presets(group: str, what_it_is: bool = False) -> str:
     rows = [f"| `{group}=` | {'what it is' if what_it_is else 'what it sets'} |", "|---|---|"]
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         if what_it_is:
-            lines = [line[2:] for line in path.read_text().splitlines() if line.startswith("# ") and "@package" not in line]
+            lines = [
+                line[2:] for line in path.read_text().splitlines() if line.startswith("# ") and "@package" not in line
+            ]
             prose = itertools.takewhile(lambda line: not line.startswith(" "), lines)  # up to a command
             said = " ".join(prose).split(". ")[0].rstrip(".:") + "."
         else:
@@ -97,8 +108,11 @@ def recipes() -> str:
     rows = ["| `recipe=` | its block (`model/block=`) | what else it sets |", "|---|---|---|"]
     for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
         values = OmegaConf.to_container(OmegaConf.load(path)) or {}
-        block = next(entry["override /model/block"] for entry in values.pop("defaults")
-                     if isinstance(entry, dict) and "override /model/block" in entry)
+        block = next(
+            entry["override /model/block"]
+            for entry in values.pop("defaults")
+            if isinstance(entry, dict) and "override /model/block" in entry
+        )
         flat = [(f"{section}.{key}", value) for section, settings in values.items() for key, value in settings.items()]
         said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in flat) or "nothing: the defaults"
         rows.append(f"| `{path.stem}` | `{block}` | {_cell(said)} |")
@@ -132,7 +146,11 @@ def main(args: list[str]) -> None:
     check = parser.parse_args(args).check  # --help prints and exits here, before anything is written
     text = reference()
     if check:
-        sys.exit(0 if REFERENCE.is_file() and REFERENCE.read_text() == text else f"{REFERENCE} is out of date: run python -m conf")
+        sys.exit(
+            0
+            if REFERENCE.is_file() and REFERENCE.read_text() == text
+            else f"{REFERENCE} is out of date: run python -m conf"
+        )
     REFERENCE.write_text(text)
     print(f"wrote {REFERENCE}")
 

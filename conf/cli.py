@@ -31,10 +31,38 @@ PARSER = OverridesParser.create()
 # checks this table against that parser, so a Hydra that changes them fails there first.
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 HYDRA_OPTIONS: dict[str, bool | tuple[str, ...]] = {
-    **dict.fromkeys(["--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r", "--multirun", "-m",
-                     "--shell-completion", "-sc"], False),
-    **dict.fromkeys(["--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                     "--config-dir", "-cd", "--experimental-rerun"], True),
+    **dict.fromkeys(
+        [
+            "--help",
+            "-h",
+            "--hydra-help",
+            "--version",
+            "--resolve",
+            "--run",
+            "-r",
+            "--multirun",
+            "-m",
+            "--shell-completion",
+            "-sc",
+        ],
+        False,
+    ),
+    **dict.fromkeys(
+        [
+            "--cfg",
+            "-c",
+            "--package",
+            "-p",
+            "--config-path",
+            "-cp",
+            "--config-name",
+            "-cn",
+            "--config-dir",
+            "-cd",
+            "--experimental-rerun",
+        ],
+        True,
+    ),
     **dict.fromkeys(["--info", "-i"], INFO_TOPICS),
 }
 # Settings' names in other tools, suggested as a near spelling is: torch and transformers say dtype.
@@ -89,7 +117,7 @@ def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = 
     except OverrideParseException as err:
         key = arg.split("=", 1)[0].lstrip("+")
         quoted = "['...']" if typing.get_origin(setting_type(key, schema)[0]) is list else "'...'"
-        return f"{arg}: Hydra cannot read this value ({str(err).splitlines()[0]}); quote it, e.g. \"{key}={quoted}\""
+        return f'{arg}: Hydra cannot read this value ({str(err).splitlines()[0]}); quote it, e.g. "{key}={quoted}"'
     key = override.key_or_group
     if re.split(r"[./]", key, maxsplit=1)[0] == "hydra":
         return None  # Hydra's own settings and groups: Hydra checks them
@@ -109,8 +137,9 @@ def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = 
 def config_groups(config_name: str) -> set[str]:
     """The config groups that conf/<config_name>.yaml's defaults list chooses from."""
     defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml")).get("defaults", [])
-    return {group for entry in defaults if isinstance(entry, dict) for group in entry
-            if not group.startswith("override ")}
+    return {
+        group for entry in defaults if isinstance(entry, dict) for group in entry if not group.startswith("override ")
+    }
 
 
 def named_settings(overrides: list[str], section: str) -> dict[str, str]:
@@ -172,11 +201,13 @@ def setting_type(key: str, schema: type) -> tuple[Any, str | None]:
             return None, f"{'.'.join(path)} is a value, not a section: it has no {part}"
         known = [f.name for f in fields(hint)]
         if part not in known:
-            close = ([OTHER_NAMES[part]] if OTHER_NAMES.get(part) in known
-                     else difflib.get_close_matches(part, known, n=1))
+            close = (
+                [OTHER_NAMES[part]] if OTHER_NAMES.get(part) in known else difflib.get_close_matches(part, known, n=1)
+            )
             suggestion = f" (did you mean {'.'.join([*path, close[0]])}?)" if close else ""
-            return None, (f"{'.'.join([*path, part])} is not a setting of {hint.__name__}{suggestion}; "
-                          f"known: {', '.join(known)}")
+            return None, (
+                f"{'.'.join([*path, part])} is not a setting of {hint.__name__}{suggestion}; known: {', '.join(known)}"
+            )
         path.append(part)
         hint = typing.get_type_hints(hint)[part]
     return hint, None
@@ -237,8 +268,9 @@ def options_first(args: list[str]) -> list[str]:
     Hydra's parser needs them (`train.py model=nano -m seed=1,2` works too); `--`, which
     only separated them, is dropped."""
     options = hydra_option_positions(args)
-    return ([arg for i, arg in enumerate(args) if i in options and arg != "--"]
-            + [arg for i, arg in enumerate(args) if i not in options])
+    return [arg for i, arg in enumerate(args) if i in options and arg != "--"] + [
+        arg for i, arg in enumerate(args) if i not in options
+    ]
 
 
 def readable(arg: str) -> bool:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
@@ -17,17 +17,17 @@ from rules import NOT_EMPTY, at_least, check_rules, one_of, setting
 class DownstreamConfig:
     """downstream.py's settings: `python downstream.py checkpoint=runs/<run> 'tasks=[hellaswag,arc_easy]'`."""
 
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """A checkpoint or run directory (its latest checkpoint); null: the newest run's latest checkpoint."""
     runs_root: str = setting("runs", NOT_EMPTY)
     """Where the newest run is looked for."""
     tasks: list[str] = setting(factory=lambda: ["hellaswag"], rule=NOT_EMPTY)
     """lm-eval task (or group) names; the harness downloads each task's data once, from the Hub."""
-    include_path: Optional[str] = None
+    include_path: str | None = None
     """A directory of task YAML files of your own (lm-eval's local-file format), besides the harness's tasks."""
-    num_fewshot: Optional[int] = setting(None, at_least(0))
+    num_fewshot: int | None = setting(None, at_least(0))
     """Examples put before each question; null: each task's own default (0 for hellaswag)."""
-    limit: Optional[int] = setting(None, at_least(1))
+    limit: int | None = setting(None, at_least(1))
     """Evaluate only the first this many items of each task (a quick look, not a result); null: all."""
     batch_size: int = setting(8, at_least(1))
     """Sequences scored together."""

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from conf import DEVICE, PRECISION, load_config
 from model import DECODE_MODES, WEIGHT_FORMATS, Sampling
-from rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 from model.engine import TEMPERATURE, TOP_K, TOP_P
+from rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 
 DECODE = tuple(mode for mode in DECODE_MODES if mode != "static")  # static is for checking the graph's step
 SOURCES = ("checkpoint", "hf")
@@ -21,13 +21,13 @@ SOURCES = ("checkpoint", "hf")
 class SampleConfig:
     """sample.py's settings: `python sample.py prompt="To be" num_samples=3 temperature=0.7`."""
 
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """A checkpoint or run directory; null: the newest run's latest checkpoint."""
     runs_root: str = setting("runs", NOT_EMPTY)
     """Where the newest run is looked for."""
     init_from: str = setting("checkpoint", one_of(*SOURCES))
     """Where the model comes from: checkpoint (a gptlab run) or hf (Hugging Face, model_path), as in train.py."""
-    model_path: Optional[str] = setting(None, NOT_EMPTY)
+    model_path: str | None = setting(None, NOT_EMPTY)
     """init_from=hf: a transformers directory or a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)."""
     prompt: str = ""
     """The text to continue (\\n and \\t mean newline and tab), FILE:path to read it from a file, or - for standard input; empty: start from <|endoftext|> (a newline for a char tokenizer)."""
@@ -37,11 +37,11 @@ class SampleConfig:
     """Tokens generated per sample at most."""
     temperature: float = setting(0.8, TEMPERATURE)
     """Divides the logits; 0 is greedy."""
-    top_k: Optional[int] = setting(200, TOP_K)
+    top_k: int | None = setting(200, TOP_K)
     """Sample among the k most likely tokens only; null: no limit."""
     top_p: float = setting(1.0, TOP_P)
     """Nucleus sampling: the most likely tokens holding this much probability; 1.0 keeps every token."""
-    seed: Optional[int] = setting(1337, SEED)
+    seed: int | None = setting(1337, SEED)
     """The same seed, checkpoint and settings give the same text; null: random."""
     stop: list[str] = setting(factory=list, rule=NOT_EMPTY)
     """Stop strings, e.g. 'stop=["\\n\\n"]': a sample ends at the first (left out)."""
@@ -62,13 +62,17 @@ class SampleConfig:
 
     def _conflicts(self) -> Iterator[str]:
         if self.init_from == "hf" and self.checkpoint is not None:
-            yield (f"checkpoint={self.checkpoint} and init_from=hf name two models: sample a gptlab checkpoint "
-                   "with checkpoint=PATH, or a Hugging Face model with init_from=hf model_path=...")
+            yield (
+                f"checkpoint={self.checkpoint} and init_from=hf name two models: sample a gptlab checkpoint "
+                "with checkpoint=PATH, or a Hugging Face model with init_from=hf model_path=..."
+            )
         if self.init_from == "hf" and not self.model_path:
             yield "init_from=hf needs model_path: a transformers directory or a Hub name such as gpt2"
         if self.init_from == "checkpoint" and self.model_path:  # it would be ignored without a word
-            yield (f"model_path={self.model_path} is read only with init_from=hf: set init_from=hf too, "
-                   "or name a gptlab checkpoint with checkpoint=PATH")
+            yield (
+                f"model_path={self.model_path} is read only with init_from=hf: set init_from=hf too, "
+                "or name a gptlab checkpoint with checkpoint=PATH"
+            )
 
 
 def load_sample_config(cfg: DictConfig) -> SampleConfig:

@@ -1,9 +1,9 @@
 """Text -> tokens -> batches. Knows nothing about models.
 
-    prepared = prepare(DataConfig(...))          # tokenise once: train.bin, val.bin, meta.json
-    tokenizer = load_tokenizer(prepared.data_dir) # the tokenizer those shards were made with
-    loader = BatchLoader(prepared.data_dir, "train", block_size, batch_size, seed)
-    x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
+prepared = prepare(DataConfig(...))          # tokenise once: train.bin, val.bin, meta.json
+tokenizer = load_tokenizer(prepared.data_dir) # the tokenizer those shards were made with
+loader = BatchLoader(prepared.data_dir, "train", block_size, batch_size, seed)
+x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
 """
 
 import importlib
@@ -29,6 +29,7 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(globals().keys() | _PREPARATION)
+
 
 __all__ = [
     "BatchLoader",

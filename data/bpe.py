@@ -18,7 +18,6 @@ import hashlib
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -82,7 +81,7 @@ class BpeTokenizer(Tokenizer):
         return [0 if i == self.eot_id else len(piece) for i, piece in enumerate(self._bytes)]
 
 
-def _bytes_of_ids(tokenizer: HfTokenizer, vocab_size: int, eot_id: Optional[int]) -> list[bytes]:
+def _bytes_of_ids(tokenizer: HfTokenizer, vocab_size: int, eot_id: int | None) -> list[bytes]:
     """The bytes each id stands for (<|endoftext|>'s own text for it); DataError unless the
     tokenizer is a byte-level BPE with an end-of-text token."""
     byte_of_char = gpt2_byte_alphabet()
@@ -100,13 +99,19 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     if vocab_size < MIN_BPE_VOCAB:
         raise ValueError(f"vocab_size must be at least {MIN_BPE_VOCAB} (256 bytes and {EOT_TEXT}), got {vocab_size}")
     tokenizer = HfTokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's byte characters
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's byte characters
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()  # for transformers' decode; BpeTokenizer decodes by its own table
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, min_frequency=MIN_PAIR_COUNT, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1,
+        min_frequency=MIN_PAIR_COUNT,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.add_special_tokens([EOT_TEXT])  # after training: the last id, as in GPT-2
     return BpeTokenizer(tokenizer.to_str())
@@ -116,8 +121,13 @@ def train_on_sample(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     """train_bpe on the first TRAINING_SAMPLE_BYTES of `texts`, warning when it learns fewer ids than asked."""
     tokenizer = train_bpe(_leading_bytes(texts, TRAINING_SAMPLE_BYTES), vocab_size)
     if tokenizer.vocab_size < vocab_size:
-        log.warning("the tokenizer's training stopped at %d ids, short of data.vocab_size=%d: a small training text "
-                    "runs out of pairs seen %d times or more", tokenizer.vocab_size, vocab_size, MIN_PAIR_COUNT)
+        log.warning(
+            "the tokenizer's training stopped at %d ids, short of data.vocab_size=%d: a small training text "
+            "runs out of pairs seen %d times or more",
+            tokenizer.vocab_size,
+            vocab_size,
+            MIN_PAIR_COUNT,
+        )
     return tokenizer
 
 
@@ -131,23 +141,28 @@ def _leading_bytes(texts: Iterable[str], limit: int) -> Iterator[str]:
         yield text
 
 
-def load_bpe(description: dict, directory: Optional[Path]) -> BpeTokenizer:
+def load_bpe(description: dict, directory: Path | None) -> BpeTokenizer:
     """The trained tokenizer that `description` names, read from `directory` (a data or
     checkpoint directory) and checked against the sha256 the description records."""
     if description.get("file") != TOKENIZER_FILE or not isinstance(description.get("sha256"), str):
         raise DataError(f"a bpe tokenizer's description names its {TOKENIZER_FILE} and sha256; got {description!r}")
     if directory is None:
-        raise DataError(f"the bpe tokenizer is in a {TOKENIZER_FILE} file: load it from the data or checkpoint "
-                        "directory that holds it")
+        raise DataError(
+            f"the bpe tokenizer is in a {TOKENIZER_FILE} file: load it from the data or checkpoint "
+            "directory that holds it"
+        )
     path = Path(directory) / TOKENIZER_FILE
     try:
         content = path.read_bytes()
     except OSError as err:
-        raise DataError(f"cannot read {path}, the trained tokenizer its directory was made with: "
-                        f"{err.strerror}") from err
+        raise DataError(
+            f"cannot read {path}, the trained tokenizer its directory was made with: {err.strerror}"
+        ) from err
     if hashlib.sha256(content).hexdigest() != description["sha256"]:
-        raise DataError(f"{path} does not match the sha256 recorded with it (it was edited, damaged or replaced): "
-                        "use a copy of the directory it came from, or prepare the data again")
+        raise DataError(
+            f"{path} does not match the sha256 recorded with it (it was edited, damaged or replaced): "
+            "use a copy of the directory it came from, or prepare the data again"
+        )
     return _bpe_from_json(content.decode("utf-8"))
 
 

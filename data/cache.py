@@ -20,7 +20,6 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
 
 from data.bpe import TRAINING_SAMPLE_BYTES
 from data.config import DataConfig
@@ -56,7 +55,7 @@ def refuse_other_settings(cfg: DataConfig, data_dir: Path) -> None:
         _refuse_if_other(cfg, data_dir, _recorded_settings(data_dir / file), what)
 
 
-def _recorded_settings(path: Path) -> Optional[dict]:
+def _recorded_settings(path: Path) -> dict | None:
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # missing or unreadable: nothing recorded, nothing to protect
@@ -65,21 +64,24 @@ def _recorded_settings(path: Path) -> Optional[dict]:
     return settings if isinstance(settings, dict) else None
 
 
-def _refuse_if_other(cfg: DataConfig, data_dir: Path, recorded: Optional[dict], what: str) -> None:
+def _refuse_if_other(cfg: DataConfig, data_dir: Path, recorded: dict | None, what: str) -> None:
     if recorded is None:
         return
     wanted = token_settings(cfg)
     differing = sorted(key for key in wanted.keys() | recorded.keys() if wanted.get(key) != recorded.get(key))
     if not differing:
         return
-    changes = ", ".join(f"data.{key}={_shown(wanted.get(key))} (it holds {_shown(recorded.get(key))})"
-                        for key in differing)
+    changes = ", ".join(
+        f"data.{key}={_shown(wanted.get(key))} (it holds {_shown(recorded.get(key))})" for key in differing
+    )
     if cfg.data_dir is None:
         own = f"data.name={cfg.name}_{_suffix({key: wanted.get(key) for key in differing})}"
     else:
         own = "another data.data_dir"
-    raise DataError(f"{data_dir} {what} with other settings than this run's {changes}: give this data a "
-                    f"directory of its own ({own}), or delete {data_dir} to prepare it again with these settings")
+    raise DataError(
+        f"{data_dir} {what} with other settings than this run's {changes}: give this data a "
+        f"directory of its own ({own}), or delete {data_dir} to prepare it again with these settings"
+    )
 
 
 def _shown(value: object) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Optional
 
 from hydra import compose, initialize_config_dir
 
@@ -30,7 +29,7 @@ def config_from_overrides(overrides: list[str]) -> DataConfig:
         return load_config(compose(config_name="train", overrides=overrides)).data
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m data",
         description="Tokenise a corpus into train.bin / val.bin / meta.json (skipped when already done).",

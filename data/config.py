@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 from rules import NOT_EMPTY, above, at_least, between, check_rules, matching, one_of, setting
 
@@ -35,27 +35,27 @@ class DataConfig:
     """stdlib (this Python's own sources, offline), files (path or url) or hub (a Hugging Face dataset)."""
     tokenizer: str = setting("gpt2", one_of(*TOKENIZERS))
     """gpt2 (tiktoken's BPE), char (one token per character of the corpus) or bpe (a byte-level BPE trained on it)."""
-    vocab_size: Optional[int] = setting(None, between(MIN_BPE_VOCAB, MAX_BPE_VOCAB))
+    vocab_size: int | None = setting(None, between(MIN_BPE_VOCAB, MAX_BPE_VOCAB))
     """tokenizer=bpe (and only then): its ids, the 256 bytes and <|endoftext|> included; a multiple of 64 pads nothing."""
-    path: Optional[str] = setting(None, NOT_EMPTY)
+    path: str | None = setting(None, NOT_EMPTY)
     """source=files: a text, jsonl or parquet file, a directory of them, or a glob ("docs/**/*.md")."""
-    url: Optional[str] = setting(None, NOT_EMPTY)
+    url: str | None = setting(None, NOT_EMPTY)
     """source=files: a file fetched into <data_dir>/download/ when path is not set."""
-    dataset: Optional[str] = setting(None, NOT_EMPTY)
+    dataset: str | None = setting(None, NOT_EMPTY)
     """source=hub: a dataset id on the Hugging Face Hub, or a local dataset directory."""
-    subset: Optional[str] = setting(None, NOT_EMPTY)
+    subset: str | None = setting(None, NOT_EMPTY)
     """source=hub: the dataset's configuration name, e.g. sample-10BT."""
     split: str = setting("train", NOT_EMPTY)
     """source=hub: which split to read."""
-    revision: Optional[str] = setting(None, NOT_EMPTY)
+    revision: str | None = setting(None, NOT_EMPTY)
     """source=hub: a commit or tag, to pin what "the same source" means."""
     streaming: bool = False
     """source=hub: read as a stream instead of downloading everything first."""
     text_column: str = setting("text", NOT_EMPTY)
     """jsonl, parquet and hub: the column holding each document's text."""
-    document_separator: Optional[str] = setting(None, NOT_EMPTY)
+    document_separator: str | None = setting(None, NOT_EMPTY)
     """source=files: text files are one document each, or one per part between these separators (not tokenised)."""
-    max_documents: Optional[int] = setting(None, at_least(1))
+    max_documents: int | None = setting(None, at_least(1))
     """Read only the first N documents (every source); null: all."""
     val_fraction: float = setting(0.1, between(0, 1, "()"))
     """Share of each shuffle block's tokens held out for val.bin."""
@@ -63,13 +63,13 @@ class DataConfig:
     """Seeds the shuffle of documents within each block."""
     shuffle_block_tokens: int = setting(1 << 24, at_least(1))
     """Tokens per block: shuffled in memory, then split into train and val."""
-    num_proc: Optional[int] = setting(None, at_least(1))
+    num_proc: int | None = setting(None, at_least(1))
     """Tokenising threads; null: every core this process may use."""
     batch_mb: float = setting(32, above(0))
     """Megabytes of text tokenised at once: the main lever on prepare's memory."""
-    data_dir: Optional[str] = setting(None, NOT_EMPTY)
+    data_dir: str | None = setting(None, NOT_EMPTY)
     """Where train.bin, val.bin and meta.json go; null: data_cache/<name>."""
-    hf_cache_dir: Optional[str] = setting(None, NOT_EMPTY)
+    hf_cache_dir: str | None = setting(None, NOT_EMPTY)
     """The datasets library's cache; null: <data_dir>/hf_cache."""
     keep_hf_cache: bool = False
     """Keep the default hf_cache (a Hub download) after preparing."""
@@ -84,20 +84,28 @@ class DataConfig:
         if self.tokenizer == "bpe" and self.vocab_size is None:
             yield _problem("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
         if self.tokenizer != "bpe" and self.vocab_size is not None:
-            yield _problem("vocab_size", f"is read only when tokenizer is 'bpe', and this tokenizer is "
-                                         f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
-                           self.vocab_size)
+            yield _problem(
+                "vocab_size",
+                f"is read only when tokenizer is 'bpe', and this tokenizer is "
+                f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
+                self.vocab_size,
+            )
 
     def _source_conflicts(self) -> Iterator[str]:
         # A setting another source reads would be ignored, yet change the fingerprint (a rebuild).
-        for source, used in (("files", {"path": None, "url": None, "document_separator": None}),
-                             ("hub", {"dataset": None, "subset": None, "revision": None, "streaming": False,
-                                      "split": "train"})):
+        for source, used in (
+            ("files", {"path": None, "url": None, "document_separator": None}),
+            ("hub", {"dataset": None, "subset": None, "revision": None, "streaming": False, "split": "train"}),
+        ):
             for field, unset in used.items():
                 if self.source != source and getattr(self, field) != unset:
-                    yield _problem(field, f"is read only when source is '{source}', and this source is "
-                                          f"'{self.source}' (choose a data= preset of source {source}, or leave it "
-                                          f"{json.dumps(unset)})", getattr(self, field))
+                    yield _problem(
+                        field,
+                        f"is read only when source is '{source}', and this source is "
+                        f"'{self.source}' (choose a data= preset of source {source}, or leave it "
+                        f"{json.dumps(unset)})",
+                        getattr(self, field),
+                    )
         if self.source == "files" and self.path is None and self.url is None:
             yield _problem("path", "must name a file, directory or glob when source is 'files'", None)
         if self.source == "hub" and self.dataset is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 from pathlib import Path
-from typing import Optional
 
 from data.errors import DataError
 
@@ -30,10 +29,18 @@ SUSPECT_MIN_BYTES = 256  # ... when it holds this much: a few NULs in a short te
 _CONTROLS = bytes([*range(0x09), *range(0x0E, 0x20), 0x7F])  # tab, line breaks, \v and \f are text
 _NOT_CONTROLS = bytes(b for b in range(256) if b not in _CONTROLS)  # deleted to count the controls
 # iconv's names; UTF-32-LE's mark begins with UTF-16-LE's, so it comes first
-_MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
-          (codecs.BOM_UTF16_BE, "UTF-16"))
-_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-               (b"BZh", "bzip2"))  # each tool's decompressing command: `<name> -dc`
+_MARKS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bzip2"),
+)  # each tool's decompressing command: `<name> -dc`
 _WIDE = (("UTF-32LE", 4), ("UTF-32BE", 4), ("UTF-16LE", 2), ("UTF-16BE", 2))  # encoding, bytes per code unit
 _SPACES = frozenset(" \t\n\u3000\u3001\u3002\uff0c")  # ASCII and CJK spaces and separators
 
@@ -43,11 +50,11 @@ class EncodingCheck:
     it is not UTF-8 text. `path` is the file's (its advice converts the file), else None for
     the texts of a table or a JSON file, named by `origin`."""
 
-    def __init__(self, origin: str, path: Optional[Path] = None):
+    def __init__(self, origin: str, path: Path | None = None):
         self.origin, self.path = origin, path
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.read = self.controls = self.invalid = 0  # bytes so far, and those not text
-        self.start: Optional[int] = None  # the offset of the first byte read (a resumed read starts past 0)
+        self.start: int | None = None  # the offset of the first byte read (a resumed read starts past 0)
         self.sample, self.sample_at = b"", 0  # the last SAMPLE_BYTES of the latest read, and its offset
 
     def add(self, data: bytes, offset: int) -> None:
@@ -88,27 +95,39 @@ class EncodingCheck:
             raise self._wide(mark, f"it starts with a {mark} byte-order mark")
         tool = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
         if tool is not None and (tool != "bzip2" or head[4:10] == b"1AY&SY"):  # "BZh" alone could be text
-            raise DataError(f"{self.path} is {tool}-compressed, and gptlab reads text: decompress it, e.g. "
-                            f"`{tool} -dc {self.path} > {_plain_name(self.path)}`, and point data.path at the result")
+            raise DataError(
+                f"{self.path} is {tool}-compressed, and gptlab reads text: decompress it, e.g. "
+                f"`{tool} -dc {self.path} > {_plain_name(self.path)}`, and point data.path at the result"
+            )
 
-    def _wide(self, encoding: str, evidence: Optional[str] = None) -> DataError:
+    def _wide(self, encoding: str, evidence: str | None = None) -> DataError:
         first, last = self.sample_at, self.sample_at + len(self.sample) - 1
         if self.path is None:
-            return DataError(f"the texts of {self.origin} are {encoding} read as if UTF-8 (the last one read decodes "
-                             f"as {encoding} text): decode them as {encoding} where they are written")
+            return DataError(
+                f"the texts of {self.origin} are {encoding} read as if UTF-8 (the last one read decodes "
+                f"as {encoding} text): decode them as {encoding} where they are written"
+            )
         if first == 0:
             evidence = evidence or f"its first {last + 1:,} bytes decode as {encoding} text"
-            return DataError(f"{self.path} is {encoding} text ({evidence}), and gptlab reads UTF-8: convert it, e.g. "
-                             f"`iconv -f {encoding} -t UTF-8 {self.path} > {self.path.stem}.utf8{self.path.suffix}`, "
-                             "and point data.path at the result")
-        return DataError(f"{self.path} is not UTF-8 throughout: its bytes {first:,} to {last:,} decode as {encoding} "
-                         f"text, and gptlab reads UTF-8: convert that text to UTF-8 (`iconv -f {encoding} -t UTF-8` "
-                         "converts it) and point data.path at the result")
+            return DataError(
+                f"{self.path} is {encoding} text ({evidence}), and gptlab reads UTF-8: convert it, e.g. "
+                f"`iconv -f {encoding} -t UTF-8 {self.path} > {self.path.stem}.utf8{self.path.suffix}`, "
+                "and point data.path at the result"
+            )
+        return DataError(
+            f"{self.path} is not UTF-8 throughout: its bytes {first:,} to {last:,} decode as {encoding} "
+            f"text, and gptlab reads UTF-8: convert that text to UTF-8 (`iconv -f {encoding} -t UTF-8` "
+            "converts it) and point data.path at the result"
+        )
 
     def _not_text(self) -> DataError:
-        span = (f"the {self.read:,} bytes of them read" if self.path is None else
-                f"its first {self.read:,} bytes" if self.start == 0 else
-                f"its {self.read:,} bytes from byte {self.start:,} on")
+        span = (
+            f"the {self.read:,} bytes of them read"
+            if self.path is None
+            else f"its first {self.read:,} bytes"
+            if self.start == 0
+            else f"its {self.read:,} bytes from byte {self.start:,} on"
+        )
         if self.controls >= CONTROL_SHARE * self.read:
             found = f"{self.controls:,} of {span} are NUL or other control characters"
             if self.path is None:
@@ -116,20 +135,24 @@ class EncodingCheck:
             return DataError(f"{self.path} is not text: {found}; point data.path at UTF-8 text files")
         found = f"{self.controls + self.invalid:,} of {span} are not UTF-8 or are control characters"
         if self.path is None:
-            return DataError(f"the texts of {self.origin} are not UTF-8 text: {found}; decode them from their real "
-                             "encoding where they are written")
-        return DataError(f"{self.path} is not UTF-8 text: {found}; find its encoding (`file {self.path}` may name it) "
-                         f"and convert it, e.g. `iconv -f SHIFT_JIS -t UTF-8 {self.path} > "
-                         f"{self.path.stem}.utf8{self.path.suffix}` for Shift-JIS, and point data.path at the result "
-                         "(or leave the file out if it is not text)")
+            return DataError(
+                f"the texts of {self.origin} are not UTF-8 text: {found}; decode them from their real "
+                "encoding where they are written"
+            )
+        return DataError(
+            f"{self.path} is not UTF-8 text: {found}; find its encoding (`file {self.path}` may name it) "
+            f"and convert it, e.g. `iconv -f SHIFT_JIS -t UTF-8 {self.path} > "
+            f"{self.path.stem}.utf8{self.path.suffix}` for Shift-JIS, and point data.path at the result "
+            "(or leave the file out if it is not text)"
+        )
 
 
-def wide_encoding(sample: bytes, offset: int) -> Optional[str]:
+def wide_encoding(sample: bytes, offset: int) -> str | None:
     """The UTF-32 or UTF-16 that `sample` (read at `offset`, which aligns its code units)
     decodes from into readable text, if any."""
     for encoding, unit in _WIDE:
         try:  # the incremental decoder holds back a code unit (or surrogate pair) cut at the end
-            text = codecs.getincrementaldecoder(encoding)().decode(sample[-offset % unit:])
+            text = codecs.getincrementaldecoder(encoding)().decode(sample[-offset % unit :])
         except UnicodeDecodeError:
             continue
         readable = sum(c.isprintable() or c in "\t\n\r" for c in text)

@@ -20,11 +20,16 @@ def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     origin = f"data.dataset={cfg.dataset!r}"
     if _is_saved_dataset(local):
         table = _text_column(_load_saved(local, cfg), cfg.text_column)
-        return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars),
-                      f"{cfg.dataset} (saved dataset, split {cfg.split})", origin)
+        return Corpus(
+            Rows(_table_batches(table), cfg.text_column, origin, piece_chars),
+            f"{cfg.dataset} (saved dataset, split {cfg.split})",
+            origin,
+        )
     # A local directory, or only the first documents, are read as a stream: no copy, no full download.
     streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
-    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
+    description = (
+        f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
+    )
     if streamed:
         opened = [_open_stream(cfg)]  # fails here, before any work, if the source cannot be read
 
@@ -43,7 +48,9 @@ def _open_stream(cfg: DataConfig):
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
-        raise DataError(f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})") from err
+        raise DataError(
+            f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})"
+        ) from err
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -58,7 +65,9 @@ def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
         raise DataError(f"could not load the saved dataset {path} ({describe_error(err)})") from err
     if isinstance(saved, datasets.DatasetDict):
         if cfg.split not in saved:
-            raise DataError(f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split")
+            raise DataError(
+                f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split"
+            )
         saved = saved[cfg.split]
     return saved
 
@@ -74,7 +83,11 @@ def _local_hint(cfg: DataConfig) -> str:
     """For a local directory standing in for a Hub id: the Hub-only settings a preset may carry."""
     if not Path(cfg.dataset).expanduser().is_dir():
         return ""
-    hints = [f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"] if cfg.subset else []
+    hints = (
+        [f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"]
+        if cfg.subset
+        else []
+    )
     hints.append(f"data.split={cfg.split!r} must be a split the directory has")
     return "; a local directory replaces the Hub id here: " + ", and ".join(hints)
 
@@ -116,7 +129,8 @@ def _no_usage_ping():
 def _table_batches(table: datasets.Dataset):
     def batches(first_row: int):
         for start in range(first_row, len(table), ROWS_PER_BATCH):
-            yield table[start:start + ROWS_PER_BATCH]["text"]
+            yield table[start : start + ROWS_PER_BATCH]["text"]
+
     return batches
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
@@ -27,18 +26,24 @@ class BatchLoader:
 
     def __init__(
         self,
-        data_dir: Union[str, Path],
+        data_dir: str | Path,
         split: str,
         block_size: int,
         batch_size: int,
         seed: int,
         rank: int = 0,
         world_size: int = 1,
-        device: Union[str, torch.device] = "cpu",
+        device: str | torch.device = "cpu",
         accum_steps: int = 1,
     ):
-        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, \
-            (block_size, batch_size, accum_steps, seed, rank, world_size)  # train.py's config checked them
+        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, (
+            block_size,
+            batch_size,
+            accum_steps,
+            seed,
+            rank,
+            world_size,
+        )  # train.py's config checked them
         self.split, self.block_size, self.batch_size = split, block_size, batch_size
         self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
         self.device = torch.device(device)

@@ -38,7 +38,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import filelock
 import numpy as np
@@ -49,8 +48,17 @@ from data.cache import fingerprint_of, refuse_other_settings, token_settings
 from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
-    FORMAT_VERSION, META_DIGEST, META_FILE, SPLITS, check_shard, file_sha256, meta_digest, read_meta,
-    remove_temp_files, shard_path, write_json_atomic,
+    FORMAT_VERSION,
+    META_DIGEST,
+    META_FILE,
+    SPLITS,
+    check_shard,
+    file_sha256,
+    meta_digest,
+    read_meta,
+    remove_temp_files,
+    shard_path,
+    write_json_atomic,
 )
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
@@ -94,20 +102,29 @@ def prepare(cfg: DataConfig) -> PreparedData:
 
 def _refuse_directories_in_the_way(data_dir: Path) -> None:
     """A directory where prepare reads and writes meta.json or a shard, named before any work."""
-    for path in (data_dir / META_FILE, *(shard_path(data_dir, split) for split in SPLITS),
-                 *(partial_path(data_dir, split) for split in SPLITS)):
+    for path in (
+        data_dir / META_FILE,
+        *(shard_path(data_dir, split) for split in SPLITS),
+        *(partial_path(data_dir, split) for split in SPLITS),
+    ):
         if path.is_dir():
-            raise DataError(f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
-                            "away (or delete it), or set another data.data_dir")
+            raise DataError(
+                f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
+                "away (or delete it), or set another data.data_dir"
+            )
 
 
-def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> Optional[dict]:
+def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict | None:
     try:
         meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
         if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
-            log.warning("%s holds data of the same settings, but its source's files changed since, or another "
-                        "version of gptlab prepared it (shard format %s, now %s): rebuilding", data_dir,
-                        meta["format"], FORMAT_VERSION)
+            log.warning(
+                "%s holds data of the same settings, but its source's files changed since, or another "
+                "version of gptlab prepared it (shard format %s, now %s): rebuilding",
+                data_dir,
+                meta["format"],
+                FORMAT_VERSION,
+            )
             return None
         load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
         for split in SPLITS:
@@ -117,8 +134,11 @@ def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> Optiona
                 return None
         recorded = meta.get("source_sha256")  # absent from data prepared before it was recorded
         if cfg.verify == "sha256" and recorded and recorded != source_digests(cfg):
-            log.warning("%s was prepared from source files whose content changed since, their sizes and "
-                        "modification times kept (a copy with cp -p, rsync -t): rebuilding", data_dir)
+            log.warning(
+                "%s was prepared from source files whose content changed since, their sizes and "
+                "modification times kept (a copy with cp -p, rsync -t): rebuilding",
+                data_dir,
+            )
             return None
     except DataError as err:  # nothing usable there: build afresh
         if (data_dir / META_FILE).exists():
@@ -147,8 +167,11 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
             log.warning("another process is preparing %s: waiting for it to finish", data_dir)
             lock.acquire()
     except OSError as err:  # a filesystem without locks (some network mounts)
-        log.warning("cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
-                    data_dir / LOCK_FILE, err.strerror or err)
+        log.warning(
+            "cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
+            data_dir / LOCK_FILE,
+            err.strerror or err,
+        )
     try:
         yield
     finally:
@@ -192,10 +215,12 @@ def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> 
         counters = dict(start["counters"])
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
-            for index, (piece, document, before, tokens) in enumerate(_tokenized(pieces, tokenizer, threads, batch_chars)):
+            for index, (piece, document, before, tokens) in enumerate(
+                _tokenized(pieces, tokenizer, threads, batch_chars)
+            ):
                 opens = piece.new_document
                 if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
-                    tokens, opens = tokens[start["skip_tokens"]:], False
+                    tokens, opens = tokens[start["skip_tokens"] :], False
                 writer.add(tokens, document, opens, piece.position, before)
                 bar.update(len(tokens))
         tokens = writer.finish()
@@ -243,11 +268,18 @@ def _new_counters() -> dict:
 
 def _new_progress(fingerprint: str, settings: dict, tokenizer: Tokenizer) -> dict:
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
-    return {"fingerprint": fingerprint, "settings": settings, "tokenizer": tokenizer.describe(), "dtype": dtype.name, "blocks": 0,
-            "bytes": {split: 0 for split in SPLITS}, "resume": None}
+    return {
+        "fingerprint": fingerprint,
+        "settings": settings,
+        "tokenizer": tokenizer.describe(),
+        "dtype": dtype.name,
+        "blocks": 0,
+        "bytes": {split: 0 for split in SPLITS},
+        "resume": None,
+    }
 
 
-def _resumable_progress(data_dir: Path, fingerprint: str) -> Optional[dict]:
+def _resumable_progress(data_dir: Path, fingerprint: str) -> dict | None:
     """progress.json of an unfinished prepare of this very data, if its partial shards are there."""
     try:
         progress = json.loads((data_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
@@ -255,8 +287,11 @@ def _resumable_progress(data_dir: Path, fingerprint: str) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     if not isinstance(progress, dict) or progress.get("fingerprint") != fingerprint:
-        log.warning("%s holds an unfinished prepare of the same settings from files that changed since (or from "
-                    "another version of gptlab): starting afresh", data_dir)
+        log.warning(
+            "%s holds an unfinished prepare of the same settings from files that changed since (or from "
+            "another version of gptlab): starting afresh",
+            data_dir,
+        )
         return None
     if progress.get("resume") is None or any(sizes[s] < progress["bytes"][s] for s in SPLITS):
         return None
@@ -280,7 +315,7 @@ def _remove_default_cache(cfg: DataConfig) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def _numbered(pieces: Iterator[Piece], max_documents: Optional[int], counters: dict):
+def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict):
     """(piece, its document's index, the counters before it), up to max_documents documents.
     `counters` is updated as pieces are read: documents, non-empty documents, replaced bytes."""
     for piece in pieces:
@@ -356,7 +391,7 @@ def _encode_task(tokenizer: Tokenizer, task: list) -> list[np.ndarray]:
 # after its fork, for SIGKILL when its parent dies (elsewhere nothing is done). Linux
 # sends it when the *thread* that forked ends; datasets forks from the thread calling it.
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_preparing_parent: Optional[int] = None  # this process's pid while it prepares
+_preparing_parent: int | None = None  # this process's pid while it prepares
 
 
 @contextlib.contextmanager
@@ -379,9 +414,12 @@ def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
 def _stop_at_once(signum: int, frame, data_dir: Path) -> None:
     with contextlib.suppress(OSError):  # a worker may still be writing there
         remove_temp_files(data_dir)
-    print(f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
-          "resumes after the last complete block (shards left incomplete never look complete)",
-          file=sys.stderr, flush=True)
+    print(
+        f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
+        "resumes after the last complete block (shards left incomplete never look complete)",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(128 + signum)
 
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from data.encoding import SAMPLE_BYTES, EncodingCheck
 from data.errors import DataError, describe_error
@@ -52,7 +52,7 @@ class Piece:
     replaced_bytes: int = 0  # bytes of the source that were not UTF-8 and became U+FFFD here
     # Why this document has no text (a row without the column, say). Raised by whoever counts
     # documents, and only if it reaches it: data.max_documents may stop before.
-    error: Optional[str] = None
+    error: str | None = None
 
 
 def cut_point(text: str, start: int, limit: int) -> int:
@@ -105,10 +105,10 @@ def replace_escaped(text: str) -> tuple[str, int]:
 class TextFiles:
     """Each file is one document, or, with a separator, one document per separated part."""
 
-    def __init__(self, files: Sequence[Path], piece_chars: int, separator: Optional[str] = None):
+    def __init__(self, files: Sequence[Path], piece_chars: int, separator: str | None = None):
         self.files, self.piece_chars, self.separator = list(files), piece_chars, separator
 
-    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         at = position or {"file": 0, "byte": 0, "new": True}
         for index in range(at["file"], len(self.files)):
             resumed = index == at["file"]
@@ -158,7 +158,7 @@ class JsonLines:
     def __init__(self, files: Sequence[Path], column: str, piece_chars: int):
         self.files, self.column, self.piece_chars = list(files), column, piece_chars
 
-    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         at = position or {"file": 0, "byte": 0, "char": 0, "line": 1}
         for index in range(at["file"], len(self.files)):
             resumed = index == at["file"]
@@ -182,8 +182,10 @@ class JsonLines:
     def _array_pieces(self, index: int, first: int, skip_chars: int) -> Iterator[Piece]:
         path = self.files[index]
         if path.stat().st_size > self.JSON_ARRAY_BYTES:
-            raise DataError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, too large to read at once: "
-                            "convert it to JSON Lines (one object per line), which is read as a stream")
+            raise DataError(
+                f"{path} is one JSON array of {path.stat().st_size:,} bytes, too large to read at once: "
+                "convert it to JSON Lines (one object per line), which is read as a stream"
+            )
         rows = json_row(b"".join(source_chunks(path, 0)).decode("utf-8", "surrogateescape"), str(path))
         for element in range(first, len(rows)):
             where = f"element {element} of the JSON array in {path}"
@@ -216,10 +218,10 @@ class Rows:
         """`batches(first_row)` yields lists of texts (None for a missing one) from that row on."""
         self.batches, self.column, self.origin, self.piece_chars = batches, column, origin, piece_chars
 
-    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         return checked_texts(self._pieces(position), self.origin)
 
-    def _pieces(self, position: Optional[dict]) -> Iterator[Piece]:
+    def _pieces(self, position: dict | None) -> Iterator[Piece]:
         at = position or {"row": 0, "char": 0}
         row, skip_chars = at["row"], at["char"]
         for texts in self.batches(row):
@@ -239,17 +241,17 @@ class Stream:
         """`open_stream()` returns the stream afresh, its rows dicts with a "text" entry."""
         self.open_stream, self.column, self.origin, self.piece_chars = open_stream, column, origin, piece_chars
 
-    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         return checked_texts(self._pieces(position), self.origin)
 
-    def _pieces(self, position: Optional[dict]) -> Iterator[Piece]:
+    def _pieces(self, position: dict | None) -> Iterator[Piece]:
         at = position or {"state": None, "since": 0, "row": 0, "char": 0}
         stream = self.open_stream()
         if at["state"] is not None:
             stream.load_state_dict(at["state"])
         state, row, skip_chars = at["state"], at["row"] - at["since"], at["char"]
         for texts in _batches_of(stream, self.STATE_EVERY, self.origin):
-            for since, text in enumerate(texts[at["since"]:], start=at["since"]):
+            for since, text in enumerate(texts[at["since"] :], start=at["since"]):
                 checked = lambda: document_text(text, f"row {row + since + 1} of {self.origin}", self.column)  # noqa: E731
                 position = {"state": state, "since": since, "row": row + since}
                 yield from row_pieces(checked, position, skip_chars, self.piece_chars)
@@ -264,7 +266,7 @@ class Chain:
     def __init__(self, parts: Sequence):
         self.parts = list(parts)
 
-    def pieces(self, position: Optional[dict] = None) -> Iterator[Piece]:
+    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         at = position or {"part": 0, "at": None}
         for index in range(at["part"], len(self.parts)):
             for piece in self.parts[index].pieces(at["at"] if index == at["part"] else None):
@@ -293,7 +295,8 @@ def document_text(row: Any, where: str, column: str) -> str:
     if not isinstance(text, str):
         fields = f" (its fields: {list(row)})" if isinstance(row, dict) and column not in row else ""
         raise DataError(
-            f"{where} has no {column!r} text{fields}: null, missing or not a string; fix the row or set data.text_column"
+            f"{where} has no {column!r} text{fields}: null, missing or not a string; "
+            "fix the row or set data.text_column"
         )
     return text
 
@@ -302,8 +305,10 @@ def json_row(line: str, where: str) -> Any:
     try:
         return json.loads(line)
     except ValueError as err:
-        raise DataError(f"{where} is not valid JSON ({err}): each line must be one JSON object (JSON Lines), "
-                        "or the whole file one JSON array") from err
+        raise DataError(
+            f"{where} is not valid JSON ({err}): each line must be one JSON object (JSON Lines), "
+            "or the whole file one JSON array"
+        ) from err
 
 
 def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:

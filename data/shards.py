@@ -21,7 +21,6 @@ import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -53,8 +52,15 @@ class _DocumentSpan:
 class ShardWriter:
     """Appends the stream's tokens to the partial shards, one block at a time."""
 
-    def __init__(self, data_dir: Path, dtype: np.dtype, eot_id: Optional[int], settings: tuple[int, float, int],
-                 progress: dict, resumed: bool):
+    def __init__(
+        self,
+        data_dir: Path,
+        dtype: np.dtype,
+        eot_id: int | None,
+        settings: tuple[int, float, int],
+        progress: dict,
+        resumed: bool,
+    ):
         """`settings` are (block_tokens, val_fraction, seed); `progress` is what progress.json
         holds (new or read back); `resumed` continues its partial shards."""
         self.data_dir, self.dtype, self.eot_id = data_dir, dtype, eot_id
@@ -64,7 +70,7 @@ class ShardWriter:
         self.filled = 0
         self.files = {split: self._open(split, progress["bytes"][split] if resumed else None) for split in SPLITS}
 
-    def _open(self, split: str, size: Optional[int]):
+    def _open(self, split: str, size: int | None):
         path = partial_path(self.data_dir, split)
         try:
             if size is None:
@@ -85,7 +91,7 @@ class ShardWriter:
         while consumed < len(tokens):
             if not self.spans:  # the document runs on from the last block
                 self.spans.append(_DocumentSpan(document, starts=False))
-            part = tokens[consumed:consumed + self.block_tokens - self.filled]
+            part = tokens[consumed : consumed + self.block_tokens - self.filled]
             self.spans[-1].parts.append(part.astype(self.dtype))
             self.filled += len(part)
             consumed += len(part)
@@ -143,7 +149,7 @@ class ShardWriter:
         path = self.data_dir / PROGRESS_FILE
         self._guarded(None, lambda: write_json_atomic(path, self.progress), path)
 
-    def _guarded(self, split: Optional[str], action, path: Optional[Path] = None) -> None:
+    def _guarded(self, split: str | None, action, path: Path | None = None) -> None:
         try:
             action()
         except OSError as err:
@@ -151,8 +157,11 @@ class ShardWriter:
 
     def _write_error(self, path: Path, err: OSError) -> WriteError:
         done = self.progress["blocks"]
-        resume = (f"run the same command again: it resumes after the {done} block(s) already written"
-                  if done else "run the same command again")
+        resume = (
+            f"run the same command again: it resumes after the {done} block(s) already written"
+            if done
+            else "run the same command again"
+        )
         if err.errno == errno.ENOSPC:
             return WriteError(f"no space left on device writing {path}: free some space and {resume}")
         return WriteError(f"cannot write {path} ({err.strerror}): {resume}")

@@ -22,10 +22,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from pydoc_data.topics import topics as PYDOC_TOPICS
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from data.config import DataConfig
 from data.errors import DataError
@@ -96,7 +96,9 @@ def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     files = stdlib_files()
     topics = [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]
     reader = Chain([TextFiles(files, piece_chars), Rows(_list_batches(topics), "text", "pydoc topics", piece_chars)])
-    description = f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(topics)} pydoc topics"
+    description = (
+        f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(topics)} pydoc topics"
+    )
     return Corpus(reader, description, "the standard library")
 
 
@@ -133,7 +135,7 @@ def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
                 if seen + rows > first_row:
                     for batch in parquet.iter_batches(ROWS_PER_BATCH, row_groups=[group], columns=[column]):
                         texts = batch.column(0).to_pylist()
-                        yield texts[max(0, first_row - seen):]
+                        yield texts[max(0, first_row - seen) :]
                         seen += len(texts)
                 else:
                     seen += rows
@@ -149,12 +151,13 @@ def _parquet_named(path: Path) -> Iterator[None]:
         yield
     except (OSError, pa.ArrowException) as err:
         reason = " ".join(str(err).split())  # pyarrow's messages can span lines
-        raise DataError(f"cannot read {path} as parquet ({reason}); replace the file, or leave it out of "
-                        "data.path") from err
+        raise DataError(
+            f"cannot read {path} as parquet ({reason}); replace the file, or leave it out of data.path"
+        ) from err
 
 
 def _list_batches(texts: list):
-    return lambda first_row: (texts[i:i + ROWS_PER_BATCH] for i in range(first_row, len(texts), ROWS_PER_BATCH))
+    return lambda first_row: (texts[i : i + ROWS_PER_BATCH] for i in range(first_row, len(texts), ROWS_PER_BATCH))
 
 
 def resolve_files(pattern: str) -> list[Path]:

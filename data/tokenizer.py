@@ -20,7 +20,6 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import tiktoken
@@ -46,7 +45,7 @@ GPT2_VOCAB_SIZE = 50257
 class Tokenizer(ABC):
     name: str
     vocab_size: int
-    eot_id: Optional[int]  # separates documents in the shards; None for a one-document char corpus
+    eot_id: int | None  # separates documents in the shards; None for a one-document char corpus
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -116,11 +115,12 @@ class Gpt2Tokenizer(Tokenizer):
 
     def token_bytes(self) -> list[int]:
         # Byte-level BPE: a token may hold part of a character, but its bytes add up exactly.
-        return [0 if i == self.eot_id else len(self._encoding.decode_single_token_bytes(i))
-                for i in range(self.vocab_size)]
+        return [
+            0 if i == self.eot_id else len(self._encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)
+        ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpt2_encoding(files_dir: Path = GPT2_FILES_DIR) -> tiktoken.Encoding:
     """tiktoken's GPT-2 encoding, built from local files: no network, no download cache.
 
@@ -265,5 +265,7 @@ def _tokenizer_from_json(description_json: str) -> Tokenizer:
         return Gpt2Tokenizer()
     if description.get("name") == "char" and isinstance(description.get("chars"), str):
         return CharTokenizer(description["chars"], with_eot=bool(description.get("eot")))
-    raise DataError(f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot'), "
-                    "bpe (with 'file', 'sha256')")
+    raise DataError(
+        f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot'), "
+        "bpe (with 'file', 'sha256')"
+    )

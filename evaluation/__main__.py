@@ -36,8 +36,10 @@ def check_arguments(argv: list[str]) -> None:
     except ValueError:  # not a number: the harness refuses it in its own words
         limit = None
     if limit is not None and not limit > 0:
-        raise UserError(f"--limit {known.limit} evaluates no item of a task: give a count (200) or a fraction "
-                        "(0.1) above 0, or leave it out for every item")
+        raise UserError(
+            f"--limit {known.limit} evaluates no item of a task: give a count (200) or a fraction "
+            "(0.1) above 0, or leave it out for every item"
+        )
 
 
 def main() -> None:

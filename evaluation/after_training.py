@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -28,7 +28,7 @@ from system import UserError
 
 
 class DownstreamAfterTraining(Callback):
-    def __init__(self, tasks: list[str], batch_size: int = 8, include_path: Optional[str] = None) -> None:
+    def __init__(self, tasks: list[str], batch_size: int = 8, include_path: str | None = None) -> None:
         self.settings = {"tasks": list(tasks), "batch_size": batch_size, "include_path": include_path}
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -41,11 +41,15 @@ class DownstreamAfterTraining(Callback):
         if run is None:
             return
         try:
-            evaluate(DownstreamConfig(checkpoint=run, runs_root=config.runs_root, device=config.device,
-                                      **self.settings))
+            evaluate(
+                DownstreamConfig(checkpoint=run, runs_root=config.runs_root, device=config.device, **self.settings)
+            )
         except (UserError, ValueError, OSError) as err:
             include = f" include_path={self.settings['include_path']}" if self.settings["include_path"] else ""
-            print(f"warning: the downstream tasks were not evaluated: {err}\n"
-                  f"evaluate them later: python downstream.py checkpoint={run}{include} "
-                  f"'tasks=[{','.join(self.settings['tasks'])}]'",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: the downstream tasks were not evaluated: {err}\n"
+                f"evaluate them later: python downstream.py checkpoint={run}{include} "
+                f"'tasks=[{','.join(self.settings['tasks'])}]'",
+                file=sys.stderr,
+                flush=True,
+            )

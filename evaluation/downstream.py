@@ -29,17 +29,26 @@ def evaluate(config: DownstreamConfig) -> Path:
 
     if config.include_path:  # before the model loads: the harness would only say its tasks are not found
         check_include_path(config.include_path, "include_path=")
-    model = GptlabLM(checkpoint=config.checkpoint, runs_root=config.runs_root, device=config.device,
-                     precision=config.precision, weights=config.weights, batch_size=config.batch_size)
+    model = GptlabLM(
+        checkpoint=config.checkpoint,
+        runs_root=config.runs_root,
+        device=config.device,
+        precision=config.precision,
+        weights=config.weights,
+        batch_size=config.batch_size,
+    )
     print(f"evaluating {model.checkpoint.path} on {', '.join(config.tasks)}", file=sys.stderr)
     tasks = TaskManager(include_path=config.include_path)
     missing = [name for name in config.tasks if name not in tasks.all_tasks]
     if missing:
         where = f"the harness or {config.include_path}" if config.include_path else "the harness"
-        raise UserError(f"tasks {missing} are not tasks of {where}: `lm_eval ls tasks` lists them; "
-                        "a task file of your own needs include_path=DIR")
-    result = lm_eval.simple_evaluate(model=model, tasks=list(config.tasks), num_fewshot=config.num_fewshot,
-                                     limit=config.limit, task_manager=tasks)
+        raise UserError(
+            f"tasks {missing} are not tasks of {where}: `lm_eval ls tasks` lists them; "
+            "a task file of your own needs include_path=DIR"
+        )
+    result = lm_eval.simple_evaluate(
+        model=model, tasks=list(config.tasks), num_fewshot=config.num_fewshot, limit=config.limit, task_manager=tasks
+    )
     print(make_table(result))
     return write_results(model.checkpoint.path, task_results(result, config))
 
@@ -48,8 +57,15 @@ def task_results(result: dict[str, Any], config: DownstreamConfig) -> dict[str, 
     """Per task: its metrics (the harness's `acc,none` is `acc`), its item count and how it was run."""
     tasks = {}
     for task, figures in result["results"].items():
-        metrics = {key.removesuffix(",none"): value for key, value in figures.items()
-                   if "," in key and isinstance(value, (int, float))}
-        tasks[task] = {"metrics": metrics, "items": result["n-samples"].get(task, {}).get("effective"),
-                       "num_fewshot": result["n-shot"].get(task), "limit": config.limit}
+        metrics = {
+            key.removesuffix(",none"): value
+            for key, value in figures.items()
+            if "," in key and isinstance(value, (int, float))
+        }
+        tasks[task] = {
+            "metrics": metrics,
+            "items": result["n-samples"].get(task, {}).get("effective"),
+            "num_fewshot": result["n-shot"].get(task),
+            "limit": config.limit,
+        }
     return tasks

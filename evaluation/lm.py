@@ -29,9 +29,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import lm_eval.models  # noqa: F401  the harness's own models: its registry fills itself only while empty
 import torch
 import torch.nn.functional as F
-import lm_eval.models  # noqa: F401  the harness's own models: its registry fills itself only while empty
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -47,8 +47,15 @@ MAX_GEN_TOKS = 256  # the harness's own default
 
 @register_model("gptlab")
 class GptlabLM(TemplateLM):
-    def __init__(self, checkpoint: str | None = None, runs_root: str = "runs", device: str | None = "auto",
-                 precision: str = "fp32", weights: str = "fp32", batch_size: int | str = 8) -> None:
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        runs_root: str = "runs",
+        device: str | None = "auto",
+        precision: str = "fp32",
+        weights: str = "fp32",
+        batch_size: int | str = 8,
+    ) -> None:
         """checkpoint: a checkpoint or run directory (None: the newest run under runs_root);
         precision: the activations' (fp32, as the harness's transformers model computes GPT-2;
         bf16 or fp16 for speed; auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU);
@@ -57,7 +64,8 @@ class GptlabLM(TemplateLM):
         self.batch_size = _positive_int(batch_size)
         self._device = resolve_device(device or "auto")
         self.model, self.text_tokenizer, self.checkpoint = load_model(
-            checkpoint, runs_root, self._device, resolve_precision(precision, self._device).dtype, weights=weights)
+            checkpoint, runs_root, self._device, resolve_precision(precision, self._device).dtype, weights=weights
+        )
         self.max_length = self.model.config.block_size
 
     @property
@@ -76,9 +84,10 @@ class GptlabLM(TemplateLM):
                 "training text); evaluate it on tasks whose text they cover, or train with data.tokenizer=gpt2"
             ) from None
 
-    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
-                              disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
-        sequences = [(context + continuation)[-(self.max_length + 1):] for _, context, continuation in requests]
+    def _loglikelihood_tokens(
+        self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
+        sequences = [(context + continuation)[-(self.max_length + 1) :] for _, context, continuation in requests]
         results = self._score(sequences, [len(continuation) for _, _, continuation in requests], disable_tqdm)
         for (pair, _, _), result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood", pair, result)
@@ -105,8 +114,11 @@ class GptlabLM(TemplateLM):
         for index, request in enumerate(requests):
             groups.setdefault(json.dumps(request.args[1], sort_keys=True, default=str), []).append(index)
         texts = [""] * len(requests)
-        batches = [(indices[start:start + self.batch_size], requests[indices[0]].args[1])
-                   for indices in groups.values() for start in range(0, len(indices), self.batch_size)]
+        batches = [
+            (indices[start : start + self.batch_size], requests[indices[0]].args[1])
+            for indices in groups.values()
+            for start in range(0, len(indices), self.batch_size)
+        ]
         for batch, settings in tqdm(batches, disable=disable_tqdm, desc="gptlab generate_until"):
             for index, text in zip(batch, self._generate([requests[i].args[0] for i in batch], settings)):
                 texts[index] = text
@@ -117,21 +129,31 @@ class GptlabLM(TemplateLM):
         """Continuations of contexts under one request's generation settings."""
         unknown = sorted(set(settings) - set(GENERATION_SETTINGS))
         if unknown:
-            raise ValueError(f"the task asks for generation settings the gptlab model does not have: {unknown} "
-                             f"(it takes {', '.join(GENERATION_SETTINGS)})")
+            raise ValueError(
+                f"the task asks for generation settings the gptlab model does not have: {unknown} "
+                f"(it takes {', '.join(GENERATION_SETTINGS)})"
+            )
         until = settings.get("until") or []
         stops = [stop for stop in ([until] if isinstance(until, str) else until) if stop]
         sampling = Sampling(temperature=0.0)  # greedy, as the harness's transformers model
         if settings.get("do_sample"):
-            sampling = Sampling(float(settings.get("temperature", 1.0)), settings.get("top_k"),
-                                float(settings.get("top_p", 1.0)))
-        prompts = [(self.tok_encode(context) if context else [self.prefix_token_id])[-self.max_length:]
-                   for context in contexts]
+            sampling = Sampling(
+                float(settings.get("temperature", 1.0)), settings.get("top_k"), float(settings.get("top_p", 1.0))
+            )
+        prompts = [
+            (self.tok_encode(context) if context else [self.prefix_token_id])[-self.max_length :]
+            for context in contexts
+        ]
         eot = self.text_tokenizer.eot_id
-        outputs = generate(self.model, prompts, int(settings.get("max_gen_toks", MAX_GEN_TOKS)), sampling,
-                           stop_tokens=[] if eot is None else [eot],
-                           stop=stop_string_check(self.text_tokenizer.decode, stops),
-                           vocab_size=self.text_tokenizer.vocab_size)
+        outputs = generate(
+            self.model,
+            prompts,
+            int(settings.get("max_gen_toks", MAX_GEN_TOKS)),
+            sampling,
+            stop_tokens=[] if eot is None else [eot],
+            stop=stop_string_check(self.text_tokenizer.decode, stops),
+            vocab_size=self.text_tokenizer.vocab_size,
+        )
         return [cut_at_stop(self.text_tokenizer.decode(tokens), stops)[0] for tokens in outputs]
 
     @torch.inference_mode()
@@ -142,7 +164,7 @@ class GptlabLM(TemplateLM):
         results: list[tuple[float, bool]] = [(0.0, True)] * len(sequences)
         starts = range(0, len(order), self.batch_size)
         for start in tqdm(starts, disable=disable_tqdm, desc="gptlab loglikelihood"):
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             logits, _ = self.model(self._right_padded([sequences[i][:-1] for i in rows]))
             for row, i in enumerate(rows):
                 results[i] = _continuation_score(logits[row], sequences[i], scored[i])
@@ -151,7 +173,7 @@ class GptlabLM(TemplateLM):
     def _right_padded(self, rows: Sequence[list[int]]) -> torch.Tensor:
         batch = torch.zeros(len(rows), max(len(row) for row in rows), dtype=torch.long)
         for i, row in enumerate(rows):
-            batch[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            batch[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         return batch.to(self._device)
 
 
@@ -162,7 +184,7 @@ def _continuation_score(logits: torch.Tensor, sequence: list[int], scored: int) 
     if n == 0:
         return 0.0, True
     end = len(sequence) - 1
-    logprobs = F.log_softmax(logits[end - n:end].float(), dim=-1)
+    logprobs = F.log_softmax(logits[end - n : end].float(), dim=-1)
     targets = torch.tensor(sequence[-n:], device=logits.device)
     total = logprobs.gather(1, targets[:, None]).sum().item()
     return total, bool((logprobs.argmax(dim=-1) == targets).all())
@@ -174,6 +196,8 @@ def _positive_int(value: int | str) -> int:
     except (TypeError, ValueError):
         size = 0
     if size < 1:
-        raise ValueError(f"batch_size must be a whole number of at least 1 for the gptlab model, got {value!r} "
-                         "(auto is not supported)")
+        raise ValueError(
+            f"batch_size must be a whole number of at least 1 for the gptlab model, got {value!r} "
+            "(auto is not supported)"
+        )
     return size

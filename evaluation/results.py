@@ -35,8 +35,11 @@ def read_results(checkpoint: Path) -> dict[str, dict[str, Any]]:
         tasks = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"cannot read {path}: {err}; delete it and evaluate the tasks again") from err
-    if not isinstance(tasks, dict) or not all(isinstance(t, dict) and isinstance(t.get("metrics"), dict)
-                                              for t in tasks.values()):
-        raise UserError(f"{path} is not a results file of downstream.py (task: {{metrics: ...}}); delete it and "
-                        "evaluate the tasks again")
+    if not isinstance(tasks, dict) or not all(
+        isinstance(t, dict) and isinstance(t.get("metrics"), dict) for t in tasks.values()
+    ):
+        raise UserError(
+            f"{path} is not a results file of downstream.py (task: {{metrics: ...}}); delete it and "
+            "evaluate the tasks again"
+        )
     return tasks

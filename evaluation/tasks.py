@@ -23,5 +23,7 @@ def check_include_path(path: str, setting: str) -> None:
             load_yaml(file, resolve_func=False)  # as the index does: !function tags are not imported here
         except Exception as err:  # yaml's errors and the harness's own are of many types; each means unreadable
             reason = " ".join(f"{type(err).__name__}: {err}".split())
-            raise UserError(f"{file} in {setting}{path} is not a task file the harness can read ({reason}); "
-                            "mend it, or move it out of that directory") from err
+            raise UserError(
+                f"{file} in {setting}{path} is not a task file the harness can read ({reason}); "
+                "mend it, or move it out of that directory"
+            ) from err

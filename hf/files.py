@@ -29,9 +29,10 @@ from torch import Tensor
 from data.bpe import BpeTokenizer
 from data.errors import DataError
 from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
-from model import GPTConfig
 from hf.gpt2 import ARCHITECTURE_CLASS, crop_block_size, from_hf, pool_kv_heads, to_hf
-from hf.nanochat import ARCHITECTURE as NANOCHAT_CLASS, transformers_line
+from hf.nanochat import ARCHITECTURE as NANOCHAT_CLASS
+from hf.nanochat import transformers_line
+from model import GPTConfig
 from system import UserError, temp_path
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -95,7 +96,12 @@ def _download(repo_id: str) -> Path:
     # huggingface_hub comes with datasets and transformers; imported here because
     # only Hub names need it.
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     where = f"{repo_id!r} is not a local directory, so it was looked up on the Hugging Face Hub"
     try:
@@ -183,8 +189,10 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
     try:
         return BpeTokenizer(text)
     except DataError as err:
-        raise HFError(f"{path} is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe "
-                              f"trains, the two gptlab reads ({err})") from err
+        raise HFError(
+            f"{path} is neither GPT-2's tokenizer nor a byte-level BPE as data.tokenizer=bpe "
+            f"trains, the two gptlab reads ({err})"
+        ) from err
 
 
 def save_hf(
@@ -194,8 +202,9 @@ def save_hf(
     tokenizer's files when it is gpt2 or a trained bpe. Returns one line per thing written."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise HFError(f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or "
-                              "empty directory")
+        raise HFError(
+            f"{out_dir} is {'not empty' if out_dir.is_dir() else 'a file'}: export into a new or empty directory"
+        )
     try:
         hf_config, hf_state = to_hf(config, state, tokenizer.eot_id if tokenizer else None)
     except ValueError as err:
@@ -215,8 +224,14 @@ def save_hf(
     return lines
 
 
-def _write_hf(directory: Path, hf_config: dict, hf_state: dict[str, Tensor], block_size: int,
-              tokenizer: Tokenizer | None, shown_as: Path) -> list[str]:
+def _write_hf(
+    directory: Path,
+    hf_config: dict,
+    hf_state: dict[str, Tensor],
+    block_size: int,
+    tokenizer: Tokenizer | None,
+    shown_as: Path,
+) -> list[str]:
     """The export's files in `directory`; returns one line per thing written, naming it `shown_as`."""
     (directory / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers expects the "format" entry in the safetensors metadata.
@@ -261,8 +276,12 @@ def _save_trained_tokenizer(out_dir: Path, tokenizer: Tokenizer, model_max_lengt
     fast tokenizer (<|endoftext|> as its bos and eos token). Returns the names written."""
     for name, content in tokenizer.files().items():
         (out_dir / name).write_text(content, encoding="utf-8")
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
-                        "bos_token": EOT_TEXT, "eos_token": EOT_TEXT}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model_max_length,
+        "bos_token": EOT_TEXT,
+        "eos_token": EOT_TEXT,
+    }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     return [*tokenizer.files(), "tokenizer_config.json"]
 
@@ -276,13 +295,31 @@ def _gpt2_tokenizer_json() -> dict:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [{"id": vocab[EOT_TEXT], "content": EOT_TEXT, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True}],
+        "added_tokens": [
+            {
+                "id": vocab[EOT_TEXT],
+                "content": EOT_TEXT,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
         "normalizer": None,
         "pre_tokenizer": byte_level,
         "post_processor": {**byte_level, "trim_offsets": False},
         "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
     }

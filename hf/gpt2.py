@@ -21,14 +21,16 @@ NanoChatForCausalLM: hf/nanochat.py. This module dispatches by model_type.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from model.config import GPTConfig
 from model.gpt import GPT
+
 from . import llama, nanochat
 from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, tied, unsupported
 
@@ -52,16 +54,23 @@ _BOTH = {
     "tie_word_embeddings": (True, (True, False)),  # read into tie_embeddings
 }
 SAME_FUNCTION = {
-    GPT2: {**_BOTH, "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
-           "scale_attn_by_inverse_layer_idx": (False, (False,))},
-    BIGCODE: {**_BOTH, "activation_function": ("gelu_pytorch_tanh", tuple(ACTIVATIONS)),
-              "multi_query": (True, (True,))},  # GPTBigCode imports only as multi-query attention
+    GPT2: {
+        **_BOTH,
+        "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
+        "scale_attn_by_inverse_layer_idx": (False, (False,)),
+    },
+    BIGCODE: {
+        **_BOTH,
+        "activation_function": ("gelu_pytorch_tanh", tuple(ACTIVATIONS)),
+        "multi_query": (True, (True,)),
+    },  # GPTBigCode imports only as multi-query attention
 }
 LAYER_NORM_EPS = 1e-5
 
 
 class Rotary(NamedTuple):
     """A rotary family's conversions (hf/llama.py, hf/nanochat.py)."""
+
     defaults: dict  # its config class's defaults for keys config.json may leave out
     read_config: Callable[[dict], GPTConfig]  # config.json -> GPTConfig (the MLP at its default width)
     write_config: Callable[[GPTConfig, int | None], dict]  # GPTConfig, eos id -> config.json
@@ -71,8 +80,13 @@ class Rotary(NamedTuple):
 
 ROTARY = {  # by model_type
     LLAMA: Rotary(llama.DEFAULTS, llama.config_from_llama, llama.config_to_llama, llama.to_llama, llama.from_llama),
-    NANOCHAT: Rotary(nanochat.DEFAULTS, nanochat.config_from_nanochat, nanochat.config_to_nanochat,
-                     nanochat.to_nanochat, nanochat.from_nanochat),
+    NANOCHAT: Rotary(
+        nanochat.DEFAULTS,
+        nanochat.config_from_nanochat,
+        nanochat.config_to_nanochat,
+        nanochat.to_nanochat,
+        nanochat.from_nanochat,
+    ),
 }
 
 
@@ -176,18 +190,27 @@ def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, di
     if hf_config["model_type"] in ROTARY:
         family = ROTARY[hf_config["model_type"]]
         meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
-        _check_fit({k: v for k, v in hf_state.items() if k not in shared_names(config)},
-                   {name: tensor.shape for name, tensor in family.to_theirs(config, meta).items()}, "the weights",
-                   "config.json")
+        _check_fit(
+            {k: v for k, v in hf_state.items() if k not in shared_names(config)},
+            {name: tensor.shape for name, tensor in family.to_theirs(config, meta).items()},
+            "the weights",
+            "config.json",
+        )
         return config, family.from_theirs(config, hf_state)
     transposed = hf_config["model_type"] == GPT2
     # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
-    prefixed = {key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: tensor
-                for key, tensor in hf_state.items()}
-    named = {name: tensor for name, tensor in prefixed.items()
-             if name not in shared_names(config) and not GPT2_BUFFERS.search(name)}
-    expected = {name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
-                for name, shape in parameter_shapes(config).items()}
+    prefixed = {
+        key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: tensor for key, tensor in hf_state.items()
+    }
+    named = {
+        name: tensor
+        for name, tensor in prefixed.items()
+        if name not in shared_names(config) and not GPT2_BUFFERS.search(name)
+    }
+    expected = {
+        name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
+        for name, shape in parameter_shapes(config).items()
+    }
     _check_fit(named, expected, "the weights", "config.json")
     check_tied_head(config, prefixed, PREFIX + "wte.weight")
     return config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in named.items()}
@@ -209,9 +232,7 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     return hf_config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in biased.items()}
 
 
-def pool_kv_heads(
-    state: dict[str, Tensor], config: GPTConfig, n_kv_head: int
-) -> tuple[GPTConfig, dict[str, Tensor]]:
+def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -> tuple[GPTConfig, dict[str, Tensor]]:
     """Fewer key/value heads by mean-pooling: each new K (and V) head is the mean of the
     heads in its group, weights and biases (Ainslie et al. 2023, "GQA: Training
     Generalized Multi-Query Transformer Models from Multi-Head Checkpoints").
@@ -252,8 +273,11 @@ def crop_block_size(
 
 def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
     """Our parameter names and shapes for `config`, without a tied head."""
-    return {name: tensor.shape for name, tensor in GPT.shapes_only(config).state_dict().items()
-            if name not in shared_names(config)}
+    return {
+        name: tensor.shape
+        for name, tensor in GPT.shapes_only(config).state_dict().items()
+        if name not in shared_names(config)
+    }
 
 
 def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:

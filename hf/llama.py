@@ -68,17 +68,19 @@ def block_family(config: GPTConfig) -> str:
     """'gpt2', 'llama' or 'nanochat': the transformers family that computes config's block. Any
     other block is refused in one line, naming the settings the nearest family (one with the same
     position encoding first, then the fewest settings off) needs, and the blocks that export."""
-    off = {family: [key for key, values in allowed.items() if getattr(config, key) not in values]
-           for family, allowed in FAMILY_BLOCKS.items()}
-    nearest = min(off, key=lambda family: (config.position not in FAMILY_BLOCKS[family]["position"],
-                                           len(off[family])))
+    off = {
+        family: [key for key, values in allowed.items() if getattr(config, key) not in values]
+        for family, allowed in FAMILY_BLOCKS.items()
+    }
+    nearest = min(off, key=lambda family: (config.position not in FAMILY_BLOCKS[family]["position"], len(off[family])))
     if off[nearest]:
         allowed = FAMILY_BLOCKS[nearest]
         raise ValueError(
             f"{', '.join(f'model.{key}={getattr(config, key)!r}' for key in off[nearest])} with "
             f"model.position={config.position!r} is a block no transformers class computes: "
             f"{FAMILY_NAMES[nearest]} needs {', '.join(f'{key}={_either(allowed[key])}' for key in off[nearest])} "
-            f"(model/block={nearest}); the blocks that export are {', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}"
+            f"(model/block={nearest}); the blocks that export are "
+            f"{', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}"
         )
     return nearest
 
@@ -90,8 +92,13 @@ def _either(values: tuple) -> str:
 def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a LlamaForCausalLM computing our Llama-block `config`."""
     return {
-        "architectures": [ARCHITECTURE], "model_type": LLAMA, **rotary_decoder_config(config, eos_token_id),
-        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": NORM_EPS, "mlp_bias": False,
+        "architectures": [ARCHITECTURE],
+        "model_type": LLAMA,
+        **rotary_decoder_config(config, eos_token_id),
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": NORM_EPS,
+        "mlp_bias": False,
     }
 
 
@@ -125,8 +132,11 @@ def unsupported(hf_config: dict, shape_keys: tuple[str, ...], same_function: dic
     not_counts = [f"{key}={hf_config[key]!r}" for key in shape_keys if type(hf_config[key]) is not int]
     if not_counts:
         raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
-    return [f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
-            for key, (default, allowed) in same_function.items() if hf_config.get(key, default) not in allowed]
+    return [
+        f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
+        for key, (default, allowed) in same_function.items()
+        if hf_config.get(key, default) not in allowed
+    ]
 
 
 def tied(hf_config: dict, same_function: dict) -> bool:
@@ -165,10 +175,16 @@ def rotary_base(hf_config: dict, problems: list[str]) -> float:
 def rotary_shape(hf_config: dict, theta: float) -> dict:
     """GPTConfig's shape settings from a Llama or NanoChat config.json that rotary_base checked."""
     n_head = hf_config["num_attention_heads"]
-    return dict(vocab_size=hf_config["vocab_size"], block_size=hf_config["max_position_embeddings"],
-                n_layer=hf_config["num_hidden_layers"], n_head=n_head,
-                n_kv_head=hf_config.get("num_key_value_heads") or n_head, n_embd=hf_config["hidden_size"],
-                dropout=0.0, rope_base=theta)
+    return dict(
+        vocab_size=hf_config["vocab_size"],
+        block_size=hf_config["max_position_embeddings"],
+        n_layer=hf_config["num_hidden_layers"],
+        n_head=n_head,
+        n_kv_head=hf_config.get("num_key_value_heads") or n_head,
+        n_embd=hf_config["hidden_size"],
+        dropout=0.0,
+        rope_base=theta,
+    )
 
 
 def _rope(hf_config: dict) -> dict:
@@ -199,8 +215,13 @@ def _same(rows: Tensor, config: GPTConfig) -> Tensor:
     return rows
 
 
-def to_decoder(config: GPTConfig, state: dict[str, Tensor], outside: dict[str, str], layer_names: dict[str, str],
-               turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same) -> dict[str, Tensor]:
+def to_decoder(
+    config: GPTConfig,
+    state: dict[str, Tensor],
+    outside: dict[str, str],
+    layer_names: dict[str, str],
+    turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
+) -> dict[str, Tensor]:
     """Our state dict under a Llama-like family's names (`outside` the blocks, `layer_names` in
     each after "model.layers.<i>."), c_attn split into q_proj, k_proj and v_proj, whose q and k
     rows `turn_qk` converts; a tied head left out."""
@@ -215,9 +236,13 @@ def to_decoder(config: GPTConfig, state: dict[str, Tensor], outside: dict[str, s
     return named
 
 
-def from_decoder(config: GPTConfig, hf_state: dict[str, Tensor], outside: dict[str, str],
-                 layer_names: dict[str, str], turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same
-                 ) -> dict[str, Tensor]:
+def from_decoder(
+    config: GPTConfig,
+    hf_state: dict[str, Tensor],
+    outside: dict[str, str],
+    layer_names: dict[str, str],
+    turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
+) -> dict[str, Tensor]:
     """to_decoder's inverse (turn_qk its own inverse too); a tied model's stored lm_head must be
     the embedding itself."""
     check_tied_head(config, hf_state, outside["transformer.wte.weight"])
@@ -244,4 +269,3 @@ def split_qkv(fused: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
     """c_attn's rows [q | k | v] as three matrices."""
     kv_dim = config.kv_heads * config.head_dim
     return tuple(part.contiguous() for part in fused.split((config.n_embd, kv_dim, kv_dim)))
-

@@ -22,8 +22,16 @@ import torch
 from torch import Tensor
 
 from model.config import NANOCHAT_BLOCK, GPTConfig
+
 from .llama import (
-    NANOCHAT, SHAPE_KEYS, from_decoder, rotary_base, rotary_decoder_config, rotary_shape, tied, to_decoder,
+    NANOCHAT,
+    SHAPE_KEYS,
+    from_decoder,
+    rotary_base,
+    rotary_decoder_config,
+    rotary_shape,
+    tied,
+    to_decoder,
     unsupported,
 )
 
@@ -49,8 +57,11 @@ EMBEDDING = {"transformer.wte.weight": "model.embed_tokens.weight"}
 def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a NanoChatForCausalLM computing our nanochat-block `config`."""
     return {
-        "architectures": [ARCHITECTURE], "model_type": NANOCHAT, **rotary_decoder_config(config, eos_token_id),
-        "hidden_act": "relu2", "rms_norm_eps": config.norm_eps,
+        "architectures": [ARCHITECTURE],
+        "model_type": NANOCHAT,
+        **rotary_decoder_config(config, eos_token_id),
+        "hidden_act": "relu2",
+        "rms_norm_eps": config.norm_eps,
         "final_logit_softcapping": config.logit_softcap,  # null: none (NanoChatConfig's default is 15)
         "pad_token_id": eos_token_id,  # NanoChatConfig's default, 1, is a token of ours
     }
@@ -67,9 +78,13 @@ def config_from_nanochat(hf_config: dict) -> GPTConfig:
     if cap is not None and (type(cap) not in (int, float) or not cap > 0):
         problems.append(f"final_logit_softcapping={cap!r} (supported: a positive number, or null)")
     theta = rotary_base(hf_config, problems)
-    return GPTConfig(**rotary_shape(hf_config, theta), norm_eps=float(eps),
-                     logit_softcap=None if cap is None else float(cap),
-                     tie_embeddings=tied(hf_config, SAME_FUNCTION), **NANOCHAT_BLOCK)
+    return GPTConfig(
+        **rotary_shape(hf_config, theta),
+        norm_eps=float(eps),
+        logit_softcap=None if cap is None else float(cap),
+        tie_embeddings=tied(hf_config, SAME_FUNCTION),
+        **NANOCHAT_BLOCK,
+    )
 
 
 def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -99,7 +114,12 @@ def transformers_line(out_dir: str) -> str:
         try:
             import transformers
         except ImportError:
-            return f"{out_dir}: transformers is not installed here; NanoChatForCausalLM needs transformers >= {TRANSFORMERS_NEEDED}"
-        return (f"{out_dir}: transformers {transformers.__version__} here has no NanoChatForCausalLM: "
-                f"load this directory with transformers >= {TRANSFORMERS_NEEDED}")
+            return (
+                f"{out_dir}: transformers is not installed here; "
+                f"NanoChatForCausalLM needs transformers >= {TRANSFORMERS_NEEDED}"
+            )
+        return (
+            f"{out_dir}: transformers {transformers.__version__} here has no NanoChatForCausalLM: "
+            f"load this directory with transformers >= {TRANSFORMERS_NEEDED}"
+        )
     return f"{out_dir}: loads with transformers >= {TRANSFORMERS_NEEDED} (NanoChatForCausalLM)"

@@ -124,7 +124,9 @@ class CausalSelfAttention(nn.Module):
         # not an expression: under torch.compile's dynamic shapes T > 1 is symbolic, and the
         # kernel takes a plain bool (the branch becomes a guard).
         return F.scaled_dot_product_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             attn_mask=mask,
             dropout_p=dropout_p,
             is_causal=True if mask is None and T > 1 else False,

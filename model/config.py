@@ -2,7 +2,8 @@
 
 BLOCKS defines each block preset's settings, by name: GPT-2's (what its transformers
 classes compute), Llama's (what LlamaForCausalLM does), the modern recipe's (GPT-2's
-with rotary positions, ReLU² and QK-norm) and nanochat's (what NanoChatForCausalLM does). Every preset sets each of BLOCK_SETTINGS (and bias
+with rotary positions, ReLU² and QK-norm) and nanochat's (what NanoChatForCausalLM does).
+Every preset sets each of BLOCK_SETTINGS (and bias
 where its family fixes it), so a block means the same whatever else chose settings before it.
 hf/llama.py decides from them which family a model exports as, and the ablation report names
 a run's block by them. The command line's `model/block=llama` is a Hydra config group, which
@@ -17,8 +18,8 @@ A new block is an entry here and its YAML file.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 from rules import above, at_least, between, check_rules, one_of, setting
 
@@ -34,12 +35,25 @@ GPT2_BLOCK = {"position": "learned", "norm": "layernorm", **PLAIN_NORMS, "mlp": 
 LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", **PLAIN_NORMS, "mlp": "swiglu", "qk_norm": False, "bias": False}
 # nanochat's (transformers' NanoChatForCausalLM): every norm a weightless RMSNorm, one more after
 # the embedding, per-head QK-norm, relu2, no biases. The head's tying and soft-cap are left open.
-NANOCHAT_BLOCK = {"position": "rope", "norm": "rmsnorm", "norm_weight": False, "embed_norm": True, "mlp": "relu2",
-                  "qk_norm": True, "bias": False}
+NANOCHAT_BLOCK = {
+    "position": "rope",
+    "norm": "rmsnorm",
+    "norm_weight": False,
+    "embed_norm": True,
+    "mlp": "relu2",
+    "qk_norm": True,
+    "bias": False,
+}
 BLOCKS = {  # by preset name: model/block=<name>
     "gpt2": GPT2_BLOCK,
     "llama": LLAMA_BLOCK,
-    "modern": {"position": "rope", "norm": "layernorm", **PLAIN_NORMS, "mlp": "relu2", "qk_norm": True},  # recipe=modern's
+    "modern": {
+        "position": "rope",
+        "norm": "layernorm",
+        **PLAIN_NORMS,
+        "mlp": "relu2",
+        "qk_norm": True,
+    },  # recipe=modern's
     "nanochat": NANOCHAT_BLOCK,
 }
 
@@ -56,7 +70,7 @@ class GPTConfig:
     """Transformer blocks."""
     n_head: int = setting(12, at_least(1))
     """Query heads per attention layer."""
-    n_kv_head: Optional[int] = setting(None, at_least(1))
+    n_kv_head: int | None = setting(None, at_least(1))
     """Key/value heads: null (as many as n_head) is MHA, 1 is MQA, any other divisor of n_head is GQA."""
     n_embd: int = setting(768, at_least(1))
     """Width of the residual stream."""
@@ -96,7 +110,7 @@ class GPTConfig:
     """The LM head reuses the token table's matrix, as in GPT-2; false gives the head its own weight, drawn
     normal(0, 0.02) like every Linear (modded-nanogpt zeroes it; here zero starts are zero_init_proj's alone,
     so each setting changes one thing)."""
-    logit_softcap: Optional[float] = setting(None, above(0))
+    logit_softcap: float | None = setting(None, above(0))
     """Cap the logits smoothly at +-c: c * tanh(logits / c) (modded-nanogpt); null: no cap."""
 
     def __post_init__(self) -> None:
@@ -106,14 +120,20 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             yield f"model.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
         if self.n_head % self.kv_heads:
-            yield (f"model.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
-                   "each key/value head serves an equal group of query heads")
+            yield (
+                f"model.n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): "
+                "each key/value head serves an equal group of query heads"
+            )
         if self.position != "rope" and self.rope_base != GPTConfig.rope_base:  # it would be ignored without a word
-            yield (f"model.rope_base ({self.rope_base:g}) is read only when position is rope, and "
-                   f"position is {self.position}: set model.position=rope too, or leave rope_base unset")
+            yield (
+                f"model.rope_base ({self.rope_base:g}) is read only when position is rope, and "
+                f"position is {self.position}: set model.position=rope too, or leave rope_base unset"
+            )
         if self.position == "rope" and self.head_dim % 2:
-            yield (f"model.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
-                   "rotary turns channels in pairs")
+            yield (
+                f"model.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
+                "rotary turns channels in pairs"
+            )
 
     @property
     def kv_heads(self) -> int:

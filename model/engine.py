@@ -14,15 +14,15 @@ import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 import torch
 from torch import Tensor
 
+from rules import SEED, at_least, between, check_rules, setting
+
 from .cuda_graph import GraphedDecodeStep
 from .gpt import GPT
 from .kv_cache import KVCache, StaticKVCache
-from rules import SEED, at_least, between, check_rules, setting
 
 # Sampling: choosing the next token from logits, greedy, temperature, top-k and top-p (nucleus)
 TEMPERATURE = between(0, math.inf, "[)")
@@ -35,9 +35,9 @@ class Sampling:
     """How to pick each next token, validated the moment it is built."""
 
     temperature: float = setting(1.0, TEMPERATURE)  # 0 is greedy: always the most likely token
-    top_k: Optional[int] = setting(None, TOP_K)  # sample among the k most likely tokens only; None: all
+    top_k: int | None = setting(None, TOP_K)  # sample among the k most likely tokens only; None: all
     top_p: float = setting(1.0, TOP_P)  # sample among the most likely tokens holding this much probability
-    seed: Optional[int] = setting(None, SEED)  # the same seed, model and prompts give the same tokens
+    seed: int | None = setting(None, SEED)  # the same seed, model and prompts give the same tokens
 
     def __post_init__(self) -> None:
         check_rules(self)
@@ -155,8 +155,16 @@ def generate(
 ) -> list[list[int]]:
     """The generated tokens of every prompt: everything stream() yields, per row."""
     outputs: list[list[int]] = [[] for _ in prompts]
-    steps = stream(model, prompts, max_new_tokens, sampling,
-                   stop_tokens=stop_tokens, stop=stop, vocab_size=vocab_size, decode=decode)
+    steps = stream(
+        model,
+        prompts,
+        max_new_tokens,
+        sampling,
+        stop_tokens=stop_tokens,
+        stop=stop,
+        vocab_size=vocab_size,
+        decode=decode,
+    )
     for new in steps:
         for row, token in new.items():
             outputs[row].append(token)
@@ -199,9 +207,7 @@ def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens:
         raise ValueError(f"token ids {outside[:5]} are outside the model's vocabulary [0, {vocab_size})")
 
 
-def _left_pad(
-    prompts: Sequence[Sequence[int]], extra_columns: int, device: torch.device
-) -> tuple[Tensor, Tensor]:
+def _left_pad(prompts: Sequence[Sequence[int]], extra_columns: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """The prompts right-aligned in a (B, longest + extra_columns) tensor with room for
     extra_columns more tokens, and how many padding columns each row starts with: (B,)."""
     longest = max(len(prompt) for prompt in prompts)

@@ -59,7 +59,7 @@ class GPT(nn.Module):
         init_weights(self, init_seed)
 
     @classmethod
-    def shapes_only(cls, config: GPTConfig) -> "GPT":
+    def shapes_only(cls, config: GPTConfig) -> GPT:
         """The model on the meta device: parameter names, shapes, counts and FLOPs, with no
         memory, no initialisation cost and no draw from the random streams."""
         with torch.device("meta"):
@@ -113,9 +113,7 @@ class GPT(nn.Module):
             if last_only:
                 raise ValueError("targets need logits for every position; drop last_only")
             # Loss in fp32 even under autocast: log-softmax over 50k classes is sensitive.
-            loss = F.cross_entropy(
-                logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX
-            )
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX)
         return logits, loss
 
     def _positions(self, idx: Tensor, kv_cache: KVCache | None) -> Tensor:
@@ -123,9 +121,7 @@ class GPT(nn.Module):
         T = idx.size(1)
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
-            raise ValueError(
-                f"sequence length {past + T} exceeds the model's block_size {self.config.block_size}"
-            )
+            raise ValueError(f"sequence length {past + T} exceeds the model's block_size {self.config.block_size}")
         return kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
 
     def _embed(self, idx: Tensor, pos: Tensor) -> Tensor:

@@ -33,7 +33,8 @@ def draw_seed() -> int:
 
 def init_weights(model: nn.Module, seed: int) -> None:
     """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, norms as
-    built (gains of one, LayerNorm's biases zero); the projections that write into the residual stream get 0.02 / sqrt(2 * n_layer),
+    built (gains of one, LayerNorm's biases zero); the projections that write into the
+    residual stream get 0.02 / sqrt(2 * n_layer),
     because each block adds two of them to the stream; with zero_init_proj those two
     (attn.c_proj, mlp.c_proj) start at zero instead."""
     config = model.config
@@ -77,5 +78,7 @@ def _draw(weight: Tensor, index: tuple, std: float, seed: int) -> None:
     if target.numel() == 0:
         return
     generator = torch.Generator().manual_seed(seed)  # a CPU generator uses 32 bits of its seed
-    values = torch.empty(target.shape, device="cpu").normal_(0.0, std, generator=generator)  # on the CPU: one stream anywhere
+    values = torch.empty(target.shape, device="cpu").normal_(
+        0.0, std, generator=generator
+    )  # on the CPU: one stream anywhere
     target.copy_(values)

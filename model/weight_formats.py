@@ -164,9 +164,12 @@ class TiedEmbedding(nn.Module):
 def _onednn_packed(weight: Tensor) -> Tensor | None:
     """weight (out, in, bf16) in oneDNN's blocked layout for small-batch products, where
     oneDNN computes bf16 and torch dispatches beyond AVX2; None elsewhere."""
-    usable = (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-              and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-              and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"))
+    usable = (
+        weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
+    )
     return torch.ops.mkldnn._reorder_linear_weight(weight, 1) if usable else None
 
 

@@ -30,9 +30,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from conf import read_settings
 from data import Tokenizer, load_tokenizer
 from data.meta import file_sha256
-from conf import read_settings
 from model import GPTConfig
 from system import UserError
 
@@ -62,7 +62,9 @@ class Checkpoint:
         try:
             return read_settings(GPTConfig, self.config["model"])
         except ValueError as err:
-            raise CheckpointError(f"{self.path / CONFIG} has an invalid model section: {str(err).splitlines()[0]}") from err
+            raise CheckpointError(
+                f"{self.path / CONFIG} has an invalid model section: {str(err).splitlines()[0]}"
+            ) from err
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the model was trained with, as its config.yaml describes it."""
@@ -79,8 +81,10 @@ class Checkpoint:
         """Refuse weights holding inf or NaN (train.py never saves them; another tool might)."""
         bad = non_finite(self.model_state)
         if bad:
-            raise CheckpointError(f"{self.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
-                                  "before this save; use an earlier checkpoint of the run (checkpoints/step_*)")
+            raise CheckpointError(
+                f"{self.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
+                "before this save; use an earlier checkpoint of the run (checkpoints/step_*)"
+            )
 
     def training_state(self) -> dict[str, Any]:
         """state.pt: everything besides the weights that resuming needs."""
@@ -92,8 +96,10 @@ class Checkpoint:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for damaged archives
             reason = "the file is empty" if path.stat().st_size == 0 else str(err) or type(err).__name__
-            raise CheckpointError(f"corrupt training state {path}: {reason}; resume from another checkpoint of "
-                                  "the run (checkpoints/step_*)") from err
+            raise CheckpointError(
+                f"corrupt training state {path}: {reason}; resume from another checkpoint of "
+                "the run (checkpoints/step_*)"
+            ) from err
         _check_state(state, path)
         return state
 
@@ -119,8 +125,11 @@ def drop_state(path: Path) -> None:
     still checks what is left (the other lines stand as recorded: no file is read again)."""
     listing = path / DIGESTS
     if listing.exists():
-        kept = [line for line in listing.read_text(encoding="utf-8").splitlines(keepends=True)
-                if line.rstrip("\n").split("  ", 1)[-1] != STATE]
+        kept = [
+            line
+            for line in listing.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.rstrip("\n").split("  ", 1)[-1] != STATE
+        ]
         listing.write_text("".join(kept), encoding="utf-8")
     (path / STATE).unlink(missing_ok=True)
 
@@ -156,8 +165,10 @@ def read_digests(listing: Path) -> dict[str, str]:
 
 
 def _damaged_digests(listing: Path, why: str) -> CheckpointError:
-    return CheckpointError(f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
-                           f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked")
+    return CheckpointError(
+        f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
+        f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked"
+    )
 
 
 def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
@@ -188,8 +199,9 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
     for root in (path, path / CHECKPOINTS):  # a run whose `latest` link was lost
         newest = _newest_complete(root) if root.is_dir() else None
         if newest is not None:
-            print(f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}",
-                  file=sys.stderr)
+            print(
+                f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}", file=sys.stderr
+            )
             return newest.resolve()
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
@@ -203,10 +215,14 @@ def _follow_latest(link: Path) -> Path:
         return link.resolve()
     newest = _newest_complete(link.parent)
     if newest is None:
-        raise CheckpointError(f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left "
-                              f"in {link.parent}")
-    print(f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
-          f"checkpoint left, {newest}", file=sys.stderr)
+        raise CheckpointError(
+            f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left in {link.parent}"
+        )
+    print(
+        f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
+        f"checkpoint left, {newest}",
+        file=sys.stderr,
+    )
     return newest.resolve()
 
 
@@ -250,8 +266,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         config = OmegaConf.to_container(OmegaConf.load(path / CONFIG), resolve=True)
     except Exception as err:
-        raise CheckpointError(f"corrupt {path / CONFIG}: {str(err).splitlines()[0] if str(err) else type(err).__name__}; "
-                              "use another checkpoint of the run (checkpoints/step_*)") from err
+        raise CheckpointError(
+            f"corrupt {path / CONFIG}: {str(err).splitlines()[0] if str(err) else type(err).__name__}; "
+            "use another checkpoint of the run (checkpoints/step_*)"
+        ) from err
     if not isinstance(config, dict) or "model" not in config:
         raise CheckpointError(f"{path / CONFIG} has no `model` section")
     try:
@@ -302,13 +320,17 @@ def _check_state(state: object, path: Path) -> None:
     if not isinstance(state, dict):
         problems = [f"it holds a {type(state).__name__}, not a dict"]
     else:
-        problems = [f"{key!r} missing" if key not in state else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
-                    for key, kind in STATE_FIELDS.items()
-                    if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+        problems = [
+            f"{key!r} missing" if key not in state else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
+            for key, kind in STATE_FIELDS.items()
+            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+        ]
     if problems:
-        raise CheckpointError(f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
-                              "another checkpoint of the run, or start a new run from these weights with "
-                              "init_from=checkpoint")
+        raise CheckpointError(
+            f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
+            "another checkpoint of the run, or start a new run from these weights with "
+            "init_from=checkpoint"
+        )
 
 
 def _first_few(names: list[str], n: int = 5) -> str:

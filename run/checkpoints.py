@@ -26,8 +26,20 @@ from torch import nn
 from conf import Config
 from model import GPTConfig
 from run.checkpoint import (
-    CHECKPOINTS, CONFIG, STATE, WEIGHTS, Checkpoint, CheckpointError, last_good_checkpoint, load_weights, non_finite,
-    drop_state, step_dirs, stored_once, unwrap_model, write_digests,
+    CHECKPOINTS,
+    CONFIG,
+    STATE,
+    WEIGHTS,
+    Checkpoint,
+    CheckpointError,
+    drop_state,
+    last_good_checkpoint,
+    load_weights,
+    non_finite,
+    step_dirs,
+    stored_once,
+    unwrap_model,
+    write_digests,
 )
 from run.distributed import Ranks
 from run.runtime import reseed, seed_everything, set_rng_state
@@ -51,14 +63,25 @@ class Checkpoints:
         """The checkpoint a resume of the run continues from; None before the first."""
         return last_good_checkpoint(self.run_dir)
 
-    def save(self, step: int, model: nn.Module, config: dict[str, Any], state: dict[str, Any], *,
-             is_best: bool = False, files: dict[str, str] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        config: dict[str, Any],
+        state: dict[str, Any],
+        *,
+        is_best: bool = False,
+        files: dict[str, str] | None = None,
+    ) -> Path:
         """Write checkpoint `step`, point `latest` (and `best` if is_best) at it, then prune.
         `config` is its config.yaml, `state` its state.pt; `files` are written beside
         config.yaml by name (the tokenizer's, Tokenizer.files()). Returns its path."""
         final = self.root / f"step_{step:06d}"
-        weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items()
-                   if k not in stored_once(model)}
+        weights = {
+            k: v.detach().contiguous()
+            for k, v in unwrap_model(model).state_dict().items()
+            if k not in stored_once(model)
+        }
         _check_finite(weights, final)
         tmp = self.root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
         try:
@@ -90,19 +113,30 @@ class Checkpoints:
         if not self.root.is_dir():
             return []
         protected = self._linked()
-        leftovers = [p for p in self.root.iterdir()
-                     if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected]
+        leftovers = [
+            p
+            for p in self.root.iterdir()
+            if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected
+        ]
         for leftover in leftovers:
             shutil.rmtree(leftover)
         return leftovers
 
-    def restore(self, checkpoint: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer,
-                scaler: torch.amp.GradScaler, config: Config, ranks: Ranks,
-                device: torch.device) -> tuple[int, float, str]:
+    def restore(
+        self,
+        checkpoint: Checkpoint,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        config: Config,
+        ranks: Ranks,
+        device: torch.device,
+    ) -> tuple[int, float, str]:
         """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
         if checkpoint.model_config != model.config:
             raise CheckpointError(
-                f"checkpoint {checkpoint.path} holds a different model: {model_differences(checkpoint.model_config, model.config)}; "
+                f"checkpoint {checkpoint.path} holds a different model: "
+                f"{model_differences(checkpoint.model_config, model.config)}; "
                 "a resume continues the saved model: drop those overrides, or start a new run from it "
                 "(init_from=checkpoint)"
             )
@@ -112,23 +146,29 @@ class Checkpoints:
         try:
             optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {checkpoint.path} holds another optimizer's state than optim.name="
-                                  f"{config.optim.name}'s: resume with the optim.name the run was started with") from err
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path} holds another optimizer's state than optim.name="
+                f"{config.optim.name}'s: resume with the optim.name the run was started with"
+            ) from err
         if state["scaler"]:  # empty when the run had no loss scaling (bf16, fp32): a new fp16 run starts afresh
             scaler.load_state_dict(state["scaler"])
         step, rng_states = state["step"], state["rng"]
         note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
         latest = self.latest()
         if latest is not None and latest != checkpoint.path.resolve():
-            note += (f" (an older checkpoint than latest, {latest.name}: "
-                     + ("the log after it is replaced as the run goes on)" if step < config.max_iters
-                        else "nothing to train, so the log is kept whole)"))
+            note += f" (an older checkpoint than latest, {latest.name}: " + (
+                "the log after it is replaced as the run goes on)"
+                if step < config.max_iters
+                else "nothing to train, so the log is kept whole)"
+            )
         if len(rng_states) == ranks.world_size:  # each rank continues its own random streams
             set_rng_state(rng_states[ranks.rank], device)
         else:  # the batches stay exact; dropout masks are fresh, distinct per rank and reproducible
             seed_everything(reseed(config.weights_seed, ranks.rank, step))
-            note += (f" (saved by {len(rng_states)} process(es), resumed on {ranks.world_size}: "
-                     "the data order is exact, the dropout masks are new)")
+            note += (
+                f" (saved by {len(rng_states)} process(es), resumed on {ranks.world_size}: "
+                "the data order is exact, the dropout masks are new)"
+            )
         return step, state["best_val_loss"], note
 
     def _move_into_place(self, tmp: Path, final: Path, is_best: bool) -> None:
@@ -160,16 +200,26 @@ class Checkpoints:
         return {(self.root / name).resolve() for name in LINKS if (self.root / name).exists()}
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, config: dict[str, Any], state: dict[str, Any],
-                    keep_last: int = 3, is_best: bool = False, keep_state: str = "all",
-                    files: dict[str, str] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    config: dict[str, Any],
+    state: dict[str, Any],
+    keep_last: int = 3,
+    is_best: bool = False,
+    keep_state: str = "all",
+    files: dict[str, str] | None = None,
+) -> Path:
     """One save into run_dir's checkpoints, for a writer that keeps no manager (a tool, a test)."""
     return Checkpoints(run_dir, keep_last=keep_last, keep_state=keep_state).save(
-        step, model, config, state, is_best=is_best, files=files)
+        step, model, config, state, is_best=is_best, files=files
+    )
 
 
-def _write_files(tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any],
-                 files: dict[str, str]) -> None:
+def _write_files(
+    tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any], files: dict[str, str]
+) -> None:
     """The checkpoint's files in `tmp`, fsynced, with their digests written last."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -193,8 +243,11 @@ def _write_failure(err: Exception, root: Path) -> str:
 
 def model_differences(saved: GPTConfig, asked: GPTConfig) -> str:
     """'model.<field>: <saved> saved, <asked> asked' for each setting the two configs differ in."""
-    return "; ".join(f"model.{f.name}: {getattr(saved, f.name)!r} saved, {getattr(asked, f.name)!r} asked"
-                     for f in fields(GPTConfig) if getattr(saved, f.name) != getattr(asked, f.name))
+    return "; ".join(
+        f"model.{f.name}: {getattr(saved, f.name)!r} saved, {getattr(asked, f.name)!r} asked"
+        for f in fields(GPTConfig)
+        if getattr(saved, f.name) != getattr(asked, f.name)
+    )
 
 
 def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:

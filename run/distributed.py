@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from system import UserError, command_finished
 from run.runtime import resolve_device
+from system import UserError, command_finished
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How gloo says a peer's end of the connection closed: the peer process ended.
@@ -116,8 +116,10 @@ def peers_watched(ranks: Ranks, left_behind: Callable[[], str]) -> Iterator[None
             raise
         command_finished()
         peer = f"rank {1 - ranks.rank}" if ranks.world_size == 2 else "another rank"
-        raise PeerStopped(f"rank {ranks.rank}: lost {peer} (killed, or failed with its own line), so this rank "
-                          f"stopped too; {left_behind()}") from None
+        raise PeerStopped(
+            f"rank {ranks.rank}: lost {peer} (killed, or failed with its own line), so this rank "
+            f"stopped too; {left_behind()}"
+        ) from None
 
 
 def gather_to_main(ranks: Ranks, value: Any) -> list[Any]:

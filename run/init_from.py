@@ -21,9 +21,9 @@ from torch import Tensor
 from conf import Config
 from conf.cli import named_settings
 from data import Tokenizer
-from model import GPTConfig
 from hf.files import HFError, hf_tokenizer, load_hf_pretrained, local_hf_dir, resolve_hf_dir
 from hf.gpt2 import crop_block_size, pool_kv_heads
+from model import GPTConfig
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from run.run_dir import command_line_overrides
 
@@ -65,9 +65,11 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
             directory = resolve_hf_dir(config.model_path)
             theirs = hf_tokenizer(directory)  # before the weights: a refusal reads no gigabytes
             if theirs.describe() != tokenizer.describe():
-                raise HFError(f"{directory}'s tokenizer.json is not GPT-2's ({theirs.name}, {theirs.vocab_size} ids), "
-                              "and init_from=hf trains on GPT-2's tokens: its model would read other ids than "
-                              "it learned; start from a model trained with GPT-2's tokenizer")
+                raise HFError(
+                    f"{directory}'s tokenizer.json is not GPT-2's ({theirs.name}, {theirs.vocab_size} ids), "
+                    "and init_from=hf trains on GPT-2's tokens: its model would read other ids than "
+                    "it learned; start from a model trained with GPT-2's tokenizer"
+                )
             source, state = load_hf_pretrained(directory, n_kv_head=requested_kv_heads)
         refuse_contradictions(config.model, source, f"the weights of {config.model_path}")
     else:
@@ -98,12 +100,16 @@ def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> 
     for key, override in named_settings(command_line_overrides(), "model").items():
         if key not in RUN_CHOICES and getattr(asked, key) != getattr(weights, key):
             by_override.setdefault(override, []).append(
-                f"model.{key}={getattr(asked, key)!r} (there {getattr(weights, key)!r})")
+                f"model.{key}={getattr(asked, key)!r} (there {getattr(weights, key)!r})"
+            )
     if by_override:
-        clashes = "; ".join(f"{override} contradicts {source}: {', '.join(settings)}"
-                            for override, settings in by_override.items())
-        raise ValueError(f"{clashes}; a run from existing weights has their model: leave "
-                         f"{'this' if len(by_override) == 1 else 'these'} unset, or start from scratch")
+        clashes = "; ".join(
+            f"{override} contradicts {source}: {', '.join(settings)}" for override, settings in by_override.items()
+        )
+        raise ValueError(
+            f"{clashes}; a run from existing weights has their model: leave "
+            f"{'this' if len(by_override) == 1 else 'these'} unset, or start from scratch"
+        )
 
 
 def scratch_config(config: Config, vocab_size: int) -> GPTConfig:

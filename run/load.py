@@ -19,20 +19,26 @@ from pathlib import Path
 import torch
 
 from data import Tokenizer
-from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
 from hf.files import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
+from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
 from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from run.init_from import reading_hf
-
 
 # A transformers model may pad its embedding beyond its tokenizer for faster matmuls (GPT-2's
 # 50,257 ids to 50,304 in gptlab, to a multiple of 64-256 elsewhere); a larger gap is another vocabulary.
 HF_VOCAB_PADDING = 256
 
 
-def load_model(target: str | Path | Checkpoint | None, runs_root: str | Path | None, device: torch.device,
-               dtype: torch.dtype, *, weights: str = "fp32", decode: str = "eager",
-               hf: bool = False) -> tuple[GPT, Tokenizer, Checkpoint]:
+def load_model(
+    target: str | Path | Checkpoint | None,
+    runs_root: str | Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    weights: str = "fp32",
+    decode: str = "eager",
+    hf: bool = False,
+) -> tuple[GPT, Tokenizer, Checkpoint]:
     """The model, its tokenizer and the checkpoint it came from. target: a checkpoint or run
     directory (None: the newest run under runs_root's latest checkpoint; runs_root is read
     only then), a Checkpoint already read (its weights are not read again), or with hf=True
@@ -51,12 +57,16 @@ def load_model(target: str | Path | Checkpoint | None, runs_root: str | Path | N
         tokenizer = checkpoint.tokenizer()
         model = checkpoint_model(checkpoint, device, dtype, weights)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
-                              f"only {model.config.vocab_size}: the two do not belong together")
+        raise CheckpointError(
+            f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "
+            f"only {model.config.vocab_size}: the two do not belong together"
+        )
     if hf and model.config.vocab_size - tokenizer.vocab_size >= HF_VOCAB_PADDING:
-        raise CheckpointError(f"{checkpoint.path}: its model has {model.config.vocab_size} ids but its tokenizer.json "
-                              f"only {tokenizer.vocab_size}: the model would generate ids the tokenizer cannot read, "
-                              "so the tokenizer is another model's; put this model's own tokenizer.json beside it")
+        raise CheckpointError(
+            f"{checkpoint.path}: its model has {model.config.vocab_size} ids but its tokenizer.json "
+            f"only {tokenizer.vocab_size}: the model would generate ids the tokenizer cannot read, "
+            "so the tokenizer is another model's; put this model's own tokenizer.json beside it"
+        )
     return model, tokenizer, checkpoint
 
 
@@ -65,11 +75,15 @@ def check_inference_settings(device: torch.device, weights: str, decode: str = "
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     if weights == "int8" and device.type != "cpu":
-        raise ValueError(f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul), and this run is on "
-                         f"{device}: use weights=bf16 there")
+        raise ValueError(
+            f"weights=int8 runs on the CPU only (torch's int8 weight-pack matmul), and this run is on "
+            f"{device}: use weights=bf16 there"
+        )
     if decode == "graph" and device.type != "cuda":
-        raise ValueError(f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
-                         "(use decode=eager there)")
+        raise ValueError(
+            f"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on {device} "
+            "(use decode=eager there)"
+        )
 
 
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
@@ -79,8 +93,13 @@ def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
 
 
-def inference_model(model_config: GPTConfig, state: dict[str, torch.Tensor], device: torch.device,
-                    dtype: torch.dtype, weights: str = "fp32") -> GPT:
+def inference_model(
+    model_config: GPTConfig,
+    state: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: str = "fp32",
+) -> GPT:
     """GPT(model_config) holding `state`, in eval mode on device, computing in dtype, its
     Linear weights in the `weights` format and laid out for decoding."""
     model = GPT(model_config)

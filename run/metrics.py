@@ -21,8 +21,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     records, torn = _parse(path)
     if torn is not None:
-        print(f"warning: {path}: its last line was cut short by an interrupted write and is left out: {torn[:60]!r}",
-              file=sys.stderr)
+        print(
+            f"warning: {path}: its last line was cut short by an interrupted write and is left out: {torn[:60]!r}",
+            file=sys.stderr,
+        )
     return records
 
 
@@ -42,7 +44,9 @@ def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
         except json.JSONDecodeError as err:
             if number == len(lines):  # the last line, with no newline after it
                 return records, line
-            raise MetricsError(f"{path} line {number} is not a JSON record ({err.msg}): fix or delete that line") from err
+            raise MetricsError(
+                f"{path} line {number} is not a JSON record ({err.msg}): fix or delete that line"
+            ) from err
     return records, None
 
 

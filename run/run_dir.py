@@ -16,7 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, one_line_errors
 from run.checkpoint import (
-    WEIGHTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, last_good_checkpoint, load_checkpoint,
+    WEIGHTS,
+    Checkpoint,
+    CheckpointError,
+    find_checkpoint,
+    has_checkpoint,
+    last_good_checkpoint,
+    load_checkpoint,
 )
 from run.checkpoints import Checkpoints
 from run.metrics import METRICS, read_metrics
@@ -76,8 +82,9 @@ def run_lock(run_dir: Path, *, new_run: bool) -> Iterator[str]:
         lock.acquire(timeout=0)
     except filelock.Timeout:
         holder = (run_dir / HOLDER).read_text().strip() if (run_dir / HOLDER).exists() else "unknown"
-        raise ValueError(f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or "
-                         "train into another out_dir") from None
+        raise ValueError(
+            f"{run_dir} is in use: process {holder} is writing it; wait for it to end, or train into another out_dir"
+        ) from None
     try:
         if new_run:  # another run may have taken it between our check and the lock
             _refuse_a_run_with_checkpoints(run_dir)
@@ -100,12 +107,16 @@ def _take_over(run_dir: Path) -> str:
     if not (run_dir / RUN_CONFIG).exists():
         return ""
     if not (run_dir / RUN_GROUPS).exists():
-        raise ValueError(f"{run_dir} holds a {RUN_CONFIG} that no gptlab run wrote (it has no {RUN_GROUPS}): "
-                         "train into another out_dir")
+        raise ValueError(
+            f"{run_dir} holds a {RUN_CONFIG} that no gptlab run wrote (it has no {RUN_GROUPS}): "
+            "train into another out_dir"
+        )
     if logged_a_save(run_dir):
-        raise ValueError(f"{run_dir} held a run that saved checkpoints (its {METRICS} has evaluations past step 0, "
-                         "each followed by a save), and they are gone: its log is kept; train into another out_dir, "
-                         "or delete the directory to reuse it")
+        raise ValueError(
+            f"{run_dir} held a run that saved checkpoints (its {METRICS} has evaluations past step 0, "
+            "each followed by a save), and they are gone: its log is kept; train into another out_dir, "
+            "or delete the directory to reuse it"
+        )
     for name in (RUN_CONFIG, RUN_GROUPS, METRICS):
         (run_dir / name).unlink(missing_ok=True)
     return f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh"
@@ -129,16 +140,19 @@ def logged_a_save(run_dir: Path) -> bool:
 
 def interrupted(signal_name: str, run_dir: Path) -> str:
     """What a signal that stopped the run at once leaves behind, and how to go on."""
-    return f"{signal_name}: " + (f"stopped at once, without saving; {left_behind(run_dir)}"
-                                 if has_checkpoint(run_dir) else left_behind(run_dir))
+    return f"{signal_name}: " + (
+        f"stopped at once, without saving; {left_behind(run_dir)}" if has_checkpoint(run_dir) else left_behind(run_dir)
+    )
 
 
 def left_behind(run_dir: Path) -> str:
     """What a run that stopped before its end leaves, and how to go on."""
     intact = last_good_checkpoint(run_dir)
     if intact is None and logged_a_save(run_dir):  # its one save, at max_iters, cut short (or deleted since)
-        return (f"no checkpoint is left, and its {METRICS} reads as a run that saved one, so resume={run_dir} "
-                f"refuses it: train into another out_dir, or delete {run_dir} to run it again there")
+        return (
+            f"no checkpoint is left, and its {METRICS} reads as a run that saved one, so resume={run_dir} "
+            f"refuses it: train into another out_dir, or delete {run_dir} to run it again there"
+        )
     if intact is None:
         return f"stopped before the first checkpoint; resume={run_dir} starts the run afresh"
     return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
@@ -167,9 +181,11 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
         merged.out_dir, merged.resume = str(target), None
         return merged, None
     if target is not None and (Path(target) / LOCK).exists() and not (Path(target) / RUN_CONFIG).exists():
-        raise CheckpointError(f"{target} holds a run that stopped before it wrote its {RUN_CONFIG} (only its {LOCK} is "
-                              f"there): nothing was saved to resume; run the original command with out_dir={target} "
-                              "to start it there afresh, or delete the directory")
+        raise CheckpointError(
+            f"{target} holds a run that stopped before it wrote its {RUN_CONFIG} (only its {LOCK} is "
+            f"there): nothing was saved to resume; run the original command with out_dir={target} "
+            "to start it there afresh, or delete the directory"
+        )
     checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
     if not (checkpoint.run_dir / RUN_CONFIG).is_file():
         raise CheckpointError(f"{checkpoint.run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
@@ -185,8 +201,10 @@ def _refuse_reseeding(run_dir: Path, merged: DictConfig) -> None:
     saved = OmegaConf.merge(OmegaConf.structured(Config), read_run_yaml(run_dir / RUN_CONFIG, run_dir))
     for key in ("seed", "seed_scope"):
         if merged[key] != saved[key]:
-            raise ValueError(f"cannot apply {key}={merged[key]} when resuming {run_dir}: it was started with "
-                             f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)")
+            raise ValueError(
+                f"cannot apply {key}={merged[key]} when resuming {run_dir}: it was started with "
+                f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)"
+            )
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:
@@ -219,8 +237,9 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
         with one_line_errors():  # omegaconf's validation errors: a value of the wrong type, an unknown key
             return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))
     except ValueError as err:
-        raise ValueError(f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}; mend that value in "
-                         "it, or start a new run") from err
+        raise ValueError(
+            f"{run_dir / RUN_CONFIG} does not fit train.py's settings: {err}; mend that value in it, or start a new run"
+        ) from err
 
 
 def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> dict:
@@ -231,10 +250,17 @@ def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> d
     except Exception as err:  # yaml and omegaconf raise many types; all mean "unreadable"
         content = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     if not isinstance(content, dict) or not (content or may_be_empty):
-        reason = (content if isinstance(content, str) else "it is empty" if not content
-                  else f"it holds a {type(content).__name__}, not settings")
-        raise CheckpointError(f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
-                              f"weights with init_from=checkpoint model_path={run_dir}")
+        reason = (
+            content
+            if isinstance(content, str)
+            else "it is empty"
+            if not content
+            else f"it holds a {type(content).__name__}, not settings"
+        )
+        raise CheckpointError(
+            f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
+            f"weights with init_from=checkpoint model_path={run_dir}"
+        )
     return content
 
 

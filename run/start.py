@@ -69,8 +69,9 @@ class StartedRun:
     device: torch.device
     settings: dict = field(default_factory=dict)  # what config.yaml and wandb record: restore sets the model built
 
-    def restore(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                config: Config) -> tuple[int, float, str]:
+    def restore(
+        self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, config: Config
+    ) -> tuple[int, float, str]:
         """The step, best val loss and a line to print: a resume's, once its checkpoint's weights,
         optimizer and scaler state and random streams are restored (nothing may draw from those
         between this and the first step); a new run's (0, inf, ''). Then rank 0 records the run's
@@ -79,8 +80,9 @@ class StartedRun:
         config), so that config.yaml's model section rebuilds exactly the model its checkpoints hold."""
         step, best_val_loss, resumed = 0, math.inf, ""
         if self.spec.resume_from:
-            step, best_val_loss, resumed = self.checkpoints.restore(self.spec.resume_from, model, optimizer, scaler,
-                                                                    config, self.ranks, self.device)
+            step, best_val_loss, resumed = self.checkpoints.restore(
+                self.spec.resume_from, model, optimizer, scaler, config, self.ranks, self.device
+            )
         self.settings = {**self.spec.settings, "model": asdict(model.config)}
         if self.ranks.is_main:
             save_run_config(self.run_dir, self.settings)
@@ -100,15 +102,17 @@ def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[Sta
         held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
         checkpoints = Checkpoints(run_dir, keep_last=spec.config.keep_last, keep_state=spec.config.keep_state)
         try:
-            yield StartedRun(spec=spec, run_dir=run_dir, checkpoints=checkpoints, takeover=takeover, ranks=ranks,
-                             device=device)
+            yield StartedRun(
+                spec=spec, run_dir=run_dir, checkpoints=checkpoints, takeover=takeover, ranks=ranks, device=device
+            )
         except Interrupted as stop:
             stop.detail = interrupted(stop.signal, run_dir)
             raise
 
 
-def build_model(config: Config, resume_from: Checkpoint | None, tokenizer: Tokenizer,
-                device: torch.device) -> tuple[GPT, str]:
+def build_model(
+    config: Config, resume_from: Checkpoint | None, tokenizer: Tokenizer, device: torch.device
+) -> tuple[GPT, str]:
     """The model of this run and a line saying where its weights come from ('' for a fresh
     one, and for a resume's, whose weights restore loads)."""
     if resume_from and config.init_from != "scratch":

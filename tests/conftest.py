@@ -4,13 +4,13 @@ import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
 
+from model import GPT, GPTConfig
+
 # Test models are tiny: a second intra-op thread only adds synchronisation, and on a
 # busy machine OpenMP's barriers make a 2-thread step ~30x slower than a 1-thread one.
 # Subprocesses (train.py runs) inherit the setting through the environment.
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
-
-from model import GPT, GPTConfig
 
 
 def pytest_collection_modifyitems(config, items):
@@ -59,11 +59,25 @@ def training_overrides(directory) -> list[str]:
     corpus = directory / "corpus.txt"
     corpus.write_text(CORPUS)
     return [
-        "model=nano", "model.block_size=32", "data=files", f"data.path={corpus}", "data.tokenizer=char",
-        f"data.data_dir={directory / 'data'}", "data.num_proc=1", f"runs_root={directory / 'runs'}",
-        "batch_size=4", "max_iters=30", "eval_interval=10", "eval_iters=2", "optim.warmup_iters=5",
-        "optim.learning_rate=1e-2", "optim.min_lr=1e-3",
-        "logging.log_interval=1", "logging.progress=false", "logging.peak_flops=1e12", "device=cpu",
+        "model=nano",
+        "model.block_size=32",
+        "data=files",
+        f"data.path={corpus}",
+        "data.tokenizer=char",
+        f"data.data_dir={directory / 'data'}",
+        "data.num_proc=1",
+        f"runs_root={directory / 'runs'}",
+        "batch_size=4",
+        "max_iters=30",
+        "eval_interval=10",
+        "eval_iters=2",
+        "optim.warmup_iters=5",
+        "optim.learning_rate=1e-2",
+        "optim.min_lr=1e-3",
+        "logging.log_interval=1",
+        "logging.progress=false",
+        "logging.peak_flops=1e12",
+        "device=cpu",
         "recipe=gpt2",
     ]
 

@@ -24,10 +24,9 @@ from ablation.compare import baseline_of, results, uptraining
 from ablation.runs import flatten, group_arms, read_sweep
 from ablation.stats import detectable_effect, mean_ci, paired_difference, seeds_needed
 from conf import CONF_DIR, load_config
+from conftest import tiny_config, training_overrides
 from evaluation.results import write_results
 from system import UserError
-
-from conftest import tiny_config, training_overrides
 
 DOCS = CONF_DIR.parent / "docs"
 
@@ -53,7 +52,9 @@ def test_every_variant_of_the_sweep_composes(experiment, n_head):
     assert kinds == ["MHA", "GQA", "MQA"]
     for k in kv_heads:  # everything but the attention is identical
         config = load_config(compose_experiment(experiment, f"model.n_kv_head={k}", "model.match_mha_params=true"))
-        assert config.model.n_head == n_head and config.max_iters == load_config(compose_experiment(experiment)).max_iters
+        assert (
+            config.model.n_head == n_head and config.max_iters == load_config(compose_experiment(experiment)).max_iters
+        )
 
 
 def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
@@ -62,10 +63,15 @@ def test_the_ablations_sweep_seeds_and_name_runs_by_arm_and_seed():
     assert sweep_params("attention_ablation_ladder")["model"] == ["nano", "micro", "mini"]
     config = compose_experiment("attention_ablation", "model.n_kv_head=2", "seed=3", hydra=True)
     assert config.arm == "kv2" and config.hydra.sweep.subdir == "kv2_seed3"
-    ladder = [load_config(compose_experiment("attention_ablation_ladder", f"model={m}")) for m in ("nano", "micro", "mini")]
+    ladder = [
+        load_config(compose_experiment("attention_ablation_ladder", f"model={m}")) for m in ("nano", "micro", "mini")
+    ]
     assert [c.model.n_embd for c in ladder] == [64, 96, 128] and {c.tokens_per_param for c in ladder} == {4}
-    assert {c.eval_whole_val for c in ladder} == {load_config(compose_experiment("attention_ablation")).eval_whole_val} == {
-        "final"}  # the compared evaluation covers the whole val split
+    assert (
+        {c.eval_whole_val for c in ladder}
+        == {load_config(compose_experiment("attention_ablation")).eval_whole_val}
+        == {"final"}
+    )  # the compared evaluation covers the whole val split
 
 
 def flat_settings(config):
@@ -78,8 +84,17 @@ def test_the_ablation_is_the_default_run_with_its_steps_and_evaluations_cut_to_f
     default = flat_settings(load_config(compose_experiment(None)))
     ablation = flat_settings(load_config(compose_experiment("attention_ablation")))
     differ = {key for key in default if default[key] != ablation[key]}
-    assert differ == {"max_iters", "optim.warmup_iters", "eval_interval", "eval_whole_val", "arm", "logging.wandb.group"}
-    assert ablation["optim.warmup_iters"] / ablation["max_iters"] == default["optim.warmup_iters"] / default["max_iters"]
+    assert differ == {
+        "max_iters",
+        "optim.warmup_iters",
+        "eval_interval",
+        "eval_whole_val",
+        "arm",
+        "logging.wandb.group",
+    }
+    assert (
+        ablation["optim.warmup_iters"] / ablation["max_iters"] == default["optim.warmup_iters"] / default["max_iters"]
+    )
     choices = compose_experiment("attention_ablation", hydra=True).hydra.runtime.choices
     assert choices["recipe"] == compose_experiment(None, hydra=True).hydra.runtime.choices["recipe"]
 
@@ -111,11 +126,20 @@ def test_uptraining_arms_start_from_the_mha_run_of_their_seed():
 
 def run(directory, name, seed, *overrides, subdir="."):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=[
-            *training_overrides(directory), "max_iters=12", "eval_interval=12", f"seed={seed}", f"arm={name}",
-            "optim.learning_rate=3e-3", "optim.min_lr=3e-4",  # 1e-2 makes 12 steps erratic from seed to seed
-            f"out_dir={directory / 'sweep' / subdir / f'{name}_seed{seed}'}", *overrides,
-        ])
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                *training_overrides(directory),
+                "max_iters=12",
+                "eval_interval=12",
+                f"seed={seed}",
+                f"arm={name}",
+                "optim.learning_rate=3e-3",
+                "optim.min_lr=3e-4",  # 1e-2 makes 12 steps erratic from seed to seed
+                f"out_dir={directory / 'sweep' / subdir / f'{name}_seed{seed}'}",
+                *overrides,
+            ],
+        )
     with contextlib.redirect_stdout(io.StringIO()):
         train.train(cfg)
 
@@ -132,8 +156,16 @@ def sweep_dir(tmp_path_factory):
         run(directory, "kv1", seed, "model.n_kv_head=1")
         run(directory, "slow", seed, "optim.learning_rate=1.5e-3", "optim.min_lr=1.5e-4")
         run(directory, "again", seed + 3)
-        run(directory, "kv1_up", seed, "init_from=checkpoint", f"model_path={directory / 'sweep' / f'kv4_seed{seed}'}",
-            "model.n_kv_head=1", "max_iters=6", "optim.warmup_iters=2")
+        run(
+            directory,
+            "kv1_up",
+            seed,
+            "init_from=checkpoint",
+            f"model_path={directory / 'sweep' / f'kv4_seed{seed}'}",
+            "model.n_kv_head=1",
+            "max_iters=6",
+            "optim.warmup_iters=2",
+        )
         run(directory, "kv1_long", seed, "model.n_kv_head=1", "max_iters=18", "eval_interval=6")  # scratch, as long
         run(directory, "kv1_flops", seed, "model.n_kv_head=1", "match_mha_flops=true")  # evaluated at 12 and at its end
     for seed in SEEDS[:2]:
@@ -170,10 +202,15 @@ def test_a_null_arm_shows_no_difference_and_a_planted_one_is_significant(sweep_d
     assert planted.comparison.test == "paired t-test" and planted.comparison.p_value < 0.05
     assert planted.comparison.difference.low > 0  # half the learning rate learns less in 12 steps
     text = written[1]
-    assert re.search(r"again: MHA \(4 kv heads\) vs MHA \(4 kv heads\): [+-]\d\.\d{3} nats \(95% CI .*Holm p=[\d.]+ of 5 "
-                     r"tests, Welch t-test, 3\+3 seeds\): no difference detected at this budget; it detects \d\.\d{3} nats "
-                     r"or more 80% of the time", text)
-    assert re.search(r"slow: MHA \(4 kv heads\) vs MHA \(4 kv heads\): \+\d\.\d{3} nats .*paired t-test, 3 seeds\): worse", text)
+    assert re.search(
+        r"again: MHA \(4 kv heads\) vs MHA \(4 kv heads\): [+-]\d\.\d{3} nats \(95% CI .*Holm p=[\d.]+ of 5 "
+        r"tests, Welch t-test, 3\+3 seeds\): no difference detected at this budget; it detects \d\.\d{3} nats "
+        r"or more 80% of the time",
+        text,
+    )
+    assert re.search(
+        r"slow: MHA \(4 kv heads\) vs MHA \(4 kv heads\): \+\d\.\d{3} nats .*paired t-test, 3 seeds\): worse", text
+    )
     assert planted.comparison.p_adjusted < 0.05 and planted.comparison.family == 5  # worse after Holm's adjustment too
 
 
@@ -184,13 +221,23 @@ def test_a_null_arm_that_reran_a_baseline_seed_is_refused(sweep_dir):
     again = next(a for a in arms if a.name == "again")
     own = baseline.runs[0]  # what `arm=again seed=1` trains, bit for bit
     rerun = replace(own, path=sweep_dir / "again_seed1", settings=dict(own.settings, arm="again"))
-    with pytest.raises(UserError, match=rf"^{re.escape(str(rerun.path))} \(arm again, seed 1\) is the baseline's run "
-                                        rf"{re.escape(str(own.path))} again: .* did not run \(seed=7\)$"):
+    with pytest.raises(
+        UserError,
+        match=rf"^{re.escape(str(rerun.path))} \(arm again, seed 1\) is the baseline's run "
+        rf"{re.escape(str(own.path))} again: .* did not run \(seed=7\)$",
+    ):
         results([baseline, replace(again, runs=[rerun, *again.runs])], baseline)
     compiled = replace(rerun, settings=dict(rerun.settings, compile=not own.settings["compile"]))  # other numerics
-    assert results([baseline, replace(again, runs=[compiled, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
-    elsewhere = replace(rerun, settings=dict(rerun.settings, device="cuda" if own.settings["device"] == "cpu" else "cpu"))
-    assert results([baseline, replace(again, runs=[elsewhere, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
+    assert (
+        results([baseline, replace(again, runs=[compiled, *again.runs])], baseline)[1].comparison.test == "Welch t-test"
+    )
+    elsewhere = replace(
+        rerun, settings=dict(rerun.settings, device="cuda" if own.settings["device"] == "cpu" else "cpu")
+    )
+    assert (
+        results([baseline, replace(again, runs=[elsewhere, *again.runs])], baseline)[1].comparison.test
+        == "Welch t-test"
+    )
 
 
 def test_the_documented_null_check_runs_seeds_the_sweep_does_not():
@@ -221,15 +268,26 @@ def test_the_table_compares_in_bits_per_byte_and_names_the_recipe_and_data(sweep
     arms, baseline = arms_of_main_shape(sweep_dir)
     mqa = next(a for a in arms if a.name == "kv1")
     differences = [m - b for m, b in zip(mqa.finals("val_bpb"), baseline.finals("val_bpb"))]
-    mean, half = statistics.mean(differences), scipy.stats.t.ppf(0.975, 2) * statistics.stdev(differences) / math.sqrt(3)
+    mean, half = (
+        statistics.mean(differences),
+        scipy.stats.t.ppf(0.975, 2) * statistics.stdev(differences) / math.sqrt(3),
+    )
     nats = paired_difference(baseline.finals(), mqa.finals()).difference.mean
     assert mean == pytest.approx(nats / math.log(2))
     row = next(line for line in written[1].splitlines() if line.startswith("| MQA (1 kv heads) | 3 |")).split(" | ")
     header = next(line for line in written[1].splitlines() if line.startswith("| arm |")).split(" | ")
     assert row[header.index("vs baseline (bits/byte)")] == f"{mean:+.4f} ({mean - half:+.4f}..{mean + half:+.4f})"
     assert "\nRecipe: not recorded. Data: files (char tokenizer).\n" in written[1]  # train.train(cfg): no groups.yaml
-    runs = [replace(run, groups={"recipe": "modern"}, settings=dict(run.settings, data=dict(
-        run.settings["data"], name="stdlib", tokenizer="bpe", vocab_size=4096))) for run in mqa.runs]
+    runs = [
+        replace(
+            run,
+            groups={"recipe": "modern"},
+            settings=dict(
+                run.settings, data=dict(run.settings["data"], name="stdlib", tokenizer="bpe", vocab_size=4096)
+            ),
+        )
+        for run in mqa.runs
+    ]
     assert report.trained_as([replace(mqa, runs=runs)]) == "Recipe: modern. Data: stdlib (bpe tokenizer, 4,096 ids)."
 
 
@@ -249,19 +307,29 @@ def test_uptraining_starts_from_the_converted_loss_and_compares_at_equal_tokens(
     at_total = scratch.at_tokens(total)
     assert at_total == [run.final["val_loss"] for run in scratch.runs]  # 18 steps = 12 + 6
     assert line.endswith(f"| {sum(at_total) / 3:.4f} ± {mean_ci(at_total).half_width:.4f} |")
-    assert re.search(rf"kv1_up \({total:,} tokens in all\) vs kv1_long at the same tokens: [+-]\d\.\d{{3}} nats "
-                     r"\(95% CI .*paired t-test, 3 seeds\)", written[1])
+    assert re.search(
+        rf"kv1_up \({total:,} tokens in all\) vs kv1_long at the same tokens: [+-]\d\.\d{{3}} nats "
+        r"\(95% CI .*paired t-test, 3 seeds\)",
+        written[1],
+    )
 
 
 def test_the_report_lists_what_each_named_arm_changes_and_no_seed_of_an_arm_run_under_other_seeds_as_missing(
-        sweep_dir, written):
+    sweep_dir, written
+):
     text = written[1]
-    assert ("- slow: MHA (4 kv heads) also changes optim.learning_rate 0.0015 (baseline 0.003), optim.min_lr 0.00015 "
-            "(baseline 0.0003)\n") in text
-    assert "- kv1_long: MQA (1 kv heads) also changes eval_interval 6 (baseline 12), max_iters 18 (baseline 12)\n" in text
+    assert (
+        "- slow: MHA (4 kv heads) also changes optim.learning_rate 0.0015 (baseline 0.003), optim.min_lr 0.00015 "
+        "(baseline 0.0003)\n"
+    ) in text
+    assert (
+        "- kv1_long: MQA (1 kv heads) also changes eval_interval 6 (baseline 12), max_iters 18 (baseline 12)\n" in text
+    )
     assert text.count(" also changes ") == 2  # kv1_flops changes only its budget, `again` only its seeds
     arms, baseline = arms_of_main_shape(sweep_dir)
-    assert all(r.missing == [] and r.left_out == [] for r in results(arms, baseline))  # `again` ran seeds 4-6 on purpose
+    assert all(
+        r.missing == [] and r.left_out == [] for r in results(arms, baseline)
+    )  # `again` ran seeds 4-6 on purpose
     assert "missing" not in text and "Left out" not in text
 
 
@@ -276,9 +344,12 @@ def test_an_uptrained_seed_that_stopped_early_is_left_out_and_the_rest_compared_
     assert row.arm.seeds == [1, 3] and row.scratch.seeds == [1, 2] and row.total_tokens == total
     assert row.final.mean == pytest.approx((up.runs[0].final["val_loss"] + up.runs[2].final["val_loss"]) / 2)
     assert row.scratch_at_total.mean == pytest.approx(
-        sum(next(e["val_loss"] for e in run.evals if e["tokens"] == total) for run in scratch.runs[:2]) / 2)
-    assert row.left_out[0].startswith(f"{stopped.path}: stopped at {up.pretraining_tokens:,} tokens (step 0), before "
-                                      f"the {total:,} tokens arm kv1_up is compared at")
+        sum(next(e["val_loss"] for e in run.evals if e["tokens"] == total) for run in scratch.runs[:2]) / 2
+    )
+    assert row.left_out[0].startswith(
+        f"{stopped.path}: stopped at {up.pretraining_tokens:,} tokens (step 0), before "
+        f"the {total:,} tokens arm kv1_up is compared at"
+    )
     assert row.left_out[1].startswith(f"{short.path}: stopped at ") and len(row.left_out) == 2
     assert row.comparison.test == "Welch t-test"
 
@@ -288,7 +359,9 @@ def test_an_arm_that_trains_longer_is_compared_where_the_baseline_stopped(sweep_
     row = next(r for r in results(arms, baseline) if r.arm.name == "kv1_long")
     tokens = baseline.runs[0].final["tokens"]
     assert row.tokens == tokens and row.axis == "equal tokens"
-    assert row.val_loss == mean_ci([next(e["val_loss"] for e in run.evals if e["tokens"] == tokens) for run in row.arm.runs])
+    assert row.val_loss == mean_ci(
+        [next(e["val_loss"] for e in run.evals if e["tokens"] == tokens) for run in row.arm.runs]
+    )
 
 
 def test_a_matched_compute_arm_is_compared_at_its_own_end_where_its_flops_equal_the_baselines(sweep_dir, written):
@@ -314,7 +387,9 @@ def test_the_power_section_gives_each_comparisons_detectable_effect_and_the_seed
     for row in results(arms, baseline)[1:]:
         c = row.comparison
         line = next(line for line in section.splitlines() if line.startswith(f"| {row.arm.label} |"))
-        assert line == f"| {row.arm.label} | {c.sd:.4f} | {detectable_effect(c.se, c.df):.4f} | {seeds_needed(c, 0.01)} |"
+        assert (
+            line == f"| {row.arm.label} | {c.sd:.4f} | {detectable_effect(c.se, c.df):.4f} | {seeds_needed(c, 0.01)} |"
+        )
     assert "seeds for 0.01 nats" in section and "at alpha 0.05" in section
 
 
@@ -347,8 +422,14 @@ def test_an_arm_evaluated_on_other_windows_at_the_baselines_tokens_is_not_compar
 
 def test_report_writes_every_section_and_plot(written):
     out, text = written
-    for section in ("## 2 layers x 64 dims", "## 2 layers x 32 dims", "## Across model sizes",
-                    "## Uptraining against training from scratch", "## Quality and decode speed", "## Attention patterns"):
+    for section in (
+        "## 2 layers x 64 dims",
+        "## 2 layers x 32 dims",
+        "## Across model sizes",
+        "## Uptraining against training from scratch",
+        "## Quality and decode speed",
+        "## Attention patterns",
+    ):
         assert section in text
     images = re.findall(r"\]\(([\w.]+\.png)\)", text)
     assert {"ladder.png", "uptraining.png", "frontier.png", "attention.png"} <= set(images)
@@ -368,6 +449,7 @@ def test_the_report_gives_each_downstream_task_with_its_paired_difference(writte
     assert "quick acc" not in text  # a score on part of its task is not compared with anything
     assert "- kv4_seed1: quick was scored on 2 items (limit=2); left out: score it again without limit" in text
 
+
 def test_report_on_a_directory_without_runs_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no run directories with checkpoints"):
         report.main([str(tmp_path)])
@@ -378,13 +460,16 @@ def test_an_unknown_baseline_is_named(sweep_dir, tmp_path):
         report.main([str(sweep_dir), "--out", str(tmp_path), "--baseline", "nope", "--no-gpt2-decode"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt", ""], "^error: --prompt is empty: the heatmaps need at least one token of text$"),
-    (["--effect", "0"], "^error: --effect must be a positive number of nats, got 0.0$"),
-    (["--effect", "nan"], "^error: --effect must be a positive number of nats, got nan$"),
-    (["--out", "{file}"], "^error: --out .*a_file is a file: pass a directory for report.md and the plots$"),
-    (["--out", "{file}/below"], r"^error: Not a directory \(.*a_file/below"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt", ""], "^error: --prompt is empty: the heatmaps need at least one token of text$"),
+        (["--effect", "0"], "^error: --effect must be a positive number of nats, got 0.0$"),
+        (["--effect", "nan"], "^error: --effect must be a positive number of nats, got nan$"),
+        (["--out", "{file}"], "^error: --out .*a_file is a file: pass a directory for report.md and the plots$"),
+        (["--out", "{file}/below"], r"^error: Not a directory \(.*a_file/below"),
+    ],
+)
 def test_report_options_that_cannot_work_are_one_line(sweep_dir, tmp_path, args, message):
     (tmp_path / "a_file").write_text("")
     args = [arg.format(file=tmp_path / "a_file") for arg in args]

@@ -128,9 +128,11 @@ def test_frames_share_a_colour_exactly_within_a_kv_group(built):
 
 def test_row_labels_say_which_heads_share(built):
     titles = [sub._suptitle.get_text() for sub in built[0].subfigs[0].subfigs]
-    assert titles == ["MHA (4 kv heads): each head its own kv head",
-                      "GQA (2 kv heads): heads 0-1 share kv 0, 2-3 share kv 1",
-                      "MQA (1 kv heads): all heads share one kv head"]
+    assert titles == [
+        "MHA (4 kv heads): each head its own kv head",
+        "GQA (2 kv heads): heads 0-1 share kv 0, 2-3 share kv 1",
+        "MQA (1 kv heads): all heads share one kv head",
+    ]
     assert sharing(8, 2) == "heads 0-3 share kv 0, 4-7 share kv 1"
     assert [kv_head_of(h, 12, 4) for h in range(12)] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
 
@@ -145,8 +147,18 @@ def test_long_prompts_label_every_kth_token():
 
 
 def test_token_labels_make_whitespace_and_control_characters_visible():
-    assert token_labels([" the", "a b", "\n", "\n\n", "\t", "", "\x00", "\r", "é", "$"]) == \
-        ["·the", "a·b", "⏎", "⏎⏎", "→", "∅", "\\x00", "\\r", "é", "$"]
+    assert token_labels([" the", "a b", "\n", "\n\n", "\t", "", "\x00", "\r", "é", "$"]) == [
+        "·the",
+        "a·b",
+        "⏎",
+        "⏎⏎",
+        "→",
+        "∅",
+        "\\x00",
+        "\\r",
+        "é",
+        "$",
+    ]
     once = token_labels(TOKENS + ["\x07", "\u200b"])
     assert token_labels(once) == once  # report.py passes labels in already
 

@@ -22,13 +22,16 @@ KV_HEADS = (4, 2, 1)  # nano: MHA, GQA, MQA
 def test_the_llama_experiment_is_the_ablation_in_another_block():
     """The same arms, seeds, recipe, data and schedule; the block exactly Llama's, whatever the recipe's is."""
     assert sweep_params("attention_ablation_llama") == sweep_params("attention_ablation")
-    ablation, llama = (dataclasses.asdict(load_config(compose_experiment(name)))
-                       for name in ("attention_ablation", "attention_ablation_llama"))
+    ablation, llama = (
+        dataclasses.asdict(load_config(compose_experiment(name)))
+        for name in ("attention_ablation", "attention_ablation_llama")
+    )
     assert {key: llama["model"][key] for key in BLOCK_PRESETS["llama"]} == BLOCK_PRESETS["llama"]
     differ = {key for key in ablation["model"] if ablation["model"][key] != llama["model"][key]}
     assert differ <= set(BLOCK_PRESETS["llama"]) and {"norm", "mlp"} <= differ
-    assert {k: v for k, v in ablation.items() if k not in ("model", "logging")} == \
-        {k: v for k, v in llama.items() if k not in ("model", "logging")}
+    assert {k: v for k, v in ablation.items() if k not in ("model", "logging")} == {
+        k: v for k, v in llama.items() if k not in ("model", "logging")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +48,16 @@ def sweep(tmp_path_factory):
 def test_each_block_is_its_own_group_with_the_same_arms_and_seeds(sweep):
     arms = group_arms(read_sweep(sweep).runs)
     assert [(a.name, a.shape[3], a.seeds) for a in arms] == [
-        (f"kv{kv}", block, list(SEEDS)) for block in ("GPT-2 block", "Llama block") for kv in KV_HEADS]
-    assert all(run.path.parent.name == ("llama" if a.shape[3] == "Llama block" else "gpt2")
-               for a in arms for run in a.runs)
-    embeddings = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")  # the ladder's x axis leaves out
+        (f"kv{kv}", block, list(SEEDS)) for block in ("GPT-2 block", "Llama block") for kv in KV_HEADS
+    ]
+    assert all(
+        run.path.parent.name == ("llama" if a.shape[3] == "Llama block" else "gpt2") for a in arms for run in a.runs
+    )
+    embeddings = (
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        "lm_head.weight",
+    )  # the ladder's x axis leaves out
     for arm in arms:
         state = arm.runs[0].checkpoint.model_state
         assert arm.non_embedding_params == sum(t.numel() for name, t in state.items() if name not in embeddings)

@@ -17,9 +17,8 @@ from scipy import stats
 
 from ablation.compare import EQUAL_FLOPS, EQUAL_TOKENS, baseline_of, results
 from ablation.runs import Arm, Run
-from run.checkpoint import Checkpoint
-
 from conftest import tiny_config
+from run.checkpoint import Checkpoint
 
 SEEDS = [1, 2, 3, 4]
 BASELINE = [3.00, 3.10, 2.95, 3.05]  # the MHA baseline's val loss at its end, 1000 tokens, per seed
@@ -31,11 +30,25 @@ def arm(name, n_kv_head, losses_at, **settings):
     config = {"model": asdict(tiny_config(n_kv_head=n_kv_head))}
     runs = []
     for i, seed in enumerate(SEEDS):
-        evals = [{"kind": "eval", "step": tokens // 100, "tokens": tokens, "val_loss": BASELINE[i] + offsets[i],
-                  "val_windows": 16} for tokens, offsets in sorted(losses_at.items())]
+        evals = [
+            {
+                "kind": "eval",
+                "step": tokens // 100,
+                "tokens": tokens,
+                "val_loss": BASELINE[i] + offsets[i],
+                "val_windows": 16,
+            }
+            for tokens, offsets in sorted(losses_at.items())
+        ]
         path = Path(f"sweep/{name}_seed{seed}")
-        runs.append(Run(path, Checkpoint(path / "checkpoints" / "latest", config, {}),
-                        {"seed": seed, "arm": name, **settings}, evals))
+        runs.append(
+            Run(
+                path,
+                Checkpoint(path / "checkpoints" / "latest", config, {}),
+                {"seed": seed, "arm": name, **settings},
+                evals,
+            )
+        )
     return Arm(name, runs)
 
 
@@ -61,11 +74,14 @@ def rows():
     return {row.arm.name: row for row in results(arms, baseline)}
 
 
-@pytest.mark.parametrize("name, tokens, axis, offsets, conclusion", [
-    ("kv1_long", BASELINE_TOKENS, EQUAL_TOKENS, WORSE, "worse"),
-    ("kv2_tpp", BASELINE_TOKENS, EQUAL_TOKENS, WORSE, "worse"),
-    ("kv1_flops", 1300, EQUAL_FLOPS, SLIGHTLY_BETTER, "better"),
-])
+@pytest.mark.parametrize(
+    "name, tokens, axis, offsets, conclusion",
+    [
+        ("kv1_long", BASELINE_TOKENS, EQUAL_TOKENS, WORSE, "worse"),
+        ("kv2_tpp", BASELINE_TOKENS, EQUAL_TOKENS, WORSE, "worse"),
+        ("kv1_flops", 1300, EQUAL_FLOPS, SLIGHTLY_BETTER, "better"),
+    ],
+)
 def test_each_arm_is_compared_at_its_comparison_point(rows, name, tokens, axis, offsets, conclusion):
     row = rows[name]
     assert (row.tokens, row.axis) == (tokens, axis)

@@ -75,12 +75,20 @@ def test_measure_layout_covers_every_batch_and_context():
 
 @pytest.mark.parametrize(
     "n_head, n_kv_head, kind, gpt2_kv_heads",
-    [(4, 4, "MHA", 12), (4, 2, "GQA", 6), (4, 1, "MQA", 1), (8, 2, "GQA", 3), (12, 4, "GQA", 4), (8, 1, "MQA", 1),
-     (16, 2, "GQA", 2)],  # 16 heads, 2 shared: 1.5 of 12 rounds to 2, which keeps it GQA
+    [
+        (4, 4, "MHA", 12),
+        (4, 2, "GQA", 6),
+        (4, 1, "MQA", 1),
+        (8, 2, "GQA", 3),
+        (12, 4, "GQA", 4),
+        (8, 1, "MQA", 1),
+        (16, 2, "GQA", 2),
+    ],  # 16 heads, 2 shared: 1.5 of 12 rounds to 2, which keeps it GQA
 )
 def test_gpt2_sized_keeps_the_attention_layout(n_head, n_kv_head, kind, gpt2_kv_heads):
-    config = GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=n_head, n_embd=4 * n_head,
-                       n_kv_head=n_kv_head, bias=False)
+    config = GPTConfig(
+        vocab_size=64, block_size=64, n_layer=2, n_head=n_head, n_embd=4 * n_head, n_kv_head=n_kv_head, bias=False
+    )
     big = gpt2_sized(config)
     assert (big.vocab_size, big.block_size, big.n_layer, big.n_head, big.n_embd) == (50304, 1024, 12, 12, 768)
     assert big.bias is True

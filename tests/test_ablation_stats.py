@@ -74,7 +74,9 @@ def test_welch_degrees_of_freedom_with_unequal_variances():
     comparison = welch_difference([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0])
     assert comparison.df == pytest.approx(216 / 53, rel=1e-12)
     assert comparison.difference.mean == 3.0
-    assert comparison.se == pytest.approx(math.sqrt(2), rel=1e-12) and comparison.sd == pytest.approx(math.sqrt(1 + 20 / 3))
+    assert comparison.se == pytest.approx(math.sqrt(2), rel=1e-12) and comparison.sd == pytest.approx(
+        math.sqrt(1 + 20 / 3)
+    )
     quantile = comparison.difference.half_width / math.sqrt(2)  # t_{0.975} at df = 4.08: between df 4 and 5
     assert 2.570581836 < quantile < T_TABLE[4]
 
@@ -183,8 +185,16 @@ def test_seeds_needed_match_the_published_one_sample_power_tables(d, n):
 def comparison(mean, low, high, p, n_baseline=3, n_arm=3, test=PAIRED):
     df = float(n_arm - 1)
     se = (high - low) / 2 / T_TABLE[2] if df == 2 else (high - low) / 2 / T_TABLE[4]
-    return Comparison(Estimate(mean, low, high, n_arm if test == PAIRED else n_baseline + n_arm),
-                      p, test, df, n_baseline, n_arm, se * math.sqrt(n_arm), se)
+    return Comparison(
+        Estimate(mean, low, high, n_arm if test == PAIRED else n_baseline + n_arm),
+        p,
+        test,
+        df,
+        n_baseline,
+        n_arm,
+        se * math.sqrt(n_arm),
+        se,
+    )
 
 
 def mde(case):
@@ -195,29 +205,50 @@ NOT_SIGNIFICANT = comparison(0.004, -0.010, 0.018, 0.42)
 IDENTICAL = paired_difference([3.0, 3.1, 3.2, 3.3, 3.4], [3.0, 3.1, 3.2, 3.3, 3.4])
 
 
-@pytest.mark.parametrize("case, expected", [
-    (comparison(0.021, 0.008, 0.034, 0.0104),
-     "MQA vs MHA: +0.021 nats (95% CI +0.008..+0.034, p=0.01, paired t-test, 3 seeds): worse"),
-    (NOT_SIGNIFICANT,
-     "MQA vs MHA: +0.004 nats (95% CI -0.010..+0.018, p=0.42, paired t-test, 3 seeds): "
-     f"no difference detected at this budget; it detects {mde(NOT_SIGNIFICANT)} nats or more 80% of the time"),
-    (comparison(-0.03, -0.05, -0.01, 0.0004, 5, 5),
-     "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p<0.001, paired t-test, 5 seeds): better"),
-    (comparison(-0.03, -0.05, -0.01, 0.0123, 6, 4, "Welch t-test"),
-     "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p=0.012, Welch t-test, 4+6 seeds): better"),
-    (holm([comparison(-0.03, -0.05, -0.01, 0.03), comparison(0.0, -0.1, 0.1, 0.9)])[0],
-     "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p=0.03, Holm p=0.06 of 2 tests, paired t-test, 3 seeds): "
-     "no difference detected at this budget; it detects 0.026 nats or more 80% of the time"),  # 5.65 se at df 2
-    (paired_difference([3.0], [3.021]),
-     "MQA vs MHA: +0.021 nats (1 seed: no confidence interval; run more seeds, e.g. seed=1,2,3)"),
-    (welch_difference([3.0], [3.0, 3.1]),
-     "MQA vs MHA: +0.050 nats (2+1 seeds: no confidence interval; run more seeds, e.g. seed=1,2,3)"),
-    (paired_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5]),
-     "MQA vs MHA: +0.500 nats (95% CI +0.500..+0.500, p<0.001, paired t-test, 3 seeds): worse"),
-    (IDENTICAL,
-     "MQA vs MHA: +0.000 nats (95% CI +0.000..+0.000, p=1, paired t-test, 5 seeds): "
-     "no difference detected at this budget; it detects 0.000 nats or more 80% of the time"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        (
+            comparison(0.021, 0.008, 0.034, 0.0104),
+            "MQA vs MHA: +0.021 nats (95% CI +0.008..+0.034, p=0.01, paired t-test, 3 seeds): worse",
+        ),
+        (
+            NOT_SIGNIFICANT,
+            "MQA vs MHA: +0.004 nats (95% CI -0.010..+0.018, p=0.42, paired t-test, 3 seeds): "
+            f"no difference detected at this budget; it detects {mde(NOT_SIGNIFICANT)} nats or more 80% of the time",
+        ),
+        (
+            comparison(-0.03, -0.05, -0.01, 0.0004, 5, 5),
+            "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p<0.001, paired t-test, 5 seeds): better",
+        ),
+        (
+            comparison(-0.03, -0.05, -0.01, 0.0123, 6, 4, "Welch t-test"),
+            "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p=0.012, Welch t-test, 4+6 seeds): better",
+        ),
+        (
+            holm([comparison(-0.03, -0.05, -0.01, 0.03), comparison(0.0, -0.1, 0.1, 0.9)])[0],
+            "MQA vs MHA: -0.030 nats (95% CI -0.050..-0.010, p=0.03, Holm p=0.06 of 2 tests, paired t-test, 3 seeds): "
+            "no difference detected at this budget; it detects 0.026 nats or more 80% of the time",
+        ),  # 5.65 se at df 2
+        (
+            paired_difference([3.0], [3.021]),
+            "MQA vs MHA: +0.021 nats (1 seed: no confidence interval; run more seeds, e.g. seed=1,2,3)",
+        ),
+        (
+            welch_difference([3.0], [3.0, 3.1]),
+            "MQA vs MHA: +0.050 nats (2+1 seeds: no confidence interval; run more seeds, e.g. seed=1,2,3)",
+        ),
+        (
+            paired_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5]),
+            "MQA vs MHA: +0.500 nats (95% CI +0.500..+0.500, p<0.001, paired t-test, 3 seeds): worse",
+        ),
+        (
+            IDENTICAL,
+            "MQA vs MHA: +0.000 nats (95% CI +0.000..+0.000, p=1, paired t-test, 5 seeds): "
+            "no difference detected at this budget; it detects 0.000 nats or more 80% of the time",
+        ),
+    ],
+)
 def test_verdict(case, expected):
     assert verdict("MQA", "MHA", case) == expected
 

@@ -27,7 +27,9 @@ def test_the_seeds_are_the_fewest_that_detect_one_halving_of_the_kv_heads_80_per
     for seeds in (n - 1, n):  # 43% with 2 seeds, 98% with 3
         expected = power(halving["nats"], sd / math.sqrt(seeds), seeds - 1)
         assert simulated_power(halving["nats"], sd, seeds) == pytest.approx(expected, abs=0.015)
-    assert power(halving["nats"], sd / math.sqrt(n - 1), n - 2) < 0.8 <= power(halving["nats"], sd / math.sqrt(n), n - 1)
+    assert (
+        power(halving["nats"], sd / math.sqrt(n - 1), n - 2) < 0.8 <= power(halving["nats"], sd / math.sqrt(n), n - 1)
+    )
 
 
 def test_the_experiment_runs_the_seeds_its_plan_computes():

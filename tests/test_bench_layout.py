@@ -42,9 +42,12 @@ def test_import_arrows_cycles_and_upward_imports(tmp_path):
     (cycle,) = figures["cycles"]  # app <-> lib and app <-> train: one tangle of three
     assert cycle["members"] == ["app", "lib", "train"]
     assert list(cycle["arrows"]) == ["app -> lib", "app -> train", "lib -> app", "train -> app"]
-    assert figures["model_cycles"] == [{"members": ["model.a", "model.b"],
-                                        "arrows": {"model.a -> model.b": ["model/a.py:1"],
-                                                   "model.b -> model.a": ["model/b.py:2 (fn)"]}}]
+    assert figures["model_cycles"] == [
+        {
+            "members": ["model.a", "model.b"],
+            "arrows": {"model.a -> model.b": ["model/a.py:1"], "model.b -> model.a": ["model/b.py:2 (fn)"]},
+        }
+    ]
     assert figures["upward"] == ["app/core.py:5 (fn) imports train.py"]
 
 
@@ -57,10 +60,16 @@ def test_lines_per_package_and_long_files(tmp_path):
 
 def test_stops_returns_and_calls_of_a_path():
     path = PathCounter("train.py")
-    for caller, function in [("train.py", "run.py:1 start"), ("run.py", "run.py:9 helper"),  # same file: no stop
-                             ("run.py", "conf.py:3 load"), ("conf.py", "run.py:9 helper"),  # helper already read
-                             ("conf.py", "run.py:20 check"), ("run.py", "train.py:5 <lambda>"),
-                             ("train.py", "conf.py:3 load"), (None, "data.py:1 prepare")]:
+    for caller, function in [
+        ("train.py", "run.py:1 start"),
+        ("run.py", "run.py:9 helper"),  # same file: no stop
+        ("run.py", "conf.py:3 load"),
+        ("conf.py", "run.py:9 helper"),  # helper already read
+        ("conf.py", "run.py:20 check"),
+        ("run.py", "train.py:5 <lambda>"),
+        ("train.py", "conf.py:3 load"),
+        (None, "data.py:1 prepare"),
+    ]:
         path.enter(caller, function.split(":")[0], function)
     figures = path.summary()
     assert (figures["stops"], figures["files"], figures["returns"], figures["calls"]) == (4, 3, 2, 6)

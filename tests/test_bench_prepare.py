@@ -1,5 +1,5 @@
-"""bench/prepare_throughput.py: its corpora, its process-tree and disk measures (bench/process_tree.py), and an end-to-end
-run at a tiny size (speed itself is never asserted)."""
+"""bench/prepare_throughput.py: its corpora, its process-tree and disk measures (bench/process_tree.py),
+and an end-to-end run at a tiny size (speed itself is never asserted)."""
 
 import json
 import os
@@ -44,11 +44,13 @@ def test_raw_reference_counts_the_tokens_of_the_stream():
 
 def test_tree_sampler_finds_a_grandchilds_memory_and_disk_at_their_peak(tmp_path):
     written = tmp_path / "data" / "sub" / "blob"
-    child = (f"import os, time; x = bytearray(200_000_000); p = {str(written)!r}; "
-             "os.makedirs(os.path.dirname(p)); open(p, 'wb').write(os.urandom(5_000_000)); "
-             "time.sleep(1); os.remove(p)")
+    child = (
+        f"import os, time; x = bytearray(200_000_000); p = {str(written)!r}; "
+        "os.makedirs(os.path.dirname(p)); open(p, 'wb').write(os.urandom(5_000_000)); "
+        "time.sleep(1); os.remove(p)"
+    )
     # `; exit 0` keeps the shell from exec-ing python: python is its child, the grandchild measured
-    command = ["sh", "-c", f"{sys.executable} -c \"{child}\"; exit 0"]
+    command = ["sh", "-c", f'{sys.executable} -c "{child}"; exit 0']
     measurement = measure_command(command, [tmp_path / "data"], tmp_path / "logs", cwd=ROOT)
     assert measurement.returncode == 0, (tmp_path / "logs" / "stderr.log").read_text()
     peaks = measurement.peaks
@@ -68,10 +70,22 @@ def test_disk_measure_counts_a_written_file_and_tree_pids_starts_at_the_root(tmp
 
 def test_benchmark_reports_a_row_per_kind(tmp_path):
     out = tmp_path / "report.json"
-    args = ["--gb", str(TINY_GB), "--kinds", "text-dir", "jsonl", "--threads", "1", "--scratch",
-            str(tmp_path / "scratch"), "--json", str(out)]
-    run = subprocess.run([sys.executable, "bench/prepare_throughput.py", *args], cwd=ROOT, capture_output=True,
-                         text=True)
+    args = [
+        "--gb",
+        str(TINY_GB),
+        "--kinds",
+        "text-dir",
+        "jsonl",
+        "--threads",
+        "1",
+        "--scratch",
+        str(tmp_path / "scratch"),
+        "--json",
+        str(out),
+    ]
+    run = subprocess.run(
+        [sys.executable, "bench/prepare_throughput.py", *args], cwd=ROOT, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     assert [row["kind"] for row in report["rows"]] == ["text-dir", "jsonl"]
@@ -85,8 +99,15 @@ def test_benchmark_reports_a_row_per_kind(tmp_path):
 
 
 def test_table_marks_a_failed_kind_and_a_moved_cache_counts():
-    row = {"kind": "jsonl", "text_bytes": GB, "file_bytes": GB, "returncode": 1, "seconds": 2.0,
-           "peak_rss_bytes": GB, "peak_pss_bytes": GB // 2}
+    row = {
+        "kind": "jsonl",
+        "text_bytes": GB,
+        "file_bytes": GB,
+        "returncode": 1,
+        "seconds": 2.0,
+        "peak_rss_bytes": GB,
+        "peak_pss_bytes": GB // 2,
+    }
     table = markdown_table(None, [row]).splitlines()
     assert len(table) == 3 and table[2].startswith("| jsonl | 1.000 | 1.000 | failed (exit 1) | 2.00 |")
     assert extra_cache_dirs(["data.batch_mb=8", "data.hf_cache_dir='/tmp/hf'"]) == [Path("/tmp/hf").resolve()]

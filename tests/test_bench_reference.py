@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from bench.reference_gpt import ReferenceGPT
-from model import GPT
-
 from conftest import tiny_config
+from model import GPT
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.time_to_loss import CANDIDATES, PIECES, Run, _train_seconds, arms, markdown, read_run, reach, summarise
+from bench.time_to_loss import CANDIDATES, PIECES, Run, _train_seconds, arms, markdown, reach, read_run, summarise
 from conf import CONF_DIR, load_config
 
 
@@ -16,8 +16,12 @@ def compose_config(*overrides: str):
 
 
 def changed_settings(config, reference) -> dict[str, object]:
-    return {f"{section}.{name}": value for section in ("model", "optim")
-            for name, value in asdict(getattr(config, section)).items() if value != getattr(getattr(reference, section), name)}
+    return {
+        f"{section}.{name}": value
+        for section in ("model", "optim")
+        for name, value in asdict(getattr(config, section)).items()
+        if value != getattr(getattr(reference, section), name)
+    }
 
 
 def test_each_piece_undoes_one_setting_of_the_modern_recipe_back_to_gpt2s():
@@ -87,8 +91,9 @@ def test_reach_interpolates_between_evaluations_and_says_never():
 
 def test_the_table_targets_gpt2s_mean_final_loss_and_pairs_arms_with_modern_by_seed():
     def run(arm, seed, final):
-        return Run(arm, seed, 30, train_seconds=20.0, tokens=3000,
-                   final_bpb=final, curve=[(0.0, 0, 4.0), (20.0, 3000, final)])
+        return Run(
+            arm, seed, 30, train_seconds=20.0, tokens=3000, final_bpb=final, curve=[(0.0, 0, 4.0), (20.0, 3000, final)]
+        )
 
     runs = [run("gpt2", 1, 3.0), run("modern", 1, 2.0), run("gpt2", 2, 3.2), run("modern", 2, 2.4)]
     rows = {r["arm"]: r for r in summarise(runs)}
@@ -107,12 +112,19 @@ def test_a_results_file_redraws_its_table_and_plot_without_training(tmp_path, mo
 
     from bench import time_to_loss
 
-    runs = [Run(arm, seed, 30, 20.0, 3000, final, [(0.0, 0, 4.0), (20.0, 3000, final)])
-            for seed in (1, 2) for arm, final in (("gpt2", 3.0 + seed / 10), ("modern", 2.0 + seed / 10))]
+    runs = [
+        Run(arm, seed, 30, 20.0, 3000, final, [(0.0, 0, 4.0), (20.0, 3000, final)])
+        for seed in (1, 2)
+        for arm, final in (("gpt2", 3.0 + seed / 10), ("modern", 2.0 + seed / 10))
+    ]
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"corpus": "stdlib", "budget_s": 20.0, "seeds": [1, 2], "runs": [asdict(r) for r in runs]}))
+    results.write_text(
+        json.dumps({"corpus": "stdlib", "budget_s": 20.0, "seeds": [1, 2], "runs": [asdict(r) for r in runs]})
+    )
     monkeypatch.setattr(time_to_loss, "measure", lambda *a: pytest.fail("trained"))
-    monkeypatch.setattr("sys.argv", ["time_to_loss.py", "--from-json", str(results), "--plot", str(tmp_path / "curves.png")])
+    monkeypatch.setattr(
+        "sys.argv", ["time_to_loss.py", "--from-json", str(results), "--plot", str(tmp_path / "curves.png")]
+    )
     time_to_loss.main()
     assert markdown(summarise(runs)) in capsys.readouterr().out
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

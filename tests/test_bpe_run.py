@@ -19,10 +19,10 @@ from conf import CONF_DIR
 from conftest import training_overrides
 from data import DataError
 from data.bpe import TOKENIZER_FILE
-from test_generate import reference_greedy
-from test_sample import settings
 from run.checkpoint import DIGESTS, find_checkpoint, load_checkpoint
 from run.load import checkpoint_model
+from test_generate import reference_greedy
+from test_sample import settings
 
 PYTHON = Path(data.preparation.__file__).read_text(encoding="utf-8")
 TEXT = "def f(x):\n        return x  # naïve 🤖\n\tpass"  # no literal <|endoftext|>: transformers reads it as eot
@@ -51,8 +51,9 @@ def test_every_checkpoint_holds_the_tokenizer_that_its_config_names(run_dir):
 
 
 def test_sample_decodes_with_the_runs_tokenizer(run_dir, tmp_path):
-    result = sample.sample(settings(f"checkpoint={run_dir}", "prompt=def", "temperature=0", "max_new_tokens=12"),
-                           out=io.StringIO())
+    result = sample.sample(
+        settings(f"checkpoint={run_dir}", "prompt=def", "temperature=0", "max_new_tokens=12"), out=io.StringIO()
+    )
     checkpoint = load_checkpoint(find_checkpoint(run_dir, run_dir.parent))
     tokenizer = checkpoint.tokenizer()
     model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)

@@ -8,19 +8,26 @@ from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR, Config
+from conftest import tiny_config, training_overrides
 from model import GPT
-from training.budget import training_budget
 from run.checkpoint import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
-
-from conftest import tiny_config, training_overrides
+from training.budget import training_budget
 
 MHA = tiny_config(n_layer=3, n_embd=64)
 
 
 def budget(config, **settings):
-    return training_budget(**{"max_iters": 100, "tokens_per_param": None, "match_mha_flops": False,
-                              "model_config": config, "tokens_per_step": 512, **settings})
+    return training_budget(
+        **{
+            "max_iters": 100,
+            "tokens_per_param": None,
+            "match_mha_flops": False,
+            "model_config": config,
+            "tokens_per_step": 512,
+            **settings,
+        }
+    )
 
 
 def test_without_derived_settings_max_iters_is_the_setting():
@@ -53,9 +60,15 @@ def test_tokens_per_param_must_be_positive():
 
 def test_a_run_trains_for_its_derived_budget_and_says_so(tmp_path, capsys):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=[
-            *training_overrides(tmp_path), "model.n_kv_head=1", "tokens_per_param=0.05", "match_mha_flops=true",
-        ])
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                *training_overrides(tmp_path),
+                "model.n_kv_head=1",
+                "tokens_per_param=0.05",
+                "match_mha_flops=true",
+            ],
+        )
     run_dir = train.train(cfg)
     built = load_checkpoint(find_checkpoint(run_dir, tmp_path)).model_config
     expected = budget(built, max_iters=30, tokens_per_param=0.05, match_mha_flops=True, tokens_per_step=4 * 32)

@@ -11,24 +11,30 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from data.meta import file_sha256
 from conf import Config, OptimConfig
+from data.meta import file_sha256
 from run import checkpoints as manager
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from run.checkpoints import Checkpoints
 from run.distributed import Ranks
 from run.metrics import read_metrics
-from training.optim import build_optimizer
 from run.runtime import Precision, resolve_precision, rng_state
-
 from test_train import run_in_process
+from training.optim import build_optimizer
 
 
 def save(run_dir, step, model, keep_last=3, keep_state="all", is_best=False):
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
-    state = {"step": step, "best_val_loss": 1.0, "optimizer": {"lr": 0.1}, "scaler": {}, "rng": [{"torch": torch.get_rng_state()}]}
-    return Checkpoints(run_dir, keep_last=keep_last, keep_state=keep_state).save(step, model, config, state,
-                                                                                 is_best=is_best)
+    state = {
+        "step": step,
+        "best_val_loss": 1.0,
+        "optimizer": {"lr": 0.1},
+        "scaler": {},
+        "rng": [{"torch": torch.get_rng_state()}],
+    }
+    return Checkpoints(run_dir, keep_last=keep_last, keep_state=keep_state).save(
+        step, model, config, state, is_best=is_best
+    )
 
 
 def test_round_trip_restores_identical_weights_and_state(tmp_path, make_model):
@@ -53,7 +59,9 @@ def test_latest_moves_and_old_checkpoints_are_pruned_but_best_is_kept(tmp_path, 
         save(tmp_path, step, model, keep_last=2)
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
-        "step_000001", "step_000003", "step_000004"
+        "step_000001",
+        "step_000003",
+        "step_000004",
     ]
     assert find_checkpoint(tmp_path, runs_root=tmp_path) == (root / "step_000004").resolve()
     assert (root / "best").resolve().name == "step_000001"
@@ -67,19 +75,28 @@ def test_crash_while_saving_leaves_previous_checkpoint_in_place(tmp_path, make_m
         raise OSError("disk full")
 
     monkeypatch.setattr(manager.torch, "save", crash)
-    with pytest.raises(CheckpointError, match=f"could not write .*disk full.* checkpoint .*step_000002; the last good "
-                                              f"checkpoint {good.resolve()} is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"could not write .*disk full.* checkpoint .*step_000002; the last good "
+        f"checkpoint {good.resolve()} is intact",
+    ):
         save(tmp_path, 2, model)
     assert find_checkpoint(tmp_path, runs_root=tmp_path) == good.resolve()
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]  # no temporary left
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "latest",
+        "step_000001",
+    ]  # no temporary left
     load_weights(make_model(seed=3), load_checkpoint(good).model_state)
 
 
-@pytest.mark.parametrize("writer, failure", [
-    ("save_file", lambda: OSError(errno.ENOSPC, "No space left on device")),
-    ("save_file", lambda: SafetensorError("Error while serializing: IoError(Os { code: 28 })")),
-    ("torch_save", lambda: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")),
-])
+@pytest.mark.parametrize(
+    "writer, failure",
+    [
+        ("save_file", lambda: OSError(errno.ENOSPC, "No space left on device")),
+        ("save_file", lambda: SafetensorError("Error while serializing: IoError(Os { code: 28 })")),
+        ("torch_save", lambda: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")),
+    ],
+)
 def test_a_full_disk_is_one_message_and_removes_the_temporary_files(tmp_path, make_model, monkeypatch, writer, failure):
     """Each library reports a full disk its own way; torch's message names no errno, so
     the free space decides."""
@@ -94,8 +111,11 @@ def test_a_full_disk_is_one_message_and_removes_the_temporary_files(tmp_path, ma
     else:
         monkeypatch.setattr(manager, "save_file", full)
     monkeypatch.setattr(manager.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
-    with pytest.raises(CheckpointError, match=f"^no space left on device writing checkpoint .*step_000002; the last "
-                                              f"good checkpoint {good.resolve()} is intact$"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"^no space left on device writing checkpoint .*step_000002; the last "
+        f"good checkpoint {good.resolve()} is intact$",
+    ):
         save(tmp_path, 2, model)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
 
@@ -111,24 +131,38 @@ def test_saving_the_same_step_again_replaces_it_and_no_link_ever_dangles(tmp_pat
             assert (root / name / "model.safetensors").is_file() and (root / name / "state.pt").is_file(), name
         seen.append(args)
 
-    for module, name in [(manager.os, "rename"), (manager.os, "replace"), (manager.shutil, "rmtree"), (manager.shutil, "copytree")]:
+    for module, name in [
+        (manager.os, "rename"),
+        (manager.os, "replace"),
+        (manager.shutil, "rmtree"),
+        (manager.shutil, "copytree"),
+    ]:
         original = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _o=original, **k: (links_lead_to_complete_checkpoints(*a), _o(*a, **k))[1])
+        monkeypatch.setattr(
+            module, name, lambda *a, _o=original, **k: (links_lead_to_complete_checkpoints(*a), _o(*a, **k))[1]
+        )
     original_rename = manager.Path.rename
-    monkeypatch.setattr(manager.Path, "rename", lambda self, target: (links_lead_to_complete_checkpoints(self), original_rename(self, target))[1])
+    monkeypatch.setattr(
+        manager.Path,
+        "rename",
+        lambda self, target: (links_lead_to_complete_checkpoints(self), original_rename(self, target))[1],
+    )
 
     second = make_model(seed=2)
     path = save(tmp_path, 5, second)  # not the best any more, but best still leads to step 5
     monkeypatch.undo()
     assert len(seen) >= 4  # the checks ran at every move
-    torch.testing.assert_close(load_checkpoint(path).model_state["transformer.wte.weight"], second.transformer.wte.weight)
+    torch.testing.assert_close(
+        load_checkpoint(path).model_state["transformer.wte.weight"], second.transformer.wte.weight
+    )
     for name in ("latest", "best"):
         assert os.readlink(root / name) == "step_000005"
     assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
 
 
-def test_a_re_save_that_fails_midway_leaves_every_link_leading_to_a_complete_checkpoint(tmp_path, make_model,
-                                                                                        monkeypatch):
+def test_a_re_save_that_fails_midway_leaves_every_link_leading_to_a_complete_checkpoint(
+    tmp_path, make_model, monkeypatch
+):
     save(tmp_path, 5, make_model(seed=1), is_best=True)
     root = tmp_path / "checkpoints"
 
@@ -240,15 +274,21 @@ def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
     scaler = moved_loss_scale()
     assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == (32768.0, 2)
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
-    state = {"step": 5, "best_val_loss": 2.0, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-             "rng": [rng_state(CPU)]}  # as train.py saves it
+    state = {
+        "step": 5,
+        "best_val_loss": 2.0,
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": [rng_state(CPU)],
+    }  # as train.py saves it
     checkpoints = Checkpoints(tmp_path)
     path = checkpoints.save(5, model, config, state)
     fresh = resolve_precision("fp16", CPU).grad_scaler()
     assert fresh.get_scale() == 65536.0
     twin = make_model(seed=1)
-    step, _, _ = checkpoints.restore(load_checkpoint(path), twin, build_optimizer(twin, Config().optim, "cpu"),
-                                     fresh, Config(), Ranks(), CPU)
+    step, _, _ = checkpoints.restore(
+        load_checkpoint(path), twin, build_optimizer(twin, Config().optim, "cpu"), fresh, Config(), Ranks(), CPU
+    )
     assert step == 5 and fresh.get_scale() == 32768.0
     assert fresh.state_dict() == scaler.state_dict()
 
@@ -256,16 +296,31 @@ def test_restore_brings_back_the_fp16_loss_scale(tmp_path, make_model):
 @pytest.mark.parametrize("saved, resumed", [("muon", "adamw"), ("adamw", "muon")])
 def test_resuming_under_another_optimizer_is_refused_in_one_line(tmp_path, make_model, saved, resumed):
     model = make_model()
-    state = {"step": 5, "best_val_loss": 2.0, "rng": [rng_state(CPU)], "scaler": {},
-             "optimizer": build_optimizer(model, OptimConfig(name=saved), "cpu").state_dict()}
+    state = {
+        "step": 5,
+        "best_val_loss": 2.0,
+        "rng": [rng_state(CPU)],
+        "scaler": {},
+        "optimizer": build_optimizer(model, OptimConfig(name=saved), "cpu").state_dict(),
+    }
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
     checkpoints = Checkpoints(tmp_path)
     path = checkpoints.save(5, model, config, state)
     run = Config(optim=OptimConfig(name=resumed))
-    with pytest.raises(CheckpointError, match=rf"^checkpoint {path} holds another optimizer's state than "
-                                              rf"optim.name={resumed}'s: resume with the optim.name the run was started with$"):
-        checkpoints.restore(load_checkpoint(path), model, build_optimizer(model, run.optim, "cpu"),
-                            resolve_precision("fp32", CPU).grad_scaler(), run, Ranks(), CPU)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^checkpoint {path} holds another optimizer's state than "
+        rf"optim.name={resumed}'s: resume with the optim.name the run was started with$",
+    ):
+        checkpoints.restore(
+            load_checkpoint(path),
+            model,
+            build_optimizer(model, run.optim, "cpu"),
+            resolve_precision("fp32", CPU).grad_scaler(),
+            run,
+            Ranks(),
+            CPU,
+        )
 
 
 @pytest.mark.cuda
@@ -273,10 +328,17 @@ def test_an_fp16_run_resumed_where_its_loss_scale_had_moved_equals_the_uninterru
     """A scaler that grows after every clean step (growth_interval=1, in both runs) reaches
     fp16's overflow within a few steps and backs off, so the scale saved at step 6 is not
     a fresh scaler's, and which steps overflow after it depends on restoring it."""
-    monkeypatch.setattr(Precision, "grad_scaler", lambda self: torch.amp.GradScaler(
-        self.device_type, enabled=self.uses_grad_scaler, growth_interval=1))
+    monkeypatch.setattr(
+        Precision,
+        "grad_scaler",
+        lambda self: torch.amp.GradScaler(self.device_type, enabled=self.uses_grad_scaler, growth_interval=1),
+    )
     overrides = [o for o in train_overrides if o != "device=cpu"] + [
-        "device=cuda", "precision=fp16", "max_iters=12", "eval_interval=6"]
+        "device=cuda",
+        "precision=fp16",
+        "max_iters=12",
+        "eval_interval=6",
+    ]
     run_dir = run_in_process(*overrides)
     straight = [(r["step"], r["skipped"], r["loss"]) for r in read_metrics(run_dir) if r["kind"] == "train"]
     straight_weights = load_checkpoint(run_dir / "checkpoints" / "step_000012").model_state

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
-
 from test_checkpoint import save
 
 
@@ -25,7 +24,9 @@ def test_weights_from_compiled_or_ddp_models_load(make_model, prefix):
 
 def test_different_model_shape_is_explained(tmp_path, make_model):
     path = save(tmp_path, 1, make_model(n_kv_head=1))
-    with pytest.raises(CheckpointError, match=r"different model shape.*c_attn.weight: checkpoint \(48, 32\) vs model \(96, 32\)"):
+    with pytest.raises(
+        CheckpointError, match=r"different model shape.*c_attn.weight: checkpoint \(48, 32\) vs model \(96, 32\)"
+    ):
         load_weights(make_model(n_kv_head=4), load_checkpoint(path).model_state)
 
 
@@ -56,24 +57,33 @@ def test_a_checkpoint_saved_before_digests_is_still_read_and_damage_is_named(tmp
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda listing: listing.write_bytes(listing.read_bytes()[:30]), "'[0-9a-f]{30}' is not '<sha256>  <file>'"),
-    (lambda listing: listing.write_bytes(b"\xff\xfe" + listing.read_bytes()), "'utf-8' codec can't decode"),
-    (lambda listing: listing.write_text(""), "model.safetensors is not listed"),
-    (lambda listing: (listing.unlink(), listing.mkdir()), "Is a directory"),
-])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda listing: listing.write_bytes(listing.read_bytes()[:30]), "'[0-9a-f]{30}' is not '<sha256>  <file>'"),
+        (lambda listing: listing.write_bytes(b"\xff\xfe" + listing.read_bytes()), "'utf-8' codec can't decode"),
+        (lambda listing: listing.write_text(""), "model.safetensors is not listed"),
+        (lambda listing: (listing.unlink(), listing.mkdir()), "Is a directory"),
+    ],
+)
 def test_a_damaged_digest_listing_is_named_not_skipped(tmp_path, make_model, damage, why):
     path = save(tmp_path, 1, make_model())
     damage(path / "SHA256SUMS")
-    with pytest.raises(CheckpointError, match=f"^{path / 'SHA256SUMS'} is damaged \\({why}.*\\): the checkpoint's files "
-                                              "cannot be checked; use another checkpoint"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"^{path / 'SHA256SUMS'} is damaged \\({why}.*\\): the checkpoint's files "
+        "cannot be checked; use another checkpoint",
+    ):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"", "corrupt training state .*: [A-Za-z]"),  # an empty file still says what is wrong
-    (b"not a torch archive", "corrupt training state"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"", "corrupt training state .*: [A-Za-z]"),  # an empty file still says what is wrong
+        (b"not a torch archive", "corrupt training state"),
+    ],
+)
 def test_corrupt_training_state_is_named(tmp_path, make_model, content, problem):
     path = save(tmp_path, 1, make_model())
     (path / "SHA256SUMS").unlink()  # damage the digests would catch first
@@ -82,12 +92,15 @@ def test_corrupt_training_state_is_named(tmp_path, make_model, content, problem)
         load_checkpoint(path).training_state()
 
 
-@pytest.mark.parametrize("state, problem", [
-    ([1, 2], "holds a list, not a dict"),
-    ({"step": 1, "optimizer": {}, "scaler": {}, "rng": []}, "'best_val_loss' missing"),
-    ({"step": "7", "best_val_loss": 1.0, "optimizer": {}, "scaler": {}, "rng": []}, "'step' is a str, not int"),
-    ({"step": 7, "best_val_loss": 1.0, "scaler": {}, "rng": []}, "'optimizer' missing"),
-])
+@pytest.mark.parametrize(
+    "state, problem",
+    [
+        ([1, 2], "holds a list, not a dict"),
+        ({"step": 1, "optimizer": {}, "scaler": {}, "rng": []}, "'best_val_loss' missing"),
+        ({"step": "7", "best_val_loss": 1.0, "optimizer": {}, "scaler": {}, "rng": []}, "'step' is a str, not int"),
+        ({"step": 7, "best_val_loss": 1.0, "scaler": {}, "rng": []}, "'optimizer' missing"),
+    ],
+)
 def test_a_state_of_the_wrong_structure_is_named_not_a_traceback(tmp_path, make_model, state, problem):
     path = save(tmp_path, 1, make_model())
     torch.save(state, path / "state.pt")
@@ -135,12 +148,16 @@ def test_a_dangling_latest_falls_back_to_the_newest_complete_checkpoint_and_says
     shutil.rmtree(root / "step_000003")
     for target in (tmp_path, None):  # the run directory, or the newest run under runs_root
         assert find_checkpoint(target, runs_root=tmp_path) == (root / "step_000002").resolve()
-        assert f"warning: {root / 'latest'} leads to step_000003, which is gone or incomplete; using the newest " \
-               f"complete checkpoint left, {root / 'step_000002'}" in capsys.readouterr().err
+        assert (
+            f"warning: {root / 'latest'} leads to step_000003, which is gone or incomplete; using the newest "
+            f"complete checkpoint left, {root / 'step_000002'}" in capsys.readouterr().err
+        )
     (root / "latest").unlink()  # the link itself lost: the run directory still leads to its newest step
     assert find_checkpoint(tmp_path, runs_root=tmp_path) == (root / "step_000002").resolve()
-    assert f"warning: {root} has no `latest` link; using its newest complete checkpoint, {root / 'step_000002'}" \
+    assert (
+        f"warning: {root} has no `latest` link; using its newest complete checkpoint, {root / 'step_000002'}"
         in capsys.readouterr().err
+    )
     (root / "latest").symlink_to("step_000003")
     for step in (1, 2):
         shutil.rmtree(root / f"step_{step:06d}")

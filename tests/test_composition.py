@@ -29,8 +29,11 @@ def yaml_of(*parts: str) -> dict:
 
 def recipe_block(recipe: str) -> str:
     """The block a recipe's defaults list chooses."""
-    [block] = [entry["override /model/block"] for entry in yaml_of("recipe", f"{recipe}.yaml").get("defaults", [])
-               if isinstance(entry, dict) and "override /model/block" in entry]
+    [block] = [
+        entry["override /model/block"]
+        for entry in yaml_of("recipe", f"{recipe}.yaml").get("defaults", [])
+        if isinstance(entry, dict) and "override /model/block" in entry
+    ]
     return block
 
 
@@ -38,8 +41,13 @@ def expected_model(recipe: str, block: str, size: str = "mini", **explicit) -> d
     """The rule: the settings' defaults, then the size preset and the recipe's own model values, over them
     the block's settings, and over everything the settings named explicitly."""
     recipe_model = yaml_of("recipe", f"{recipe}.yaml").get("model", {})
-    return {**asdict(GPTConfig()), **yaml_of("model", f"{size}.yaml"), **recipe_model,
-            **yaml_of("model", "block", f"{block}.yaml"), **explicit}
+    return {
+        **asdict(GPTConfig()),
+        **yaml_of("model", f"{size}.yaml"),
+        **recipe_model,
+        **yaml_of("model", "block", f"{block}.yaml"),
+        **explicit,
+    }
 
 
 def test_every_block_preset_sets_every_block_setting_and_its_file_says_the_same():
@@ -59,8 +67,8 @@ def test_a_recipe_chooses_a_block_and_sets_nothing_of_a_blocks(recipe):
 def test_the_default_recipe_is_modern_with_its_block():
     assert asdict(composed_model()) == expected_model("modern", "modern")
     assert {key: getattr(composed_model(), key) for key in BLOCKS["modern"]} == dict(
-        position="rope", norm="layernorm", norm_weight=True, embed_norm=False, mlp="relu2",
-        qk_norm=True)  # today's modern architecture
+        position="rope", norm="layernorm", norm_weight=True, embed_norm=False, mlp="relu2", qk_norm=True
+    )  # today's modern architecture
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -99,15 +99,28 @@ def test_a_bad_device_and_precision_are_refused_with_the_other_problems():
     with pytest.raises(SettingsError) as err:  # before train.py starts processes or takes the run's lock
         load_config(cfg)
     assert err.value.problems == [
-        "max_iters must be >= 0, got -1", "device must be auto, cpu, cuda or cuda:N, got 'cuda:x'",
+        "max_iters must be >= 0, got -1",
+        "device must be auto, cpu, cuda or cuda:N, got 'cuda:x'",
         "precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'",
     ]
 
 
-@pytest.mark.parametrize("device, allowed", [
-    ("auto", True), ("cpu", True), ("cuda", True), ("cuda:0", True), ("cuda:12", True),  # whether it exists: later
-    ("tpu", False), ("cuda:x", False), ("cuda:", False), ("cuda:01", False), ("cpu:0", False), ("CUDA", False),
-])
+@pytest.mark.parametrize(
+    "device, allowed",
+    [
+        ("auto", True),
+        ("cpu", True),
+        ("cuda", True),
+        ("cuda:0", True),
+        ("cuda:12", True),  # whether it exists: later
+        ("tpu", False),
+        ("cuda:x", False),
+        ("cuda:", False),
+        ("cuda:01", False),
+        ("cpu:0", False),
+        ("CUDA", False),
+    ],
+)
 def test_the_device_rule_checks_the_spelling_only(device, allowed):
     assert DEVICE.allows(device) is allowed
 
@@ -116,7 +129,11 @@ def test_every_config_names_the_precision_alike():
     for schema in (Config, SampleConfig, DownstreamConfig):
         known = {f.name: rule_of(f) for f in fields(schema)}
         assert "dtype" not in known and known["precision"] == PRECISION and known["device"] == DEVICE
-    assert PRECISION.choices == ("auto", *DTYPES) and set(DTYPES.values()) == {torch.float32, torch.bfloat16, torch.float16}
+    assert PRECISION.choices == ("auto", *DTYPES) and set(DTYPES.values()) == {
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    }
 
 
 def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
@@ -124,7 +141,8 @@ def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
     with pytest.raises(SettingsError) as err:
         load_config(cfg)
     assert err.value.problems == [
-        "data.val_fraction must be in (0, 1), got 2.0", "max_iters must be >= 0, got -1",
+        "data.val_fraction must be in (0, 1), got 2.0",
+        "max_iters must be >= 0, got -1",
         "model.n_embd (128) must be divisible by n_head (3)",
         "optim.min_lr (1.0) must not exceed optim.learning_rate (0.002)",
     ]
@@ -140,9 +158,12 @@ def test_the_committed_reference_is_the_generated_one():
 
 def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
     config = load_config(compose_train())
-    assert config == Config(model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096))
+    assert config == Config(
+        model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096)
+    )
     assert model_preset("mini", "recipe=modern") == replace(
-        model_preset("mini"), position="rope", mlp="relu2", qk_norm=True, zero_init_proj=True)
+        model_preset("mini"), position="rope", mlp="relu2", qk_norm=True, zero_init_proj=True
+    )
     # what train.yaml ran with before the dataclasses held its values
     assert (config.max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
     assert (config.optim.learning_rate, config.optim.min_lr) == (2e-3, 2e-4)
@@ -157,14 +178,17 @@ def test_a_root_config_holds_only_its_defaults_list_and_hydras_settings(root):
 def test_a_preset_sets_only_what_it_changes(group, schema):
     defaults = asdict(schema())
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        restated = {key for key, value in (OmegaConf.to_container(OmegaConf.load(path)) or {}).items()
-                    if defaults[key] == value}
+        restated = {
+            key for key, value in (OmegaConf.to_container(OmegaConf.load(path)) or {}).items() if defaults[key] == value
+        }
         assert not restated, f"{path.name} restates the defaults of {sorted(restated)}"
 
 
 def test_the_block_presets_are_model_configs_blocks():
-    files = {path.stem: OmegaConf.to_container(OmegaConf.load(path))
-             for path in (CONF_DIR / "model" / "block").glob("*.yaml")}
+    files = {
+        path.stem: OmegaConf.to_container(OmegaConf.load(path))
+        for path in (CONF_DIR / "model" / "block").glob("*.yaml")
+    }
     assert files == BLOCKS and (BLOCKS["gpt2"], BLOCKS["llama"]) == (GPT2_BLOCK, LLAMA_BLOCK)
     for name, settings in BLOCKS.items():  # and the command line's model/block=<name> composes to them
         for recipe in ("recipe=gpt2", "recipe=modern"):
@@ -177,11 +201,18 @@ POINTS = [-2, -1, -0.5, 0, 0.25, 1, 1.5, 2, math.inf]
 
 def test_an_interval_allows_exactly_its_members():  # every interval and value of a grid, both ends' kinds
     for low, high, ends, value in itertools.product(POINTS, POINTS, ["[]", "[)", "(]", "()"], POINTS):
-        outside = (value < low or value > high or (value == low and ends[0] == "(")
-                   or (value == high and ends[1] == ")") or not math.isfinite(value))  # inf: never a setting
+        outside = (
+            value < low
+            or value > high
+            or (value == low and ends[0] == "(")
+            or (value == high and ends[1] == ")")
+            or not math.isfinite(value)
+        )  # inf: never a setting
         assert between(low, high, ends).allows(value) is not outside, (low, high, ends, value)
         finite = math.isfinite(value)
-        assert at_least(low).allows(value) is (finite and value >= low) and above(low).allows(value) is (finite and value > low)
+        assert at_least(low).allows(value) is (finite and value >= low) and above(low).allows(value) is (
+            finite and value > low
+        )
 
 
 @pytest.mark.parametrize("override", ["optim.muon_lr=inf", "model.logit_softcap=inf", "optim.learning_rate=nan"])
@@ -192,14 +223,16 @@ def test_a_non_finite_number_is_refused_by_its_rule(override):
 
 
 def test_rules_read_as_they_are_checked():
-    assert [str(r) for r in (at_least(1), above(0), between(0, 1, "[)"), between(0, math.inf, "[)"), one_of("a", "b"))] \
-        == [">= 1", "> 0", "in [0, 1)", "in [0, inf)", "one of ('a', 'b')"]
+    assert [
+        str(r) for r in (at_least(1), above(0), between(0, 1, "[)"), between(0, math.inf, "[)"), one_of("a", "b"))
+    ] == [">= 1", "> 0", "in [0, 1)", "in [0, inf)", "one of ('a', 'b')"]
     assert NOT_EMPTY.allows("x") and not NOT_EMPTY.allows("") and NOT_EMPTY.allows(None)  # None: the type says
     assert NOT_EMPTY.allows(["a", "b"]) and not NOT_EMPTY.allows(["a", ""])  # a list: each item
 
 
 def test_python_m_conf_help_prints_help_and_writes_nothing(capsys, monkeypatch, tmp_path):
     from conf import __main__ as reference_command
+
     target = tmp_path / "configuration.md"
     monkeypatch.setattr(reference_command, "REFERENCE", target)
     with pytest.raises(SystemExit) as exit_:

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import tiny_config, training_overrides
 from devices import tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import GPT, Sampling, generate
 from model.weight_formats import to_weight_format
 from run.checkpoint import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
-
-from conftest import tiny_config, training_overrides
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("true_fp32")]
 REPO = Path(__file__).resolve().parents[1]
@@ -80,8 +79,14 @@ def test_compiled_model_equals_eager_on_the_gpu():
 def train(*overrides, cwd, processes=0):
     # --local-addr: torchrun would publish socket.getfqdn() as the rendezvous address, which
     # a machine whose hostname does not resolve cannot reach (the run then waits out its timeout).
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                "--local-addr=127.0.0.1"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "--local-addr=127.0.0.1",
+    ]
     command = [*(launcher if processes else [sys.executable]), str(REPO / "train.py"), *overrides]
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -103,23 +108,32 @@ def test_a_checkpoint_moves_from_the_gpu_to_the_cpu_and_back(tmp_path):
 
 def test_torchrun_with_nccl_through_train_py(tmp_path):
     overrides = [o for o in training_overrides(tmp_path) if o != "device=cpu"] + ["device=cuda"]
-    output = train(*overrides, "max_iters=4", "eval_interval=2", f"out_dir={tmp_path / 'run'}", cwd=tmp_path, processes=1)
+    output = train(
+        *overrides, "max_iters=4", "eval_interval=2", f"out_dir={tmp_path / 'run'}", cwd=tmp_path, processes=1
+    )
     assert "cuda:0 bf16 x 1 process(es)" in output
     assert load_checkpoint(find_checkpoint(tmp_path / "run", runs_root=tmp_path)).training_state()["step"] == 4
 
 
 def test_fp16_overflow_on_the_gpu_skips_and_backs_off():
     from conf import OptimConfig
-    from training.step import Trainer, train_step
     from run.distributed import Ranks
-    from training.optim import build_optimizer
     from run.runtime import resolve_precision
+    from training.optim import build_optimizer
+    from training.step import Trainer, train_step
 
     model = cuda_model().train()
     precision = resolve_precision("fp16", CUDA)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**120)
-    trainer = Trainer(model, build_optimizer(model, OptimConfig(), "cuda"), scaler, precision.autocast(),
-                      accum_steps=1, grad_clip=1.0, ranks=Ranks())
+    trainer = Trainer(
+        model,
+        build_optimizer(model, OptimConfig(), "cuda"),
+        scaler,
+        precision.autocast(),
+        accum_steps=1,
+        grad_clip=1.0,
+        ranks=Ranks(),
+    )
 
     class Batches:
         def get(self, step, micro):

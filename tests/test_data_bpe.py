@@ -49,7 +49,7 @@ def reference_encode(tokenizer_json: str, text: str) -> list[int]:
             best = min(range(len(parts) - 1), key=lambda i: rank.get((parts[i], parts[i + 1]), len(rank)))
             if (parts[best], parts[best + 1]) not in rank:
                 break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
         ids += [model["vocab"][part] for part in parts]
     return ids
 
@@ -118,8 +118,15 @@ def bpe_config(tmp_path, **overrides) -> DataConfig:
         corpus.mkdir()
         for i, text in enumerate(TEXTS):
             (corpus / f"doc{i}.txt").write_text(text, encoding="utf-8")
-    settings = dict(name="t", source="files", path=str(corpus), data_dir=str(tmp_path / "data"), num_proc=2,
-                    tokenizer="bpe", vocab_size=VOCAB)
+    settings = dict(
+        name="t",
+        source="files",
+        path=str(corpus),
+        data_dir=str(tmp_path / "data"),
+        num_proc=2,
+        tokenizer="bpe",
+        vocab_size=VOCAB,
+    )
     return DataConfig(**{**settings, **overrides})
 
 

@@ -18,8 +18,10 @@ DATA_PRESETS = sorted(path.stem for path in (CONF_DIR / "data").glob("*.yaml"))
 
 def stamps(data_dir: Path) -> dict:
     """Each prepared file's inode and modification time: a rewrite changes one or the other."""
-    return {name: ((data_dir / name).stat().st_ino, (data_dir / name).stat().st_mtime_ns)
-            for name in ("train.bin", "val.bin", "meta.json")}
+    return {
+        name: ((data_dir / name).stat().st_ino, (data_dir / name).stat().st_mtime_ns)
+        for name in ("train.bin", "val.bin", "meta.json")
+    }
 
 
 def prepare_command(capsys, *overrides: str) -> str:
@@ -41,16 +43,19 @@ def test_the_files_preset_with_and_without_max_documents_never_rewrites(tmp_path
     before = stamps(tmp_path / "data_cache" / "files")
 
     refusal = prepare_command(capsys, *plain, "data.max_documents=2")
-    assert refusal == ("error: data_cache/files holds data prepared with other settings than this run's "
-                       "data.max_documents=2 (it holds null): give this data a directory of its own "
-                       "(data.name=files_max_documents2), or delete data_cache/files to prepare it again with "
-                       "these settings")
+    assert refusal == (
+        "error: data_cache/files holds data prepared with other settings than this run's "
+        "data.max_documents=2 (it holds null): give this data a directory of its own "
+        "(data.name=files_max_documents2), or delete data_cache/files to prepare it again with "
+        "these settings"
+    )
     assert prepare_command(capsys, *plain).startswith("reused data_cache/files:")
     assert stamps(tmp_path / "data_cache" / "files") == before
 
     # The first way out: the directory the refusal names, which then lives beside the first.
     assert prepare_command(capsys, *plain, "data.max_documents=2", "data.name=files_max_documents2").startswith(
-        "wrote data_cache/files_max_documents2:")
+        "wrote data_cache/files_max_documents2:"
+    )
     assert json.loads((tmp_path / "data_cache/files_max_documents2/meta.json").read_text())["documents"] == 2
     assert prepare_command(capsys, *plain).startswith("reused data_cache/files:")
     assert stamps(tmp_path / "data_cache" / "files") == before
@@ -78,7 +83,9 @@ def test_the_gpu_ablation_and_gpt2_fineweb_keep_their_own_shards(tmp_path, monke
     assert len(set(dirs.values())) == 2
     before = {experiment: stamps(data_dir) for experiment, data_dir in dirs.items()}
     for experiment in [*experiments, *experiments]:  # and reuses it, whichever ran last
-        assert prepare_command(capsys, experiment, *local_fineweb).startswith(f"reused {dirs[experiment].relative_to(tmp_path)}:")
+        assert prepare_command(capsys, experiment, *local_fineweb).startswith(
+            f"reused {dirs[experiment].relative_to(tmp_path)}:"
+        )
     assert {experiment: stamps(data_dir) for experiment, data_dir in dirs.items()} == before
     recorded = json.loads((dirs["experiment=attention_ablation_gpt2"] / "meta.json").read_text())["settings"]
     assert recorded["max_documents"] == 2_000_000

@@ -28,8 +28,11 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(tokenizer="bpe"), r"data.vocab_size must be set when tokenizer is 'bpe' \(e.g. data.vocab_size=8192\)"),
         (dict(tokenizer="bpe", vocab_size=256), r"data.vocab_size must be in \[257, 33554689\], got 256"),
         (dict(tokenizer="bpe", vocab_size=10**9), r"data.vocab_size must be in \[257, 33554689\], got 1000000000"),
-        (dict(tokenizer="char", vocab_size=512), r"data.vocab_size is read only when tokenizer is 'bpe', and this "
-                                                 r"tokenizer is 'char' \(set data.tokenizer=bpe, or leave it null\), got 512"),
+        (
+            dict(tokenizer="char", vocab_size=512),
+            r"data.vocab_size is read only when tokenizer is 'bpe', and this "
+            r"tokenizer is 'char' \(set data.tokenizer=bpe, or leave it null\), got 512",
+        ),
         (dict(name="../escape"), r"data.name must be letters, digits"),
         (dict(name=""), r"data.name must be letters, digits, '_', '.' or '-' \(it names a directory\), got ''"),
         (dict(text_column=""), r"data.text_column must be a non-empty text, got ''"),
@@ -44,11 +47,17 @@ def test_defaults_are_the_offline_stdlib_corpus():
         (dict(source="files"), r"data.path must name a file, directory or glob when source is 'files'"),
         (dict(source="hub"), r"data.dataset must name a Hub dataset or a local dataset directory"),
         # read by another source: ignored, yet it would change the fingerprint (a rebuild)
-        (dict(path="/x.txt"), r"data.path is read only when source is 'files', and this source is 'stdlib' "
-                              r"\(choose a data= preset of source files, or leave it null\), got '/x.txt'"),
+        (
+            dict(path="/x.txt"),
+            r"data.path is read only when source is 'files', and this source is 'stdlib' "
+            r"\(choose a data= preset of source files, or leave it null\), got '/x.txt'",
+        ),
         (dict(source="files", path="a.txt", subset="en"), r"data.subset is read only when source is 'hub'"),
-        (dict(source="files", path="a.txt", split="test"), r"data.split is read only when source is 'hub', "
-                                                           r"and this source is 'files' .*leave it \"train\""),
+        (
+            dict(source="files", path="a.txt", split="test"),
+            r"data.split is read only when source is 'hub', "
+            r"and this source is 'files' .*leave it \"train\"",
+        ),
         (dict(streaming=True), r"data.streaming is read only when source is 'hub'.*leave it false"),
         (dict(source="hub", dataset="d", document_separator="\n"), r"data.document_separator is read only"),
     ],
@@ -80,9 +89,14 @@ def test_files_preset_demands_a_path():
         OmegaConf.to_object(compose_data("data=files"))
 
 
-@pytest.mark.parametrize("override, field", [
-    ("data.val_fraction=true", "val_fraction"), ("data.num_proc=1.5", "num_proc"), ("data.streaming=maybe", "streaming"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("data.val_fraction=true", "val_fraction"),
+        ("data.num_proc=1.5", "num_proc"),
+        ("data.streaming=maybe", "streaming"),
+    ],
+)
 def test_a_value_of_the_wrong_type_is_refused_by_the_typed_merge(override, field):
     with pytest.raises(Exception, match=f"data.{field}"):  # the dataclass itself trusts its types
         compose_data(override)

@@ -27,8 +27,15 @@ TEXT = "It was the best of times, it was the worst of times, it was the age of w
 
 def char_config(tmp_path) -> DataConfig:
     (tmp_path / "book.txt").write_text(TEXT)
-    return DataConfig(name="t", source="files", path=str(tmp_path / "book.txt"), tokenizer="char",
-                      data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"), num_proc=1)
+    return DataConfig(
+        name="t",
+        source="files",
+        path=str(tmp_path / "book.txt"),
+        tokenizer="char",
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+        num_proc=1,
+    )
 
 
 def test_shard_checksums_are_recorded(tmp_path):
@@ -94,12 +101,20 @@ def test_a_token_id_outside_the_vocabulary_is_named(tmp_path):
     ids[::10] = 70  # every window drawn holds one
     ids.tofile(tmp_path / "train.bin")
     ids.tofile(tmp_path / "val.bin")
-    meta = {"format": 1, "tokens": {"train": 200, "val": 200}, "dtype": "uint16", "vocab_size": 65,
-            "tokenizer": {"name": "gpt2"}}
+    meta = {
+        "format": 1,
+        "tokens": {"train": 200, "val": 200},
+        "dtype": "uint16",
+        "vocab_size": 65,
+        "tokenizer": {"name": "gpt2"},
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     loader = BatchLoader(tmp_path, "train", block_size=16, batch_size=2, seed=0)
-    with pytest.raises(DataError, match=r"train.bin holds token id 70 but the vocabulary has 65 ids .*"
-                                         r"corrupt; run the prepare step again"):
+    with pytest.raises(
+        DataError,
+        match=r"train.bin holds token id 70 but the vocabulary has 65 ids .*"
+        r"corrupt; run the prepare step again",
+    ):
         loader.get_batch(0)
 
 
@@ -110,10 +125,20 @@ ROWS = [{"text": "one"}, {"text": "two"}, {"text": "three"}, {"id": 3}, {"text":
 def test_a_row_without_text_is_named(tmp_path, tokenizer, num_proc):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    cfg = DataConfig(name="t", source="files", path=str(rows), tokenizer=tokenizer, num_proc=num_proc,
-                     data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"))
-    with pytest.raises(DataError, match=rf"line 4 of .*{rows} has no 'text' text \(its fields: \['id'\]\): "
-                                        "null, missing or not a string; fix the row or set data.text_column"):
+    cfg = DataConfig(
+        name="t",
+        source="files",
+        path=str(rows),
+        tokenizer=tokenizer,
+        num_proc=num_proc,
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+    )
+    with pytest.raises(
+        DataError,
+        match=rf"line 4 of .*{rows} has no 'text' text \(its fields: \['id'\]\): "
+        "null, missing or not a string; fix the row or set data.text_column",
+    ):
         prepare(cfg)
     assert prepare(dataclasses.replace(cfg, max_documents=3)).meta["documents"] == 3  # unread rows don't count
 
@@ -122,8 +147,16 @@ def test_a_row_without_text_is_named(tmp_path, tokenizer, num_proc):
 def test_a_streamed_row_without_text_is_named(tmp_path, tokenizer):
     (tmp_path / "hub").mkdir()
     (tmp_path / "hub" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    cfg = DataConfig(name="t", source="hub", dataset=str(tmp_path / "hub"), streaming=True, tokenizer=tokenizer,
-                     data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"), val_fraction=0.3)
+    cfg = DataConfig(
+        name="t",
+        source="hub",
+        dataset=str(tmp_path / "hub"),
+        streaming=True,
+        tokenizer=tokenizer,
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+        val_fraction=0.3,
+    )
     with pytest.raises(DataError, match=r"row 4 of data.dataset='.*hub' has no 'text' text"):
         prepare(cfg)
 
@@ -173,8 +206,9 @@ def test_processes_forked_while_preparing_die_with_it(tmp_path):
 
 def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": f"row {i}: " + "lorem ipsum dolor sit amet " * 30}) + "\n"
-                            for i in range(6000)))
+    rows.write_text(
+        "".join(json.dumps({"text": f"row {i}: " + "lorem ipsum dolor sit amet " * 30}) + "\n" for i in range(6000))
+    )
     settings = [f"data.path={rows}", "data.shuffle_block_tokens=20000", "data.batch_mb=0.05", "data.num_proc=1"]
     command = [sys.executable, "-m", "data", "data=files", *settings, f"data.data_dir={tmp_path / 'data'}"]
     with open(tmp_path / "stderr.txt", "wb") as stderr:
@@ -188,15 +222,19 @@ def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
     parent.wait(timeout=30)
     printed = (tmp_path / "stderr.txt").read_text()
     assert parent.returncode == 128 + signal.SIGTERM and "Traceback" not in printed
-    assert "error: interrupted by SIGTERM while preparing" in printed and "resumes after the last complete block" in printed
+    assert (
+        "error: interrupted by SIGTERM while preparing" in printed
+        and "resumes after the last complete block" in printed
+    )
     assert not (tmp_path / "data" / "meta.json").exists()
     blocks_done = json.loads(progress.read_text())["blocks"]
 
     resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming the prepare of {tmp_path / 'data'} after block {blocks_done}" in resumed.stderr
-    whole = subprocess.run([*command[:-1], f"data.data_dir={tmp_path / 'whole'}"], cwd=REPO, capture_output=True,
-                           timeout=120)
+    whole = subprocess.run(
+        [*command[:-1], f"data.data_dir={tmp_path / 'whole'}"], cwd=REPO, capture_output=True, timeout=120
+    )
     assert whole.returncode == 0
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "data" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
@@ -204,8 +242,14 @@ def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
 
 
 OVERRIDES = [
-    "data=files", "data.path='/some dir/x.txt'", "data.text_column=2024", "data.name=\"2024\"",
-    "data.max_documents=null", "data.num_proc=3", "data.val_fraction=0.25", "data.keep_hf_cache=true",
+    "data=files",
+    "data.path='/some dir/x.txt'",
+    "data.text_column=2024",
+    'data.name="2024"',
+    "data.max_documents=null",
+    "data.num_proc=3",
+    "data.val_fraction=0.25",
+    "data.keep_hf_cache=true",
     "data.url='https://example.com/a b.txt'",
 ]
 
@@ -232,13 +276,16 @@ def test_prepare_reads_overrides_exactly_as_train_py(monkeypatch):
     assert data.cli.config_from_overrides(["data=shakespeare_char"]) == train_py_data(["data=shakespeare_char"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.path='unterminated", "error: data.path='unterminated: Hydra cannot read this value ("),
-    ("data=owt", "error: data=owt: there is no preset conf/data/owt.yaml; presets: files, fineweb_edu"),
-    ("data.val_fraction=abc", "error: data.val_fraction must be a number, got 'abc'"),
-    ("max_iters=-1", "error: max_iters must be >= 0, got -1"),  # a rule, checked when the config is built
-    ("data.path=${nope}", "error: Interpolation key 'nope' not found (at data.path)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.path='unterminated", "error: data.path='unterminated: Hydra cannot read this value ("),
+        ("data=owt", "error: data=owt: there is no preset conf/data/owt.yaml; presets: files, fineweb_edu"),
+        ("data.val_fraction=abc", "error: data.val_fraction must be a number, got 'abc'"),
+        ("max_iters=-1", "error: max_iters must be >= 0, got -1"),  # a rule, checked when the config is built
+        ("data.path=${nope}", "error: Interpolation key 'nope' not found (at data.path)"),
+    ],
+)
 def test_bad_overrides_are_one_line_naming_them(override, message):
     with pytest.raises(SystemExit) as exit_info:  # train.py's message, before Hydra composes
         data.cli.main([override])
@@ -263,8 +310,10 @@ def test_a_directory_where_a_file_of_the_data_belongs_is_named(tmp_path, name):
     (in_the_way / "kept").mkdir(parents=True)
     with pytest.raises(SystemExit) as exit_info:  # python -m data, on train.py's settings
         data.cli.main(["data=files", f"data.path={cfg.path}", "data.tokenizer=char", f"data.data_dir={cfg.data_dir}"])
-    assert exit_info.value.code == (f"error: {in_the_way} is a directory, where prepare keeps a file of the prepared "
-                                    "data: move it away (or delete it), or set another data.data_dir")
+    assert exit_info.value.code == (
+        f"error: {in_the_way} is a directory, where prepare keeps a file of the prepared "
+        "data: move it away (or delete it), or set another data.data_dir"
+    )
     assert (in_the_way / "kept").is_dir()  # nothing in it touched
 
 
@@ -286,6 +335,9 @@ def damaged_parquet(path: Path, where: str) -> Path:
 def test_a_damaged_parquet_file_is_named(tmp_path, where):
     path = damaged_parquet(tmp_path / "rows.parquet", where)
     cfg = dataclasses.replace(char_config(tmp_path), path=str(path))
-    with pytest.raises(DataError, match=rf"^cannot read {path} as parquet \(.+\); replace the file, or leave it out "
-                                        r"of data.path$"):
+    with pytest.raises(
+        DataError,
+        match=rf"^cannot read {path} as parquet \(.+\); replace the file, or leave it out "
+        r"of data.path$",
+    ):
         prepare(cfg)

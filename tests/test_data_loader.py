@@ -16,8 +16,13 @@ def write_shards(directory, n_train=5000, n_val=3000, dtype="uint16"):
     directory.mkdir(parents=True, exist_ok=True)
     np.arange(n_train, dtype=dtype).tofile(directory / "train.bin")
     np.arange(n_val, dtype=dtype).tofile(directory / "val.bin")
-    meta = {"format": 1, "tokens": {"train": n_train, "val": n_val}, "dtype": dtype, "tokenizer": {"name": "gpt2"},
-            "vocab_size": max(n_train, n_val)}  # format 1 predates digests: hand-made shards need none
+    meta = {
+        "format": 1,
+        "tokens": {"train": n_train, "val": n_val},
+        "dtype": dtype,
+        "tokenizer": {"name": "gpt2"},
+        "vocab_size": max(n_train, n_val),
+    }  # format 1 predates digests: hand-made shards need none
     (directory / "meta.json").write_text(json.dumps(meta))
     return directory
 
@@ -85,8 +90,15 @@ def test_ranks_see_what_one_process_sees_with_accumulation(tmp_path):
 def test_a_prepared_corpus_batches_back_to_its_text(tmp_path):
     text = "It is a truth universally acknowledged, that a single man in possession of a good fortune...\n" * 3
     (tmp_path / "book.txt").write_text(text)
-    cfg = DataConfig(name="book", source="files", path=str(tmp_path / "book.txt"), tokenizer="char",
-                     data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"), num_proc=1)
+    cfg = DataConfig(
+        name="book",
+        source="files",
+        path=str(tmp_path / "book.txt"),
+        tokenizer="char",
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+        num_proc=1,
+    )
     prepared = prepare(cfg)
     x, y = BatchLoader(prepared.data_dir, "val", block_size=16, batch_size=2, seed=0).get_batch(0)
     tokenizer = prepared.tokenizer()
@@ -121,7 +133,9 @@ def test_missing_or_corrupt_shard(tmp_path):
         loader(tmp_path, split="val")
     with open(tmp_path / "train.bin", "r+b") as f:
         f.truncate(9999)
-    with pytest.raises(DataError, match=r"train.bin is 9999 bytes but meta.json promises 5000 uint16 tokens \(10000 bytes\)"):
+    with pytest.raises(
+        DataError, match=r"train.bin is 9999 bytes but meta.json promises 5000 uint16 tokens \(10000 bytes\)"
+    ):
         loader(tmp_path)
 
 
@@ -149,7 +163,9 @@ def test_too_few_windows_for_a_step(tmp_path):
         loader(tmp_path, batch_size=4, world_size=2)
 
 
-@pytest.mark.parametrize("overrides", [dict(block_size=0), dict(batch_size=0), dict(seed=-1), dict(rank=2, world_size=2)])
+@pytest.mark.parametrize(
+    "overrides", [dict(block_size=0), dict(batch_size=0), dict(seed=-1), dict(rank=2, world_size=2)]
+)
 def test_sizes_are_the_callers_invariants(tmp_path, overrides):  # train.py's config refuses bad ones, naming them
     write_shards(tmp_path)
     with pytest.raises(AssertionError):

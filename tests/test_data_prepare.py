@@ -18,8 +18,14 @@ DOCUMENTS = ["alpha beta gamma\n", "the second document, longer than the first o
 
 
 def config(tmp_path, path, **overrides) -> DataConfig:
-    settings = dict(name="t", source="files", path=path and str(path), data_dir=str(tmp_path / "data"),
-                    hf_cache_dir=str(tmp_path / "hf"), num_proc=1)
+    settings = dict(
+        name="t",
+        source="files",
+        path=path and str(path),
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+        num_proc=1,
+    )
     return DataConfig(**{**settings, **overrides})
 
 
@@ -103,17 +109,26 @@ def test_a_source_edited_in_place_with_size_and_time_kept_is_rebuilt_under_verif
     assert sorted(first.meta["source_sha256"]) == sorted(str(p.resolve()) for p in (tmp_path / "docs").iterdir())
 
 
-@pytest.mark.parametrize("change, named", [
-    (dict(tokenizer="gpt2"), 'data.tokenizer="gpt2" (it holds "char")'),
-    (dict(val_fraction=0.3, split_seed=7), "data.split_seed=7 (it holds 1337), data.val_fraction=0.3 (it holds 0.1)"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (dict(tokenizer="gpt2"), 'data.tokenizer="gpt2" (it holds "char")'),
+        (
+            dict(val_fraction=0.3, split_seed=7),
+            "data.split_seed=7 (it holds 1337), data.val_fraction=0.3 (it holds 0.1)",
+        ),
+    ],
+)
 def test_other_token_settings_are_refused_by_name_and_nothing_is_rewritten(tmp_path, change, named):
     write_documents(tmp_path / "docs", DOCUMENTS)
     first = prepare(config(tmp_path, tmp_path / "docs", tokenizer="char"))
     files = [first.shard("train"), first.shard("val"), first.data_dir / "meta.json"]
     stamps = [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files]
-    with pytest.raises(DataError, match=f"other settings than this run's {re.escape(named)}: give this data a "
-                                        "directory of its own \\(another data.data_dir\\), or delete "):
+    with pytest.raises(
+        DataError,
+        match=f"other settings than this run's {re.escape(named)}: give this data a "
+        "directory of its own \\(another data.data_dir\\), or delete ",
+    ):
         prepare(config(tmp_path, tmp_path / "docs", **{"tokenizer": "char", **change}))
     assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == stamps
 
@@ -135,8 +150,11 @@ def test_an_unfinished_prepare_of_other_settings_is_refused_not_discarded(tmp_pa
     monkeypatch.undo()
     progress = cfg.resolved_data_dir() / "progress.json"
     written = progress.read_text()
-    with pytest.raises(DataError, match=r"holds an unfinished prepare with other settings than this run's "
-                                        r"data.max_documents=5 \(it holds null\)"):
+    with pytest.raises(
+        DataError,
+        match=r"holds an unfinished prepare with other settings than this run's "
+        r"data.max_documents=5 \(it holds null\)",
+    ):
         prepare(dataclasses.replace(cfg, max_documents=5))
     assert progress.read_text() == written
     assert not prepare(cfg).reused  # the same settings resume it
@@ -253,7 +271,10 @@ def test_non_utf8_bytes_become_replacement_characters_and_are_counted(tmp_path, 
     prepared = prepare(config(tmp_path, tmp_path / "latin1.txt", tokenizer="char"))
     assert prepared.meta["replaced_bytes"] == 5
     assert "5 bytes are not valid UTF-8" in caplog.text and "latin1.txt" in caplog.text
-    assert prepared.tokenizer().decode(token_stream(prepared).tolist()) == "caf\ufffd cr\ufffdme, na\ufffdve\n\ufffd\ufffd ok\n"
+    assert (
+        prepared.tokenizer().decode(token_stream(prepared).tolist())
+        == "caf\ufffd cr\ufffdme, na\ufffdve\n\ufffd\ufffd ok\n"
+    )
 
 
 def test_unreadable_file_is_named(tmp_path, monkeypatch):
@@ -299,9 +320,18 @@ def test_hub_code_path_on_a_local_dataset_directory(tmp_path, streaming):
     texts = [f"web page {i}: " + "text " * (i % 5) + "\n" for i in range(40)]
     (tmp_path / "hub").mkdir()
     (tmp_path / "hub" / "train.jsonl").write_text("\n".join(f'{{"content": "{t.strip()}"}}' for t in texts))
-    cfg = DataConfig(name="hub", source="hub", dataset=str(tmp_path / "hub"), streaming=streaming,
-                     text_column="content", max_documents=25, num_proc=2, val_fraction=0.2,
-                     data_dir=str(tmp_path / "data"), hf_cache_dir=str(tmp_path / "hf"))
+    cfg = DataConfig(
+        name="hub",
+        source="hub",
+        dataset=str(tmp_path / "hub"),
+        streaming=streaming,
+        text_column="content",
+        max_documents=25,
+        num_proc=2,
+        val_fraction=0.2,
+        data_dir=str(tmp_path / "data"),
+        hf_cache_dir=str(tmp_path / "hf"),
+    )
     prepared = prepare(cfg)
     decoded = prepared.tokenizer().decode(token_stream(prepared).tolist()).split(EOT)
     assert sorted(decoded) == sorted(t.strip() for t in texts[:25])
@@ -329,10 +359,16 @@ def test_vocabularies_over_65535_use_uint32(tmp_path):
 
 def test_command_line_prepares_then_reuses(tmp_path, capsys):
     (tmp_path / "input.txt").write_text("O Romeo, Romeo! wherefore art thou Romeo?\n" * 10)
-    argv = ["data=shakespeare_char", f"data.path={tmp_path / 'input.txt'}", f"data.data_dir={tmp_path / 'd'}",
-            "data.num_proc=1"]
+    argv = [
+        "data=shakespeare_char",
+        f"data.path={tmp_path / 'input.txt'}",
+        f"data.data_dir={tmp_path / 'd'}",
+        "data.num_proc=1",
+    ]
     main(argv)
-    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'd'}: train 378 and val 42 uint16 tokens, tokenizer char")
+    assert capsys.readouterr().out.startswith(
+        f"wrote {tmp_path / 'd'}: train 378 and val 42 uint16 tokens, tokenizer char"
+    )
     main(argv)
     assert capsys.readouterr().out.startswith("reused")
     assert load_tokenizer(tmp_path / "d").decode([0]) == "\n"
@@ -347,10 +383,21 @@ def test_command_line_errors_are_messages_not_tracebacks(tmp_path):
 
 
 def test_overrides_parse_like_hydra():
-    overrides = ["data=shakespeare", "data.path=2024", "data.val_fraction=0.2", "data.max_documents=null",
-                 "data.keep_hf_cache=true"]
+    overrides = [
+        "data=shakespeare",
+        "data.path=2024",
+        "data.val_fraction=0.2",
+        "data.max_documents=null",
+        "data.keep_hf_cache=true",
+    ]
     cfg = config_from_overrides(overrides)
-    assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.keep_hf_cache) == ("shakespeare", "2024", 0.2, None, True)
+    assert (cfg.name, cfg.path, cfg.val_fraction, cfg.max_documents, cfg.keep_hf_cache) == (
+        "shakespeare",
+        "2024",
+        0.2,
+        None,
+        True,
+    )
     with pytest.raises(ValueError, match="Could not find 'data/owt'"):
         config_from_overrides(["data=owt"])
 

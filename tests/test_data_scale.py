@@ -19,7 +19,6 @@ from data.errors import describe_error
 from data.hub import hub_corpus
 from data.readers import text_pieces
 
-
 EOT = "<|endoftext|>"
 SEPARATOR = "\n===\n"
 
@@ -27,8 +26,9 @@ SEPARATOR = "\n===\n"
 def documents(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "ünï", "✓", "42", "x=1;", "\t", "  ", "\n", "'s", "’"]
-    return [f"document {i:05d}: " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 80))) + "."
-            for i in range(n)]
+    return [
+        f"document {i:05d}: " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 80))) + "." for i in range(n)
+    ]
 
 
 def config(tmp_path, name="data", **overrides) -> DataConfig:
@@ -86,7 +86,7 @@ def test_forced_cuts_in_text_without_safe_ones_do_not_depend_on_the_piece_size()
     encoding = Gpt2Tokenizer()
     text = "a b " + "x" * (3 * FORCED_CUT_CHARS + 123) + " c\nd " + "y" * (FORCED_CUT_CHARS // 2) + " e"
     cuts = {limit: [offset for offset, _ in text_pieces(text, 0, limit)] for limit in (10, 5000, FORCED_CUT_CHARS)}
-    forced = [offset for offset in cuts[10] if text[offset - 1:offset + 1] == "xx"]
+    forced = [offset for offset in cuts[10] if text[offset - 1 : offset + 1] == "xx"]
     assert len(forced) == 3 and all(set(forced) <= set(c) for c in cuts.values())
     tokens = {limit: [t for _, p in text_pieces(text, 0, limit) for t in encoding.encode(p)] for limit in cuts}
     assert tokens[10] == tokens[5000] == tokens[FORCED_CUT_CHARS]
@@ -240,10 +240,18 @@ def test_a_hub_dataset_with_max_documents_is_streamed_not_downloaded(tmp_path, m
 
 def test_a_local_directory_in_place_of_a_presets_hub_id_names_the_hub_only_settings(tmp_path):
     write_kind(tmp_path, "jsonl", documents(5))
-    cfg = DataConfig(source="hub", dataset=str(tmp_path / "jsonl"), subset="sample-10BT", streaming=True,
-                     data_dir=str(tmp_path / "d"))
-    with pytest.raises(DataError, match=r"a local directory replaces the Hub id here: data.subset='sample-10BT' "
-                                        r"names a configuration the directory may lack \(set data.subset=null\)"):
+    cfg = DataConfig(
+        source="hub",
+        dataset=str(tmp_path / "jsonl"),
+        subset="sample-10BT",
+        streaming=True,
+        data_dir=str(tmp_path / "d"),
+    )
+    with pytest.raises(
+        DataError,
+        match=r"a local directory replaces the Hub id here: data.subset='sample-10BT' "
+        r"names a configuration the directory may lack \(set data.subset=null\)",
+    ):
         prepare(cfg)
     assert prepare(dataclasses.replace(cfg, subset=None, val_fraction=0.5)).meta["documents"] == 5
 
@@ -255,8 +263,10 @@ def test_a_datasets_failure_names_its_innermost_cause(tmp_path):
         except OSError as capacity:
             raise RuntimeError("An error occurred while generating the dataset") from capacity
     except RuntimeError as wrapped:
-        assert describe_error(wrapped) == ("RuntimeError: An error occurred while generating the dataset; caused by "
-                                           "OSError: ArrowCapacityError: array cannot contain more than 2147483646 bytes")
+        assert describe_error(wrapped) == (
+            "RuntimeError: An error occurred while generating the dataset; caused by "
+            "OSError: ArrowCapacityError: array cannot contain more than 2147483646 bytes"
+        )
     (tmp_path / "hub").mkdir()
     (tmp_path / "hub" / "train.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
     cfg = DataConfig(source="hub", dataset=str(tmp_path / "hub"), streaming=True, data_dir=str(tmp_path / "d"))
@@ -279,7 +289,10 @@ def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
 
 
 def test_new_settings_are_checked():
-    for field, value, rule in [("batch_mb", 0, "> 0"), ("shuffle_block_tokens", 0, ">= 1"),
-                               ("document_separator", "", "a non-empty text")]:
+    for field, value, rule in [
+        ("batch_mb", 0, "> 0"),
+        ("shuffle_block_tokens", 0, ">= 1"),
+        ("document_separator", "", "a non-empty text"),
+    ]:
         with pytest.raises(ValueError, match=f"data.{field} must be {rule}, got"):
             DataConfig(**{field: value})

@@ -14,7 +14,6 @@ import data.preparation as prepare_module
 import data.shards
 from data import DataConfig, DataError, Gpt2Tokenizer, prepare
 from data.readers import Stream, TextFiles
-
 from test_data_scale import KINDS, config, documents, shards, write_kind
 
 
@@ -97,8 +96,11 @@ def test_a_full_disk_keeps_the_blocks_written_and_the_rerun_resumes(tmp_path, mo
 
     monkeypatch.setattr(data.shards.os, "fsync", full_after_three_blocks)
     cfg = config(tmp_path, **common)
-    with pytest.raises(DataError, match=r"no space left on device writing .*train.bin.partial: free some space and "
-                                        r"run the same command again: it resumes after the 3 block\(s\) already written"):
+    with pytest.raises(
+        DataError,
+        match=r"no space left on device writing .*train.bin.partial: free some space and "
+        r"run the same command again: it resumes after the 3 block\(s\) already written",
+    ):
         prepare(cfg)
     monkeypatch.undo()
     caplog.set_level("INFO", logger="data.preparation")

@@ -54,7 +54,9 @@ def test_gpt2_encodes_like_tiktoken(tiktoken_gpt2, text):
 def test_gpt2_encodes_like_an_independent_implementation():
     transformers = pytest.importorskip("transformers")
     vocab = json.loads((GPT2_FILES_DIR / "encoder.json").read_text(encoding="utf-8"))
-    merges = [tuple(line.split()) for line in (GPT2_FILES_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]]
+    merges = [
+        tuple(line.split()) for line in (GPT2_FILES_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]
+    ]
     reference = transformers.GPT2TokenizerFast(vocab=vocab, merges=merges)
     tokenizer = Gpt2Tokenizer()
     for text in VARIED_TEXTS:
@@ -120,8 +122,13 @@ def test_descriptions_rebuild_equal_tokenizers(tmp_path):
     assert (rebuilt.name, rebuilt.chars, rebuilt.eot_id) == ("char", char.chars, char.eot_id)
     assert load_tokenizer({"name": "gpt2"}).encode("hi there") == Gpt2Tokenizer().encode("hi there")
 
-    meta = {"format": 1, "tokens": {"train": 0, "val": 0}, "dtype": "uint16", "tokenizer": char.describe(),
-            "vocab_size": char.vocab_size}
+    meta = {
+        "format": 1,
+        "tokens": {"train": 0, "val": 0},
+        "dtype": "uint16",
+        "tokenizer": char.describe(),
+        "vocab_size": char.vocab_size,
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     for source in (meta, tmp_path, str(tmp_path / "meta.json")):
         assert load_tokenizer(source).encode("lowered") == char.encode("lowered")
@@ -151,4 +158,6 @@ def test_decoded_bytes_are_the_texts_utf8_even_cut_inside_a_character():
             cut = tokenizer.decode_bytes(ids[:end])
             assert text.encode("utf-8").startswith(cut)
             assert cut.decode("utf-8", errors="replace") == tokenizer.decode(ids[:end])
-        assert all(len(tokenizer.decode_bytes([i])) >= 1 for i in range(tokenizer.vocab_size))  # what the stop check relies on
+        assert all(
+            len(tokenizer.decode_bytes([i])) >= 1 for i in range(tokenizer.vocab_size)
+        )  # what the stop check relies on

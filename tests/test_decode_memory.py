@@ -9,9 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from model import KVCache, Sampling, generate, huge_page_zeros, to_decode_layout
-
 from conftest import tiny_config
+from model import KVCache, Sampling, generate, huge_page_zeros, to_decode_layout
 
 HUGE_PAGE = 2 * 2**20
 linux_huge_page_advice = pytest.mark.skipif(

@@ -13,16 +13,15 @@ import pytest
 import torch
 
 from conf import Config
+from conftest import tiny_config, training_overrides
 from model import GPT
 from run.checkpoint import find_checkpoint, load_checkpoint
 from run.checkpoints import Checkpoints, save_checkpoint
 from run.distributed import Ranks
-from training.evaluate import Evaluator
 from run.metrics import read_metrics
-from training.optim import build_optimizer
 from run.runtime import resolve_precision, rng_state, set_rng_state
-
-from conftest import tiny_config, training_overrides
+from training.evaluate import Evaluator
+from training.optim import build_optimizer
 
 CPU = torch.device("cpu")
 
@@ -55,8 +54,10 @@ def runs(tmp_path_factory):
     single = directory / "single"
     run(train_command(*overrides, *STEPS, "batch_size=2", "grad_accum_steps=4", f"out_dir={single}"), directory)
     ddp_root = directory / "ddp_runs"
-    run(train_command(*overrides, *STEPS, "batch_size=2", "grad_accum_steps=2", f"runs_root={ddp_root}", processes=2),
-        directory)
+    run(
+        train_command(*overrides, *STEPS, "batch_size=2", "grad_accum_steps=2", f"runs_root={ddp_root}", processes=2),
+        directory,
+    )
     return directory, overrides, single, ddp_root
 
 
@@ -83,8 +84,10 @@ def test_two_processes_train_the_same_weights_as_one_process_accumulating(runs):
 def test_every_rank_evaluates_and_the_result_does_not_depend_on_the_number_of_ranks(runs):
     _, _, single, ddp_root = runs
     ddp = next(ddp_root.iterdir())
-    evals = [[(r["step"], r["val_loss"], r["train_loss"]) for r in read_metrics(d) if r["kind"] == "eval"]
-             for d in (single, ddp)]
+    evals = [
+        [(r["step"], r["val_loss"], r["train_loss"]) for r in read_metrics(d) if r["kind"] == "eval"]
+        for d in (single, ddp)
+    ]
     assert [s for s, _, _ in evals[1]] == [0, 3, 6]
     for (_, *a), (_, *b) in zip(*evals):
         assert a == pytest.approx(b, rel=1e-5)
@@ -108,11 +111,17 @@ def test_ranks_draw_different_dropout_masks_and_resume_their_own_streams(runs, t
 
 # --- a resume on another number of processes: fresh streams, from the right seed --------------------
 
+
 def saved_by_processes(run_dir, processes):
     """A checkpoint at step 5 whose state holds `processes` ranks' random streams."""
     model = GPT(tiny_config())
-    state = {"step": 5, "best_val_loss": 2.0, "scaler": {}, "rng": [rng_state(CPU)] * processes,
-             "optimizer": build_optimizer(model, Config().optim, "cpu").state_dict()}
+    state = {
+        "step": 5,
+        "best_val_loss": 2.0,
+        "scaler": {},
+        "rng": [rng_state(CPU)] * processes,
+        "optimizer": build_optimizer(model, Config().optim, "cpu").state_dict(),
+    }
     config = {"model": asdict(model.config), "data": {"name": "test"}, "tokenizer": {"name": "char"}}
     return load_checkpoint(save_checkpoint(run_dir, 5, model, config, state))
 
@@ -122,19 +131,30 @@ def first_draws(checkpoint, rank, world_size, **settings):
     `rank` of world_size under the settings."""
     config, model = Config(**settings), GPT(checkpoint.model_config)
     scaler = resolve_precision("fp32", CPU).grad_scaler()
-    Checkpoints(checkpoint.run_dir).restore(checkpoint, model, build_optimizer(model, config.optim, "cpu"), scaler, config,
-                                            Ranks(rank, rank, world_size), CPU)
+    Checkpoints(checkpoint.run_dir).restore(
+        checkpoint,
+        model,
+        build_optimizer(model, config.optim, "cpu"),
+        scaler,
+        config,
+        Ranks(rank, rank, world_size),
+        CPU,
+    )
     return torch.rand(1).item(), float(np.random.rand()), random.random()
 
 
 def draws_after_seeding(seed):
-    return (torch.rand(1, generator=torch.Generator().manual_seed(seed)).item(),
-            float(np.random.RandomState(seed).rand()), random.Random(seed).random())
+    return (
+        torch.rand(1, generator=torch.Generator().manual_seed(seed)).item(),
+        float(np.random.RandomState(seed).rand()),
+        random.Random(seed).random(),
+    )
 
 
 @pytest.mark.parametrize("saved_by, world_size", [(2, 1), (1, 2)])
 def test_a_resume_on_another_number_of_processes_reseeds_every_stream_from_the_weights_seed(
-        tmp_path, saved_by, world_size):
+    tmp_path, saved_by, world_size
+):
     """The saved streams do not fit, so each rank seeds torch, numpy and Python afresh from
     (the seed of weights and dropout, its rank, the step): seed_scope=data leaves that seed
     at 0 whatever `seed` is, seed_scope=weights makes it `seed`."""
@@ -142,8 +162,10 @@ def test_a_resume_on_another_number_of_processes_reseeds_every_stream_from_the_w
     kept = rng_state(CPU)
     try:
         for rank in range(world_size):
-            expected = {seed: draws_after_seeding(int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0]))
-                        for seed in (0, 7)}
+            expected = {
+                seed: draws_after_seeding(int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0]))
+                for seed in (0, 7)
+            }
             assert first_draws(checkpoint, rank, world_size, seed=7, seed_scope="data") == expected[0]
             assert first_draws(checkpoint, rank, world_size, seed=8, seed_scope="data") == expected[0]
             assert first_draws(checkpoint, rank, world_size, seed=7, seed_scope="weights") == expected[7]
@@ -157,16 +179,25 @@ def _evaluate_on_rank(rank, world_size, port, data_dir, out_dir):
 
     import torch.distributed as dist
 
-    from training.evaluate import Evaluator
     from run.runtime import resolve_precision
+    from training.evaluate import Evaluator
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
         model = GPT(tiny_config(vocab_size=64, block_size=32))
-        evaluate = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
-                             precision=resolve_precision("fp32", CPU), ranks=Ranks(rank, 0, world_size), device=CPU)
+        evaluate = Evaluator(
+            data_dir,
+            block_size=32,
+            batch_size=2,
+            whole_val="never",
+            eval_iters=5,
+            token_bytes=[1] * 64,
+            precision=resolve_precision("fp32", CPU),
+            ranks=Ranks(rank, 0, world_size),
+            device=CPU,
+        )
         asked = []
         for loader in evaluate.loaders.values():
             original = loader.get_batch
@@ -194,8 +225,17 @@ def test_each_rank_evaluates_its_own_share_of_the_batches(runs, tmp_path):
     assert ranks[0]["asked"] == [0, 2, 4] * 2 and ranks[1]["asked"] == [1, 3] * 2  # train and val splits
 
     torch.manual_seed(0)
-    alone = Evaluator(data_dir, block_size=32, batch_size=2, whole_val="never", eval_iters=5, token_bytes=[1] * 64,
-                      precision=resolve_precision("fp32", CPU), ranks=Ranks(), device=CPU)
+    alone = Evaluator(
+        data_dir,
+        block_size=32,
+        batch_size=2,
+        whole_val="never",
+        eval_iters=5,
+        token_bytes=[1] * 64,
+        precision=resolve_precision("fp32", CPU),
+        ranks=Ranks(),
+        device=CPU,
+    )
     expected = alone(GPT(tiny_config(vocab_size=64, block_size=32)))
     for rank in ranks:
         assert rank["metrics"] == pytest.approx(expected, rel=1e-6)

@@ -20,8 +20,14 @@ UNTIL_STOPPED = ["max_iters=100000", "eval_interval=2", "logging.log_interval=1"
 
 def launch(overrides, cwd):
     """torchrun in a session of its own, as under `setsid`."""
-    return subprocess.Popen([*LAUNCH, *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [*LAUNCH, *overrides],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_steps(process, run_dir, steps):
@@ -82,7 +88,8 @@ def test_ranks_whose_launcher_was_killed_save_at_the_next_boundary_and_stop(trai
     assert 3 <= step < 100000
     assert stdout.splitlines()[-4:] == [
         f"the launcher (process {launcher}) ended: saved {checkpoint} and stopped at step {step}",
-        f"checkpoint: {checkpoint}", f"sample from it: python sample.py checkpoint={run_dir}",
+        f"checkpoint: {checkpoint}",
+        f"sample from it: python sample.py checkpoint={run_dir}",
         f"stopped cleanly at step {step} of 100000: resume={run_dir} continues it",
     ], stderr
 
@@ -92,9 +99,11 @@ def test_a_rank_killed_leaves_one_line_on_the_other_naming_it_and_the_intact_che
     _, _, stderr = killed_while_training(train_overrides, tmp_path, 1)
     run_dir = tmp_path / "run"
     ours = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert ours == [f"error: rank 0: lost rank 1 (killed, or failed with its own line), so this rank stopped too; "
-                    f"the last good checkpoint {last_good_checkpoint(run_dir)} is intact, and resume={run_dir} "
-                    "continues from it"], stderr
+    assert ours == [
+        f"error: rank 0: lost rank 1 (killed, or failed with its own line), so this rank stopped too; "
+        f"the last good checkpoint {last_good_checkpoint(run_dir)} is intact, and resume={run_dir} "
+        "continues from it"
+    ], stderr
     assert "Connection closed by peer" not in stderr and 'train.py", line' not in stderr  # no gloo traceback
 
 
@@ -103,9 +112,16 @@ def test_every_rank_ends_in_one_line_when_rank_0_refuses_the_run(train_overrides
     (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
     for name in ("config.yaml", "checkpoints/step_000001/model.safetensors", "checkpoints/step_000001/config.yaml"):
         (run_dir / name).write_text("")  # a run with a checkpoint: out_dir refuses it
-    result = subprocess.run([*LAUNCH, *train_overrides, "max_iters=1", f"out_dir={run_dir}"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [*LAUNCH, *train_overrides, "max_iters=1", f"out_dir={run_dir}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     ours = sorted(line for line in result.stderr.splitlines() if line.startswith("error:"))
-    assert ours == [f"error: {run_dir} already holds a run; pass resume={run_dir} to continue it",
-                    "error: rank 1: stopped, rank 0 refused the run (its line says why)"], result.stderr
+    assert ours == [
+        f"error: {run_dir} already holds a run; pass resume={run_dir} to continue it",
+        "error: rank 1: stopped, rank 0 refused the run (its line says why)",
+    ], result.stderr
     assert "broadcast" not in result.stderr and 'train.py", line' not in result.stderr

@@ -30,7 +30,9 @@ INLINE_COMMAND = re.compile(r"`((?:python|torchrun) [^`]+)`")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#+ (.*)$", re.M)
 # A table reports measured figures when its header names a measured quantity.
-MEASURED = re.compile(r"tok/s|tokens/s|ms/token|loss|MFU|seconds|wall time|bits/byte|prefill|RSS|agreement|uptraining|\bp\b")
+MEASURED = re.compile(
+    r"tok/s|tokens/s|ms/token|loss|MFU|seconds|wall time|bits/byte|prefill|RSS|agreement|uptraining|\bp\b"
+)
 # What a reader substitutes: <run>, $S, $(ls ...), HOST_OF_NODE_0.
 PLACEHOLDER = re.compile(r"\$\([^)]*\)|\$\w+|<[^>]*>")
 RELAUNCHED = ("train.py", "sample.py", "report.py", "export.py")
@@ -80,15 +82,18 @@ def python_commands(line: str) -> list[list[str]]:
 
 
 def all_commands() -> list[tuple[str, list[str]]]:
-    return [(relative(page), command) for page in PAGES for line in shell_lines(page)
-            for command in python_commands(line)]
+    return [
+        (relative(page), command) for page in PAGES for line in shell_lines(page) for command in python_commands(line)
+    ]
 
 
 def first_of_each_sweep(overrides: list[str]) -> list[str]:
     """A sweep's overrides with each swept value replaced by its first one (one job of it)."""
     parsed = OverridesParser.create().parse_overrides(overrides)
-    return [f"{o.input_line.split('=', 1)[0]}={next(o.sweep_string_iterator())}" if o.is_sweep_override()
-            else o.input_line for o in parsed]
+    return [
+        f"{o.input_line.split('=', 1)[0]}={next(o.sweep_string_iterator())}" if o.is_sweep_override() else o.input_line
+        for o in parsed
+    ]
 
 
 def compose_overrides(config_name: str, args: list[str]):
@@ -148,17 +153,21 @@ def test_every_command_composes_through_the_real_parser_or_runs(page, command, m
         module = command[1]
         assert module == "pytest" or (REPO / module / "__main__.py").is_file(), f"{page}: no module {module}"
     elif script == "-c":
-        done = subprocess.run([sys.executable, "-c", args[0]], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", args[0]], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, f"{page}: python -c {args[0]!r}\n{done.stderr[-3000:]}"
     else:
         assert (REPO / script).is_file(), f"{page}: python {script}: no such file"
 
 
-@pytest.mark.parametrize("arg, message", [
-    ("max_iter=5", "max_iter is not a setting"),
-    ("model=foo", "no preset"),
-])
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("max_iter=5", "max_iter is not a setting"),
+        ("model=foo", "no preset"),
+    ],
+)
 def test_the_command_check_fails_on_a_broken_command(arg, message):
     with pytest.raises(pytest.fail.Exception, match=message):
         compose_overrides("train", [arg])
@@ -171,8 +180,12 @@ def anchors(page: Path) -> set[str]:
 
 
 def links() -> list[tuple[Path, str]]:
-    return [(page, target) for page in PAGES for target in LINK.findall(FENCE.sub("", page.read_text()))
-            if not re.match(r"https?:", target)]
+    return [
+        (page, target)
+        for page in PAGES
+        for target in LINK.findall(FENCE.sub("", page.read_text()))
+        if not re.match(r"https?:", target)
+    ]
 
 
 LINKS = links()
@@ -208,11 +221,15 @@ def figure_tables() -> list[tuple[Path, str, str]]:
 FIGURE_TABLES = figure_tables()
 
 
-@pytest.mark.parametrize("page, section, header", FIGURE_TABLES,
-                         ids=[f"{relative(p)}: {h[:50]}" for p, _, h in FIGURE_TABLES])
+@pytest.mark.parametrize(
+    "page, section, header", FIGURE_TABLES, ids=[f"{relative(p)}: {h[:50]}" for p, _, h in FIGURE_TABLES]
+)
 def test_every_table_of_figures_names_the_command_that_produced_it(page, section, header):
-    in_a_block = any(re.search(r"^(python|torchrun) ", block.group(2), re.M)
-                     for block in FENCE.finditer(section) if block.group(1) == "bash")
+    in_a_block = any(
+        re.search(r"^(python|torchrun) ", block.group(2), re.M)
+        for block in FENCE.finditer(section)
+        if block.group(1) == "bash"
+    )
     in_the_text = INLINE_COMMAND.search(FENCE.sub("", section))
     assert in_a_block or in_the_text, f"{relative(page)}: the table {header!r} names no command"
 
@@ -242,16 +259,18 @@ def workdir(tmp_path_factory):
 
 
 def run(directory: Path, script: str, *args: str) -> None:
-    done = subprocess.run([sys.executable, str(REPO / script), *args], cwd=directory, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(REPO / script), *args], cwd=directory, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 SNIPPETS = snippets()
 
 
-@pytest.mark.parametrize("page, body, needs", SNIPPETS,
-                         ids=[f"{relative(p)}: {b.splitlines()[0][:40]}" for p, b, _ in SNIPPETS])
+@pytest.mark.parametrize(
+    "page, body, needs", SNIPPETS, ids=[f"{relative(p)}: {b.splitlines()[0][:40]}" for p, b, _ in SNIPPETS]
+)
 def test_every_python_snippet_runs_or_says_what_it_needs(page, body, needs, workdir):
     if needs:
         pytest.skip(f"needs {needs}")

@@ -17,8 +17,13 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PRESETS = ("nano", "micro", "mini", "small", "gpt2")
 MILLIONS = re.compile(r"(\d+(?:\.\d+)?)M\b")
 # A preset named with a parenthesis about it: "`mini` (4 x 128, ... 1.3M ...)", "mini model (1.3M)".
-MENTION = re.compile(r"(?:`(" + "|".join(PRESETS) + r")`(?:\s+(?:model|preset))?|\b(" + "|".join(PRESETS)
-                     + r")\s+(?:model|preset))\s+\(([^()]*)\)")
+MENTION = re.compile(
+    r"(?:`("
+    + "|".join(PRESETS)
+    + r")`(?:\s+(?:model|preset))?|\b("
+    + "|".join(PRESETS)
+    + r")\s+(?:model|preset))\s+\(([^()]*)\)"
+)
 
 
 def default_run_params(preset: str) -> int:
@@ -58,8 +63,12 @@ def test_the_model_guides_preset_table_gives_both_counts_of_every_preset():
         assert rounds_to(cells[gpt2].rstrip("M"), COUNTS[preset][1]), (preset, cells[gpt2], COUNTS[preset][1])
 
 
-MENTIONS = [(page.name, quoted or bare, " ".join(said.split())) for page in PAGES
-            for quoted, bare, said in MENTION.findall(page.read_text()) if MILLIONS.search(said)]
+MENTIONS = [
+    (page.name, quoted or bare, " ".join(said.split()))
+    for page in PAGES
+    for quoted, bare, said in MENTION.findall(page.read_text())
+    if MILLIONS.search(said)
+]
 
 
 def test_the_docs_mention_preset_sizes():
@@ -72,8 +81,9 @@ def test_every_size_the_docs_give_a_preset_is_one_the_code_computes(page, preset
     for layers, width in re.findall(r"(\d+)(?: layers)? x (\d+)", said):
         assert (int(layers), int(width)) == shape, f"{page}: `{preset}` ({said})"
     for figure in MILLIONS.findall(said):
-        assert any(rounds_to(figure, count) for count in COUNTS[preset]), \
+        assert any(rounds_to(figure, count) for count in COUNTS[preset]), (
             f"{page}: `{preset}` ({said}): {figure}M is none of {COUNTS[preset]}"
+        )
 
 
 def preset_shape(preset: str) -> tuple[int, int]:

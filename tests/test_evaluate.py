@@ -13,15 +13,14 @@ from hydra import compose, initialize_config_dir
 
 import train
 from conf import CONF_DIR
+from conftest import training_overrides
 from data import BatchLoader
 from model import GPT
 from run.checkpoint import find_checkpoint, load_checkpoint, load_weights
 from run.distributed import Ranks
-from training.evaluate import EVAL_SEED, Evaluator
 from run.metrics import read_metrics
 from run.runtime import resolve_precision
-
-from conftest import training_overrides
+from training.evaluate import EVAL_SEED, Evaluator
 
 CPU = torch.device("cpu")
 BATCH, BLOCK, ITERS = 4, 32, 2
@@ -41,7 +40,9 @@ def evals(run_dir):
 def source(tmp_path_factory):
     """A trained tiny run, evaluated on the whole val split at its end only."""
     directory = tmp_path_factory.mktemp("evaluate")
-    run_dir = run(directory, "max_iters=4", "eval_interval=2", "eval_whole_val=final", f"out_dir={directory / 'source'}")
+    run_dir = run(
+        directory, "max_iters=4", "eval_interval=2", "eval_whole_val=final", f"out_dir={directory / 'source'}"
+    )
     return directory, run_dir
 
 
@@ -65,16 +66,31 @@ def data_dir_of(directory):
 def sampled_windows(directory, split="val"):
     """The (T + 1)-token windows a sampled evaluation reads, drawn by the loader."""
     loader = BatchLoader(data_dir_of(directory), split, BLOCK, BATCH, EVAL_SEED)
-    return [torch.from_numpy(loader.tokens[s : s + BLOCK + 1].astype(np.int64))
-            for i in range(ITERS) for s in loader.window_starts(i)]
+    return [
+        torch.from_numpy(loader.tokens[s : s + BLOCK + 1].astype(np.int64))
+        for i in range(ITERS)
+        for s in loader.window_starts(i)
+    ]
 
 
 def test_runs_of_different_seeds_are_evaluated_on_the_same_windows(source):
     """Two runs starting from the same weights under seeds 5 and 6: their step-0
     evaluations see one model, so they agree exactly only if the windows do."""
     directory, run_dir = source
-    starts = [evals(run(directory, "init_from=checkpoint", f"model_path={run_dir}", "max_iters=1", "eval_interval=1",
-                        f"seed={seed}", f"out_dir={directory / f'seed{seed}'}"))[0] for seed in (5, 6)]
+    starts = [
+        evals(
+            run(
+                directory,
+                "init_from=checkpoint",
+                f"model_path={run_dir}",
+                "max_iters=1",
+                "eval_interval=1",
+                f"seed={seed}",
+                f"out_dir={directory / f'seed{seed}'}",
+            )
+        )[0]
+        for seed in (5, 6)
+    ]
     for split in ("train", "val"):
         assert starts[0][f"{split}_loss"] == starts[1][f"{split}_loss"]
         assert starts[0][f"{split}_windows"] == ITERS * BATCH
@@ -109,9 +125,18 @@ def test_the_whole_split_covers_every_non_overlapping_window_at_the_final_evalua
     assert always["val_windows"] == count and always["val_loss"] == pytest.approx(final["val_loss"], rel=1e-6)
 
 
-def evaluator(directory, whole_val, ranks=Ranks(), token_bytes=(1,) * 64):
-    return Evaluator(data_dir_of(directory), block_size=BLOCK, batch_size=BATCH, eval_iters=ITERS, whole_val=whole_val,
-                     token_bytes=list(token_bytes), precision=resolve_precision("fp32", CPU), ranks=ranks, device=CPU)
+def evaluator(directory, whole_val, ranks=None, token_bytes=(1,) * 64):
+    return Evaluator(
+        data_dir_of(directory),
+        block_size=BLOCK,
+        batch_size=BATCH,
+        eval_iters=ITERS,
+        whole_val=whole_val,
+        token_bytes=list(token_bytes),
+        precision=resolve_precision("fp32", CPU),
+        ranks=ranks or Ranks(),
+        device=CPU,
+    )
 
 
 def test_bits_per_byte_are_the_total_loss_over_the_bytes_of_the_target_tokens(source):
@@ -149,8 +174,17 @@ def test_a_batch_runs_through_the_model_a_micro_batch_at_a_time_with_the_same_fi
     model = trained(run_dir)
     for whole_val in ("never", "always"):
         whole = evaluator(directory, whole_val)(model)
-        pieces = Evaluator(data_dir_of(directory), block_size=BLOCK, batch_size=BATCH, micro_batch=BATCH // 2 - 1,
-                           eval_iters=ITERS, whole_val=whole_val, token_bytes=[1] * 64,
-                           precision=resolve_precision("fp32", CPU), ranks=Ranks(), device=CPU)(model)
+        pieces = Evaluator(
+            data_dir_of(directory),
+            block_size=BLOCK,
+            batch_size=BATCH,
+            micro_batch=BATCH // 2 - 1,
+            eval_iters=ITERS,
+            whole_val=whole_val,
+            token_bytes=[1] * 64,
+            precision=resolve_precision("fp32", CPU),
+            ranks=Ranks(),
+            device=CPU,
+        )(model)
         assert pieces.keys() == whole.keys()
         assert all(pieces[k] == pytest.approx(whole[k], rel=1e-6) for k in whole)

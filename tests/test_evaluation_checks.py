@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("lm_eval")  # the `eval` extra
 from conf.downstream_config import DownstreamConfig  # noqa: E402
-from evaluation.downstream import evaluate  # noqa: E402
 from evaluation import __main__ as evaluation_cli  # noqa: E402
+from evaluation.downstream import evaluate  # noqa: E402
 from system import UserError  # noqa: E402
 
 TASKS, CHOICE = Path(__file__).parent / "lm_eval_tasks", "gptlab_tiny_choice"
@@ -28,24 +28,39 @@ def places(tmp_path):
 
 
 def causes(absent, broken, setting):
-    return [(absent, f"^{setting}{absent} does not exist: it names a directory of lm-eval task YAML files$"),
-            (broken, f"^{broken / 'typo.yaml'} in {setting}{broken} is not a task file the harness can read "
-                     r"\(ScannerError: mapping values are not allowed .* line 3, column 13\); mend it, or move it "
-                     "out of that directory$")]
+    return [
+        (absent, f"^{setting}{absent} does not exist: it names a directory of lm-eval task YAML files$"),
+        (
+            broken,
+            f"^{broken / 'typo.yaml'} in {setting}{broken} is not a task file the harness can read "
+            r"\(ScannerError: mapping values are not allowed .* line 3, column 13\); mend it, or move it "
+            "out of that directory$",
+        ),
+    ]
 
 
 def test_downstream_names_a_missing_include_path_and_a_task_file_that_does_not_load(places, tmp_path):
     for include_path, message in causes(*places, "include_path="):
         with pytest.raises(UserError, match=message):  # before the checkpoint, which does not exist, is read
-            evaluate(DownstreamConfig(checkpoint=str(tmp_path / "no_run"), tasks=[CHOICE],
-                                      include_path=str(include_path), device="cpu"))
+            evaluate(
+                DownstreamConfig(
+                    checkpoint=str(tmp_path / "no_run"), tasks=[CHOICE], include_path=str(include_path), device="cpu"
+                )
+            )
     with pytest.raises(ValueError, match="^limit must be >= 1, got 0$"):
         DownstreamConfig(tasks=[CHOICE], limit=0)
 
 
 def test_python_m_evaluation_names_them_and_a_limit_of_no_items(places, tmp_path, monkeypatch):
-    command = ["evaluation", "--model", "gptlab", "--model_args", f"checkpoint={tmp_path / 'no_run'}",
-               "--tasks", CHOICE]
+    command = [
+        "evaluation",
+        "--model",
+        "gptlab",
+        "--model_args",
+        f"checkpoint={tmp_path / 'no_run'}",
+        "--tasks",
+        CHOICE,
+    ]
     for include_path, message in causes(*places, "--include_path "):
         monkeypatch.setattr(sys, "argv", [*command, "--include_path", str(include_path)])
         with pytest.raises(SystemExit, match=message.replace("^", "^error: ", 1)):

@@ -19,12 +19,12 @@ from hydra import compose, initialize_config_dir
 import train
 from conf import CONF_DIR
 from data import DataError
-from system import GracefulStop, Interrupted, interrupts_raise
 from run import checkpoint as ckpt
 from run import checkpoints as manager
 from run.checkpoint import CheckpointError
 from run.metrics import read_metrics
 from run.run_dir import resolve_resume
+from system import GracefulStop, Interrupted, interrupts_raise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,9 +77,13 @@ def test_outside_the_loop_a_signal_raises_and_after_the_run_signals_are_ignored(
 def test_a_signal_before_the_first_checkpoint_leaves_a_run_that_resume_starts_afresh(train_overrides, tmp_path):
     run_dir = tmp_path / "run"
     # A long step-0 evaluation: the signal lands after config.yaml, before the loop.
-    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *train_overrides, "eval_iters=3000",
-                                f"out_dir={run_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *train_overrides, "eval_iters=3000", f"out_dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not (run_dir / "config.yaml").exists():
         assert process.poll() is None, process.communicate()
         time.sleep(0.02)
@@ -92,14 +96,22 @@ def test_a_signal_before_the_first_checkpoint_leaves_a_run_that_resume_starts_af
     resumed = train_cli(f"resume={run_dir}", "eval_iters=2", "max_iters=4", "eval_interval=2", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{run_dir} held a run that stopped before its first checkpoint: starting it afresh" in resumed.stdout
-    assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3),
-                                     ("train", 4), ("eval", 4)]  # one run's log, not two
+    assert steps_logged(run_dir) == [
+        ("eval", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval", 2),
+        ("train", 3),
+        ("train", 4),
+        ("eval", 4),
+    ]  # one run's log, not two
     again = train_cli(*train_overrides, f"out_dir={run_dir}", cwd=tmp_path)
     assert again.returncode == 1 and f"error: {run_dir} already holds a run; pass resume={run_dir}" in again.stderr
 
 
-def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_checkpoint(train_overrides, tmp_path,
-                                                                                       monkeypatch):
+def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_checkpoint(
+    train_overrides, tmp_path, monkeypatch
+):
     run_dir = tmp_path / "run"
     with pytest.raises(DataError, match="batch_size"):  # fails before its first step
         train.train(composed(*train_overrides, "batch_size=200000", f"out_dir={run_dir}"))
@@ -114,8 +126,9 @@ def test_a_new_run_takes_over_a_directory_whose_run_failed_before_its_first_chec
 
 
 @pytest.mark.parametrize("max_iters", [4, 2])  # the first save past step 0 mid-run, or the run's last
-def test_a_signal_that_cuts_the_first_save_short_says_what_resume_then_does(train_overrides, tmp_path, monkeypatch,
-                                                                           max_iters):
+def test_a_signal_that_cuts_the_first_save_short_says_what_resume_then_does(
+    train_overrides, tmp_path, monkeypatch, max_iters
+):
     """Ctrl-C twice just after the first evaluation past step 0: its record is logged, its save cut short."""
     run_dir = tmp_path / "run"
 
@@ -130,12 +143,21 @@ def test_a_signal_that_cuts_the_first_save_short_says_what_resume_then_does(trai
     if max_iters == 4:  # the log cannot be a finished run's: resume starts it afresh, as it said
         assert str(stop.value) == f"SIGINT: stopped before the first checkpoint; resume={run_dir} starts the run afresh"
         train.train(composed(f"resume={run_dir}"))
-        assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3),
-                                         ("train", 4), ("eval", 4)]  # one run's log, not two
+        assert steps_logged(run_dir) == [
+            ("eval", 0),
+            ("train", 1),
+            ("train", 2),
+            ("eval", 2),
+            ("train", 3),
+            ("train", 4),
+            ("eval", 4),
+        ]  # one run's log, not two
     else:  # the log reads as a finished run whose checkpoints were deleted: resume refuses, as it said
-        assert str(stop.value) == (f"SIGINT: no checkpoint is left, and its metrics.jsonl reads as a run that saved "
-                                   f"one, so resume={run_dir} refuses it: train into another out_dir, or delete "
-                                   f"{run_dir} to run it again there")
+        assert str(stop.value) == (
+            f"SIGINT: no checkpoint is left, and its metrics.jsonl reads as a run that saved "
+            f"one, so resume={run_dir} refuses it: train into another out_dir, or delete "
+            f"{run_dir} to run it again there"
+        )
         with pytest.raises(ValueError, match="held a run that saved checkpoints .* and they are gone"):
             train.train(composed(f"resume={run_dir}"))
 
@@ -147,9 +169,11 @@ def test_resume_of_a_run_killed_before_its_config_says_so_and_a_new_run_takes_it
     (run_dir / ".lock.pid").write_text("4242\n")
     with pytest.raises(CheckpointError) as refused:
         resolve_resume(composed(f"resume={run_dir}"))
-    assert str(refused.value) == (f"{run_dir} holds a run that stopped before it wrote its config.yaml (only its .lock "
-                                  f"is there): nothing was saved to resume; run the original command with "
-                                  f"out_dir={run_dir} to start it there afresh, or delete the directory")
+    assert str(refused.value) == (
+        f"{run_dir} holds a run that stopped before it wrote its config.yaml (only its .lock "
+        f"is there): nothing was saved to resume; run the original command with "
+        f"out_dir={run_dir} to start it there afresh, or delete the directory"
+    )
     train.train(composed(*train_overrides, "max_iters=1", f"out_dir={run_dir}"))  # the way on it names
     assert steps_logged(run_dir) == [("eval", 0), ("train", 1), ("eval", 1)]
 

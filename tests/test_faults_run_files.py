@@ -18,7 +18,6 @@ from report import write_report
 from run import checkpoint as ckpt
 from run.checkpoint import CheckpointError
 from run.run_dir import resolve_resume
-
 from test_faults import composed, restore_signal_handlers  # noqa: F401 (an autouse fixture)
 
 
@@ -44,20 +43,26 @@ def test_a_resume_that_changes_what_the_seeds_meant_is_refused(finished_run, ove
     saved = yaml.safe_load((finished_run / "config.yaml").read_text())
     with pytest.raises(ValueError) as refused:
         resolve_resume(as_command(f"resume={finished_run}", override, "max_iters=4"))
-    assert str(refused.value) == (f"cannot apply {override} when resuming {finished_run}: it was started with "
-                                  f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)")
-    same = as_command(f"resume={finished_run}", f"seed={saved['seed']}", f"seed_scope={saved['seed_scope']}",
-                      "max_iters=4")  # the original command again, with a new end
+    assert str(refused.value) == (
+        f"cannot apply {override} when resuming {finished_run}: it was started with "
+        f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)"
+    )
+    same = as_command(
+        f"resume={finished_run}", f"seed={saved['seed']}", f"seed_scope={saved['seed_scope']}", "max_iters=4"
+    )  # the original command again, with a new end
     assert resolve_resume(same)[0].max_iters == 4
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda text: "max_iters: [unclosed\n" + text, "ParserError|ScannerError"),
-    (lambda text: "!!python/object/apply:os.system [echo owned]\n", "ConstructorError|UnsupportedValueType"),
-    (lambda text: b"max_iters: \xff\xfe\n", "UnicodeDecodeError"),
-    (lambda text: "- just\n- a list\n", "it holds a list"),
-    (lambda text: "", "it is empty"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda text: "max_iters: [unclosed\n" + text, "ParserError|ScannerError"),
+        (lambda text: "!!python/object/apply:os.system [echo owned]\n", "ConstructorError|UnsupportedValueType"),
+        (lambda text: b"max_iters: \xff\xfe\n", "UnicodeDecodeError"),
+        (lambda text: "- just\n- a list\n", "it holds a list"),
+        (lambda text: "", "it is empty"),
+    ],
+)
 def test_a_damaged_run_config_is_named_when_resuming(finished_run, tmp_path, damage, reason):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir, symlinks=True)
@@ -67,18 +72,25 @@ def test_a_damaged_run_config_is_named_when_resuming(finished_run, tmp_path, dam
         resolve_resume(composed(f"resume={run_dir}"))
 
 
-@pytest.mark.parametrize("edit, why", [
-    (lambda text: re.sub(r"(?m)^seed: .*$", "seed: abc", text), "Value 'abc' of type 'str' could not be converted to Integer (at seed)"),
-    (lambda text: text + "colour: blue\n", "Key 'colour' not in 'Config' (at colour)"),
-])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (
+            lambda text: re.sub(r"(?m)^seed: .*$", "seed: abc", text),
+            "Value 'abc' of type 'str' could not be converted to Integer (at seed)",
+        ),
+        (lambda text: text + "colour: blue\n", "Key 'colour' not in 'Config' (at colour)"),
+    ],
+)
 def test_a_run_config_that_does_not_fit_the_settings_is_one_line(finished_run, tmp_path, edit, why):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir, symlinks=True)
     (run_dir / "config.yaml").write_text(edit((run_dir / "config.yaml").read_text()))
     with pytest.raises(ValueError) as error:
         resolve_resume(composed(f"resume={run_dir}"))
-    assert str(error.value) == (f"{run_dir / 'config.yaml'} does not fit train.py's settings: {why}; "
-                                "mend that value in it, or start a new run")
+    assert str(error.value) == (
+        f"{run_dir / 'config.yaml'} does not fit train.py's settings: {why}; mend that value in it, or start a new run"
+    )
 
 
 @pytest.mark.parametrize("setting", ["out_dir=/proc/gptlab_run", "runs_root=/dev/null/runs"])
@@ -105,12 +117,15 @@ def edit_checkpoint_config(run_dir, edit):
     ckpt.write_digests(checkpoint)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda run: (run / "metrics.jsonl").unlink(), "has no metrics.jsonl: it is needed to compare the run"),
-    (lambda run: (run / "metrics.jsonl").write_text(""), "metrics.jsonl has no evaluation records"),
-    (lambda run: edit_checkpoint_config(run, lambda c: c.pop("tokenizer")), "does not describe a tokenizer"),
-    (lambda run: edit_checkpoint_config(run, lambda c: c["model"].update(n_head="four")), "invalid model section"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda run: (run / "metrics.jsonl").unlink(), "has no metrics.jsonl: it is needed to compare the run"),
+        (lambda run: (run / "metrics.jsonl").write_text(""), "metrics.jsonl has no evaluation records"),
+        (lambda run: edit_checkpoint_config(run, lambda c: c.pop("tokenizer")), "does not describe a tokenizer"),
+        (lambda run: edit_checkpoint_config(run, lambda c: c["model"].update(n_head="four")), "invalid model section"),
+    ],
+)
 def test_the_report_names_a_damaged_run(finished_run, tmp_path, damage, message):
     sweep = tmp_path / "sweep"
     shutil.copytree(finished_run, sweep / "mha", symlinks=True)
@@ -148,14 +163,17 @@ def test_a_config_yaml_that_no_run_wrote_is_not_taken_over(train_overrides, tmp_
     own = tmp_path / "mine"
     own.mkdir()
     (own / "config.yaml").write_text("my: own settings\n")
-    with pytest.raises(ValueError, match=f"^{own} holds a config.yaml that no gptlab run wrote \\(it has no groups.yaml\\)"):
+    with pytest.raises(
+        ValueError, match=f"^{own} holds a config.yaml that no gptlab run wrote \\(it has no groups.yaml\\)"
+    ):
         train.train(composed(*train_overrides, f"out_dir={own}"))
     assert (own / "config.yaml").read_text() == "my: own settings\n"
 
 
 def test_non_finite_weights_from_elsewhere_are_refused_by_resume_and_export(finished_run, tmp_path):
-    import export
     from safetensors.torch import load_file, save_file
+
+    import export
 
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir, symlinks=True)
@@ -171,8 +189,9 @@ def test_non_finite_weights_from_elsewhere_are_refused_by_resume_and_export(fini
         export.main([str(run_dir), str(tmp_path / "hf")])
 
 
-def test_a_latest_link_that_points_at_itself_falls_back_to_the_newest_complete_checkpoint(finished_run, tmp_path,
-                                                                                         capsys):
+def test_a_latest_link_that_points_at_itself_falls_back_to_the_newest_complete_checkpoint(
+    finished_run, tmp_path, capsys
+):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir, symlinks=True)
     latest = run_dir / "checkpoints" / "latest"
@@ -180,6 +199,8 @@ def test_a_latest_link_that_points_at_itself_falls_back_to_the_newest_complete_c
     latest.symlink_to("latest")
     train.train(composed(f"resume={run_dir}"))  # was: RuntimeError: Symlink loop
     out, err = capsys.readouterr()
-    assert f"warning: {latest} leads to latest, which is gone or incomplete; using the newest complete checkpoint " \
-           f"left, {run_dir / 'checkpoints' / 'step_000002'}" in err
+    assert (
+        f"warning: {latest} leads to latest, which is gone or incomplete; using the newest complete checkpoint "
+        f"left, {run_dir / 'checkpoints' / 'step_000002'}" in err
+    )
     assert f"resumed from {run_dir.resolve()}/checkpoints/step_000002 at step 2; 0 steps to go\n" in out

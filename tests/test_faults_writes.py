@@ -14,7 +14,6 @@ import pytest
 import train
 from run import checkpoints as manager
 from run.checkpoint import CheckpointError
-
 from test_faults import REPO, composed, restore_signal_handlers, steps_logged, train_cli  # noqa: F401 (an autouse fixture)
 
 
@@ -29,8 +28,11 @@ def test_a_full_disk_while_saving_ends_the_run_with_one_message_and_keeps_the_lo
         return real_save_file(*args, **kwargs)
 
     monkeypatch.setattr(manager, "save_file", fills_the_disk_on_the_second_save)
-    with pytest.raises(CheckpointError, match=r"^no space left on device writing checkpoint .*step_000020; the last "
-                                              r"good checkpoint .*step_000010 is intact$"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"^no space left on device writing checkpoint .*step_000020; the last "
+        r"good checkpoint .*step_000010 is intact$",
+    ):
         train.train(composed(*train_overrides))
     run_dir = next((Path(train_overrides[7].split("=", 1)[1])).iterdir())
     assert steps_logged(run_dir)[-2:] == [("train", 20), ("eval", 20)]  # every line written before is whole
@@ -43,8 +45,9 @@ def test_a_failed_save_on_rank_0_stops_every_rank_with_the_error(train_overrides
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoints").write_text("a file where the checkpoints directory belongs")
-    result = train_cli(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={run_dir}", cwd=tmp_path,
-                       processes=2)
+    result = train_cli(
+        *train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={run_dir}", cwd=tmp_path, processes=2
+    )
     assert result.returncode != 0
     assert result.stderr.count("error: could not write the checkpoint (FileExistsError") == 2, result.stderr
 
@@ -78,12 +81,20 @@ runpy.run_path({train_py!r}, run_name="__main__")
 
 def test_ranks_wait_for_a_long_prepare_without_a_collective_timing_out(train_overrides, tmp_path):
     script = tmp_path / "slow_prepare.py"
-    script.write_text(SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT.format(train_py=str(REPO / "train.py"),
-                                                                marker=str(tmp_path / "rank_0_preparing")))
+    script.write_text(
+        SLOW_PREPARE_UNDER_A_SHORT_TIMEOUT.format(
+            train_py=str(REPO / "train.py"), marker=str(tmp_path / "rank_0_preparing")
+        )
+    )
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    result = subprocess.run([*launcher, str(script), *train_overrides, "max_iters=2", "eval_interval=2"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [*launcher, str(script), *train_overrides, "max_iters=2", "eval_interval=2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
     assert "waiting for it to finish" in result.stdout  # rank 1 waited on the lock (logged by Hydra to stdout)
 
@@ -104,9 +115,14 @@ runpy.run_path({train_py!r}, run_name="__main__")
 def test_a_full_disk_while_logging_is_one_message_naming_the_file(train_overrides, tmp_path):
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK_WHILE_LOGGING.format(train_py=str(REPO / "train.py")))
-    result = subprocess.run([sys.executable, str(script), *train_overrides, f"out_dir={tmp_path / 'run'}"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, str(script), *train_overrides, f"out_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 1
     assert result.stderr.strip().endswith(f"error: No space left on device ({tmp_path / 'run' / 'metrics.jsonl'})")
     assert "Traceback" not in result.stderr

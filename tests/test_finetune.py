@@ -10,13 +10,12 @@ from omegaconf import OmegaConf
 
 import train
 from conf import CONF_DIR, load_config
+from conftest import training_overrides
 from hf_reference import hf_gpt2
 from model.config import BLOCKS
 from run.checkpoint import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
 from run.run_dir import RUN_CONFIG
-
-from conftest import training_overrides
 
 
 def compose_finetune(*overrides):
@@ -39,10 +38,20 @@ def finetuned(tmp_path_factory):
     """A few CPU-sized steps of the experiment from a tiny random GPT-2 directory."""
     directory = tmp_path_factory.mktemp("finetune")
     hf_gpt2(n_layer=1, n_embd=16, n_head=2, vocab_size=50257, n_positions=32).save_pretrained(directory / "hf")
-    kept = [o for o in training_overrides(directory) if not o.startswith(("model=", "recipe=", "data.tokenizer=",
-                                                                           "optim.", "max_iters=", "eval_interval="))]
-    cfg = compose_finetune(*kept, f"model_path={directory / 'hf'}", "model.block_size=32", "tokens_per_step=null",
-                           "max_iters=6", "eval_interval=3", "data.name=finetune")
+    kept = [
+        o
+        for o in training_overrides(directory)
+        if not o.startswith(("model=", "recipe=", "data.tokenizer=", "optim.", "max_iters=", "eval_interval="))
+    ]
+    cfg = compose_finetune(
+        *kept,
+        f"model_path={directory / 'hf'}",
+        "model.block_size=32",
+        "tokens_per_step=null",
+        "max_iters=6",
+        "eval_interval=3",
+        "data.name=finetune",
+    )
     return train.train(cfg)
 
 

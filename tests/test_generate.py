@@ -155,7 +155,9 @@ def test_stream_reports_only_rows_still_generating(make_model):
     model = make_model()
     prompts = [prompt(3, seed=10), prompt(3, seed=11)]
     free = [reference_greedy(model, p, 8) for p in prompts]
-    steps = list(stream(model, prompts, 8, GREEDY, stop=lambda generated: len(generated) == 2 and generated == free[0][:2]))
+    steps = list(
+        stream(model, prompts, 8, GREEDY, stop=lambda generated: len(generated) == 2 and generated == free[0][:2])
+    )
     assert [sorted(step) for step in steps] == [[0, 1], [0, 1]] + [[1]] * 6
 
 

@@ -17,12 +17,11 @@ from attention_variants import BLOCKS, IMPLS, LAYOUTS, heads
 from devices import DEVICES, tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import KVCache
 
-
 TOL = dict(rtol=1e-5, atol=1e-5)
 pytestmark = pytest.mark.usefixtures("true_fp32")
 
 
-def tokens(*shape: int, seed: int = 0, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def tokens(*shape: int, seed: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.randint(0, 97, shape, generator=torch.Generator().manual_seed(seed)).to(device)
 
 

@@ -9,7 +9,6 @@ import torch
 
 from attention_variants import BLOCKS
 from model import KVCache, Sampling, StaticKVCache, generate
-
 from test_generate import reference_sampled
 
 GREEDY = Sampling(temperature=0)

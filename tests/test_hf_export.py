@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, GPTBigCodeForCausalLM
 
 import export
+import hf.files
 from data.tokenizer import load_tokenizer
+from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-import hf.files
-from hf.files import HFError, load_hf_pretrained, save_hf
 from run.checkpoints import save_checkpoint
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
@@ -59,10 +59,12 @@ def test_exported_model_loads_in_transformers_with_our_logits(
 @pytest.mark.parametrize("bias", [True, False])  # False: zero biases are added, and none for the head
 @pytest.mark.parametrize("mlp", ["gelu", "relu2"])
 @pytest.mark.parametrize("n_kv_head, reference_class", [(4, GPT2LMHeadModel), (1, GPTBigCodeForCausalLM)])
-def test_relu2_and_an_untied_head_export_with_our_logits_and_import_back(tmp_path, n_kv_head, reference_class, mlp,
-                                                                        bias):
-    model = save_run(tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, mlp=mlp, bias=bias, tie_embeddings=False,
-                     **SMALL)
+def test_relu2_and_an_untied_head_export_with_our_logits_and_import_back(
+    tmp_path, n_kv_head, reference_class, mlp, bias
+):
+    model = save_run(
+        tmp_path / "run", CHAR_TOKENIZER, n_kv_head=n_kv_head, mlp=mlp, bias=bias, tie_embeddings=False, **SMALL
+    )
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     reference = reference_class.from_pretrained(tmp_path / "hf").eval()
     assert reference.lm_head.weight.data_ptr() != reference.get_input_embeddings().weight.data_ptr()
@@ -81,7 +83,9 @@ def test_widened_multi_query_model_imports_back_as_itself(tmp_path):
 
 
 def test_padded_vocab_exports_as_is_with_the_gpt2_tokenizer(tmp_path):
-    model = save_run(tmp_path / "run", {"name": "gpt2"}, vocab_size=50304, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    model = save_run(
+        tmp_path / "run", {"name": "gpt2"}, vocab_size=50304, block_size=32, n_layer=1, n_head=2, n_embd=32
+    )
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     reference = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -100,9 +104,19 @@ def test_exported_gpt2_tokenizer_encodes_like_ours(tmp_path):
 
 
 @pytest.mark.parametrize("n_kv_head, model_type", [(2, "gpt2"), (1, "gpt_bigcode")])
-def test_mha_and_mqa_exports_load_with_the_auto_classes_and_generate_our_tokens(tmp_path, capsys, n_kv_head, model_type):
-    model = save_run(tmp_path / "run", {"name": "gpt2"}, vocab_size=50257, block_size=32, n_layer=1, n_head=2,
-                     n_kv_head=n_kv_head, n_embd=32)
+def test_mha_and_mqa_exports_load_with_the_auto_classes_and_generate_our_tokens(
+    tmp_path, capsys, n_kv_head, model_type
+):
+    model = save_run(
+        tmp_path / "run",
+        {"name": "gpt2"},
+        vocab_size=50257,
+        block_size=32,
+        n_layer=1,
+        n_head=2,
+        n_kv_head=n_kv_head,
+        n_embd=32,
+    )
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     assert "tokenizer.json" in capsys.readouterr().out
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")  # fast-only for gpt_bigcode: needs tokenizer.json
@@ -111,7 +125,7 @@ def test_mha_and_mqa_exports_load_with_the_auto_classes_and_generate_our_tokens(
     prompt = tokenizer("Hello world, it's", return_tensors="pt")
     theirs = reference.generate(**prompt, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     [ours] = generate(model.eval(), [prompt["input_ids"][0].tolist()], 8, Sampling(temperature=0))
-    assert theirs[0, prompt["input_ids"].shape[1]:].tolist() == ours
+    assert theirs[0, prompt["input_ids"].shape[1] :].tolist() == ours
     assert tokenizer.decode(ours) == load_tokenizer({"name": "gpt2"}).decode(ours)
 
 
@@ -137,11 +151,14 @@ def test_a_non_empty_output_directory_is_refused(tmp_path):
         export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
 
 
-@pytest.mark.parametrize("place, message", [
-    (lambda tmp: tmp / "a_file" / "hf", "cannot write the export to .*/a_file/hf: Not a directory"),
-    (lambda tmp: tmp / "a_file", "a_file is a file: export into a new or empty directory"),
-    (lambda tmp: Path("/proc/gptlab_export"), "cannot write the export to /proc/gptlab_export"),
-])
+@pytest.mark.parametrize(
+    "place, message",
+    [
+        (lambda tmp: tmp / "a_file" / "hf", "cannot write the export to .*/a_file/hf: Not a directory"),
+        (lambda tmp: tmp / "a_file", "a_file is a file: export into a new or empty directory"),
+        (lambda tmp: Path("/proc/gptlab_export"), "cannot write the export to /proc/gptlab_export"),
+    ],
+)
 def test_an_output_path_that_cannot_hold_the_export_is_named(tmp_path, place, message):
     save_run(tmp_path / "run", CHAR_TOKENIZER, **SMALL)
     (tmp_path / "a_file").write_text("mine")
@@ -163,8 +180,9 @@ def test_a_full_disk_during_export_leaves_no_half_written_model(tmp_path, monkey
 
 
 @pytest.mark.parametrize("out_dir_before", ["absent", "empty"])
-def test_an_export_killed_before_its_tokenizer_files_leaves_no_finished_looking_directory(tmp_path, monkeypatch,
-                                                                                        out_dir_before):
+def test_an_export_killed_before_its_tokenizer_files_leaves_no_finished_looking_directory(
+    tmp_path, monkeypatch, out_dir_before
+):
     out_dir = tmp_path / "hf"
     if out_dir_before == "empty":
         out_dir.mkdir()

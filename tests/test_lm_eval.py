@@ -28,12 +28,12 @@ from conf.downstream_config import DownstreamConfig  # noqa: E402
 from data import load_tokenizer  # noqa: E402
 from data.bpe import train_bpe  # noqa: E402
 from evaluation import downstream  # noqa: E402
-from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
 from evaluation import lm as lm_module  # noqa: E402
+from evaluation.after_training import DownstreamAfterTraining  # noqa: E402
 from evaluation.lm import GptlabLM  # noqa: E402
+from hf.gpt2 import pool_kv_heads  # noqa: E402
 from hf_reference import randomized  # noqa: E402
 from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
-from hf.gpt2 import pool_kv_heads  # noqa: E402
 from run.checkpoint import load_checkpoint  # noqa: E402
 from run.checkpoints import save_checkpoint  # noqa: E402
 
@@ -97,8 +97,9 @@ def harness_hf(runs, tmp_path_factory):
 
 
 def evaluate(model, tasks, names, **model_args):
-    return lm_eval.simple_evaluate(model=model, model_args=model_args or None, tasks=names, task_manager=tasks,
-                                   log_samples=True, verbosity="ERROR")
+    return lm_eval.simple_evaluate(
+        model=model, model_args=model_args or None, tasks=names, task_manager=tasks, log_samples=True, verbosity="ERROR"
+    )
 
 
 def responses(result, task):
@@ -112,8 +113,9 @@ def responses(result, task):
 def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(runs, tasks, harness_hf, layout):
     ours = evaluate("gptlab", tasks, [CHOICE, PASSAGES], checkpoint=str(runs[layout]), device="cpu")
     theirs = evaluate(harness_hf(layout), tasks, [CHOICE, PASSAGES])
-    for (our_logprob, our_greedy), (logprob, greedy) in zip(responses(ours, CHOICE), responses(theirs, CHOICE),
-                                                            strict=True):
+    for (our_logprob, our_greedy), (logprob, greedy) in zip(
+        responses(ours, CHOICE), responses(theirs, CHOICE), strict=True
+    ):
         assert our_logprob == pytest.approx(logprob, abs=1e-4) and our_greedy == greedy
     assert responses(ours, PASSAGES) == pytest.approx(responses(theirs, PASSAGES), abs=1e-3, rel=1e-6)
     for metric in ("acc,none", "acc_norm,none"):
@@ -123,8 +125,14 @@ def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(ru
 def test_a_checkpoint_trained_on_its_own_bpe_is_read_with_that_tokenizer(tmp_path):
     tokenizer = train_bpe([LONG_TEXT], 320)
     model = randomized(GPT(GPTConfig(**{**SHAPE, "vocab_size": 320})), seed=3)
-    save_checkpoint(tmp_path, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer.describe()},
-                    state={}, files=tokenizer.files())
+    save_checkpoint(
+        tmp_path,
+        1,
+        model,
+        {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer.describe()},
+        state={},
+        files=tokenizer.files(),
+    )
     lm = GptlabLM(checkpoint=str(tmp_path), device="cpu")
     assert lm.tok_encode(LONG_TEXT) == tokenizer.encode(LONG_TEXT) and lm.eot_token_id == tokenizer.eot_id == 319
 
@@ -152,9 +160,9 @@ def test_rolling_loglikelihood_predicts_each_token_once_in_windows_of_the_contex
     with torch.no_grad():
         for start in range(0, len(ids), BLOCK):  # stride: the context length
             end = min(start + BLOCK, len(ids))  # ids[start:end] are predicted from the BLOCK tokens before the last
-            logprobs = F.log_softmax(gqa.model(torch.tensor([full[max(0, end - BLOCK):end]]))[0][0], dim=-1)
-            targets = torch.tensor(full[start + 1:end + 1])
-            expected += logprobs[-len(targets):].gather(1, targets[:, None]).sum().item()
+            logprobs = F.log_softmax(gqa.model(torch.tensor([full[max(0, end - BLOCK) : end]]))[0][0], dim=-1)
+            targets = torch.tensor(full[start + 1 : end + 1])
+            expected += logprobs[-len(targets) :].gather(1, targets[:, None]).sum().item()
     assert gqa.loglikelihood_rolling(requests("loglikelihood_rolling", [(LONG_TEXT,)])) == pytest.approx([expected])
 
 
@@ -164,19 +172,28 @@ def test_generation_ends_at_a_stop_string_that_spans_two_tokens(gqa):
     decode = gqa.text_tokenizer.decode
     free = decode(tokens)
     # The first k whose stop string (two characters of token k-1 and two of token k) first occurs there.
-    k, stop = next((k, free[b - 2:b + 2]) for k in range(1, len(tokens)) for b in [len(decode(tokens[:k]))]
-                   if min(len(decode(tokens[k - 1:k])), len(decode(tokens[k:k + 1]))) >= 2
-                   and free.find(free[b - 2:b + 2]) == b - 2)
+    k, stop = next(
+        (k, free[b - 2 : b + 2])
+        for k in range(1, len(tokens))
+        for b in [len(decode(tokens[:k]))]
+        if min(len(decode(tokens[k - 1 : k])), len(decode(tokens[k : k + 1]))) >= 2
+        and free.find(free[b - 2 : b + 2]) == b - 2
+    )
     calls = []
     hook = gqa.model.register_forward_hook(lambda *_: calls.append(1))
     try:
-        stopped = gqa.generate_until(requests("generate_until", [
-            (prompt, {**settings, "until": [stop, "never generated"]}),
-            (prompt, {**settings, "until": "never generated"}),  # a string, as tasks may give
-        ]))
+        stopped = gqa.generate_until(
+            requests(
+                "generate_until",
+                [
+                    (prompt, {**settings, "until": [stop, "never generated"]}),
+                    (prompt, {**settings, "until": "never generated"}),  # a string, as tasks may give
+                ],
+            )
+        )
     finally:
         hook.remove()
-    assert stopped == [free[:free.find(stop)], free]
+    assert stopped == [free[: free.find(stop)], free]
     assert len(calls) == (1 + k) + (1 + 23)  # a prefill, then a step per further token: k + 1 tokens, then 24
 
 
@@ -207,10 +224,13 @@ def test_a_char_model_names_the_characters_its_vocabulary_lacks(tmp_path):
         lm.loglikelihood(requests("loglikelihood", [("zab", "cd")]))
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"batch_size": "auto"}, "batch_size must be a whole number"),
-    ({"weights": "fp8"}, "weights must be one of fp32, bf16, int8"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"batch_size": "auto"}, "batch_size must be a whole number"),
+        ({"weights": "fp8"}, "weights must be one of fp32, bf16, int8"),
+    ],
+)
 def test_a_bad_model_arg_is_refused_in_one_line(runs, setting, message):
     with pytest.raises(ValueError, match=message):
         GptlabLM(checkpoint=str(runs["GQA"]), device="cpu", **setting)
@@ -238,8 +258,14 @@ def test_downstream_writes_each_tasks_figures_beside_the_checkpoint(runs, tasks,
 def finished_job(run_dir, mode):
     """What Hydra hands a callback when a job of train.py ends: its config, and main's return
     (the run directory)."""
-    config = OmegaConf.create({"out_dir": None, "runs_root": str(run_dir.parent), "device": "cpu",
-                               "hydra": {"mode": mode, "runtime": {"output_dir": str(run_dir.parent)}}})
+    config = OmegaConf.create(
+        {
+            "out_dir": None,
+            "runs_root": str(run_dir.parent),
+            "device": "cpu",
+            "hydra": {"mode": mode, "runtime": {"output_dir": str(run_dir.parent)}},
+        }
+    )
     return config, JobReturn(status=JobStatus.COMPLETED, _return_value=run_dir)
 
 
@@ -289,7 +315,7 @@ def test_generation_from_a_context_longer_than_the_model_keeps_its_end(gqa, monk
     monkeypatch.setattr(lm_module, "generate", recording_generate)
     gqa.generate_until(requests("generate_until", [(LONG_TEXT, {"until": [], "max_gen_toks": 2})]))
     tokens = gqa.tok_encode(LONG_TEXT)
-    assert len(tokens) > gqa.max_length and prompts == [tokens[-gqa.max_length:]]
+    assert len(tokens) > gqa.max_length and prompts == [tokens[-gqa.max_length :]]
 
 
 @pytest.mark.parametrize("tokenizer, start", [(GPT2, 50256), ({"name": "char", "chars": "ab \n", "eot": False}, 3)])

@@ -27,13 +27,19 @@ def test_without_the_harness_downstream_says_how_to_install_it(monkeypatch):
         downstream.evaluate(DownstreamConfig(checkpoint="runs/none", tasks=["hellaswag"]))
 
 
-@pytest.mark.parametrize("command", [
-    "runpy.run_module('evaluation', run_name='__main__')",  # python -m evaluation --tasks hellaswag
-    "runpy.run_path('downstream.py', run_name='__main__')",  # python downstream.py checkpoint=runs/none tasks=[...]
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "runpy.run_module('evaluation', run_name='__main__')",  # python -m evaluation --tasks hellaswag
+        "runpy.run_path('downstream.py', run_name='__main__')",  # python downstream.py checkpoint=runs/none tasks=[...]
+    ],
+)
 def test_without_the_harness_each_command_ends_in_one_line(command, tmp_path):
-    args = ["--tasks", "hellaswag"] if "evaluation" in command else ["checkpoint=runs/none", "tasks=[hellaswag]",
-                                                                     f"hydra.run.dir={tmp_path}"]
+    args = (
+        ["--tasks", "hellaswag"]
+        if "evaluation" in command
+        else ["checkpoint=runs/none", "tasks=[hellaswag]", f"hydra.run.dir={tmp_path}"]
+    )
     code = f"import runpy, sys; sys.modules['lm_eval'] = None; sys.argv[1:] = {args!r}; {command}"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stderr) == (1, f"error: {NO_HARNESS}\n")
@@ -46,10 +52,17 @@ def test_an_empty_task_list_is_refused_by_name():
 
 def test_a_run_whose_tasks_cannot_be_evaluated_ends_with_a_warning_and_the_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    config = OmegaConf.create({"out_dir": None, "runs_root": str(tmp_path), "device": "cpu",
-                               "hydra": {"mode": RunMode.MULTIRUN, "runtime": {"output_dir": str(tmp_path / "kv1")}}})
+    config = OmegaConf.create(
+        {
+            "out_dir": None,
+            "runs_root": str(tmp_path),
+            "device": "cpu",
+            "hydra": {"mode": RunMode.MULTIRUN, "runtime": {"output_dir": str(tmp_path / "kv1")}},
+        }
+    )
     DownstreamAfterTraining(tasks=["hellaswag", "arc_easy"]).on_job_end(
-        config=config, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=tmp_path / "kv1"))
+        config=config, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=tmp_path / "kv1")
+    )
     err = capsys.readouterr().err
     assert 'pip install -e ".[eval]"' in err
     assert f"python downstream.py checkpoint={tmp_path / 'kv1'} 'tasks=[hellaswag,arc_easy]'" in err

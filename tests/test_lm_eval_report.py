@@ -11,8 +11,8 @@ from ablation.downstream import downstream_section, task_rows
 from ablation.runs import Arm, Run
 from evaluation.results import write_results
 from model import GPTConfig
-from system import UserError
 from run.checkpoint import Checkpoint
+from system import UserError
 
 MHA = [0.300, 0.310, 0.305]  # acc_norm of seeds 1, 2, 3
 MQA = [0.290, 0.296, 0.297]  # a planted loss of about one point, the same seeds
@@ -36,8 +36,11 @@ def arm(tmp_path, name, n_kv_head, seeds, accuracies, extra=None):
 @pytest.fixture
 def arms(tmp_path):
     only_seed_1 = {"arc_easy": {"metrics": {"acc": 0.4}}}  # one baseline run of three has it: left out
-    return [arm(tmp_path, "kv4", 4, [1, 2, 3], MHA, extra=only_seed_1), arm(tmp_path, "kv1", 1, [1, 2, 3], MQA),
-            arm(tmp_path, "kv2", 2, [1, 3, 4], GQA)]
+    return [
+        arm(tmp_path, "kv4", 4, [1, 2, 3], MHA, extra=only_seed_1),
+        arm(tmp_path, "kv1", 1, [1, 2, 3], MQA),
+        arm(tmp_path, "kv2", 2, [1, 3, 4], GQA),
+    ]
 
 
 def test_each_arm_gets_its_mean_interval_and_holm_adjusted_difference(arms):
@@ -84,23 +87,31 @@ def test_the_printed_table_holds_each_p_value_and_its_holm_adjustment(arms):
     assert float(gqa["Holm p"]) == pytest.approx(max(2 * paired, welch), rel=0.05)
     assert cells["MHA (4 kv heads)"]["p"] == cells["MHA (4 kv heads)"]["Holm p"] == ""
 
+
 def test_no_section_without_results(tmp_path, arms):
     for run in arms[0].runs:
         (run.checkpoint.path / "downstream.json").unlink()
     assert downstream_section(arms, arms[0]) is None
 
 
-@pytest.mark.parametrize("value, problem", [
-    ('"high"', 'is the string "high", not a number'), ('{"deep": {"er": [1]}}', "is an object, not a number"),
-    ("NaN", "is NaN, not a finite number"), ("-Infinity", "is -Infinity, not a finite number"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ('"high"', 'is the string "high", not a number'),
+        ('{"deep": {"er": [1]}}', "is an object, not a number"),
+        ("NaN", "is NaN, not a finite number"),
+        ("-Infinity", "is -Infinity, not a finite number"),
+    ],
+)
 def test_a_metric_the_tables_cannot_use_is_named_with_its_file(arms, value, problem):
     path = arms[1].runs[1].checkpoint.path / "downstream.json"
-    path.write_text('{"hellaswag": {"metrics": {"acc_norm": %s, "acc": 0.2}}}' % value)
+    path.write_text(f'{{"hellaswag": {{"metrics": {{"acc_norm": {value}, "acc": 0.2}}}}}}')
     with pytest.raises(UserError) as refused:
         downstream_section(arms, arms[0])
-    assert str(refused.value) == (f'{path}: ["hellaswag"]["metrics"]["acc_norm"] {problem}; mend the file, or '
-                                  "delete it and evaluate the tasks again")
+    assert str(refused.value) == (
+        f'{path}: ["hellaswag"]["metrics"]["acc_norm"] {problem}; mend the file, or '
+        "delete it and evaluate the tasks again"
+    )
 
 
 def test_every_bad_results_file_is_named_at_once(arms):
@@ -113,7 +124,8 @@ def test_every_bad_results_file_is_named_at_once(arms):
         f"2 problems: {deep} is nested too deeply to be a results file of downstream.py; delete it and evaluate the "
         f'tasks again; {counts}: ["hellaswag"]["metrics"]["acc"] is true, not a number, ["hellaswag"]["limit"] is '
         'the string "all", not null or a whole number >= 1, ["hellaswag"]["items"] is 2.5, not null or a whole '
-        "number >= 0; mend the file, or delete it and evaluate the tasks again")
+        "number >= 0; mend the file, or delete it and evaluate the tasks again"
+    )
     assert "\n" not in str(refused.value)
 
 
@@ -123,8 +135,13 @@ def test_task_names_are_shown_as_written_without_breaking_the_table(arms):
     task = 'ev|il\n<script>alert("x")</script> a\\|b `c`'
     for arm in arms:
         for run in arm.runs:
-            write_results(run.checkpoint.path, {task: {"metrics": {"acc": 0.5 + 0.01 * run.seed}},
-                                                f"{task} quick": {"metrics": {"acc": 1.0}, "limit": 2, "items": 2}})
+            write_results(
+                run.checkpoint.path,
+                {
+                    task: {"metrics": {"acc": 0.5 + 0.01 * run.seed}},
+                    f"{task} quick": {"metrics": {"acc": 1.0}, "limit": 2, "items": 2},
+                },
+            )
     section = downstream_section(arms, arms[0])
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert len(table) == 2 * (2 + 3) and all(line.count("|") == 7 for line in table)  # this task's and hellaswag's

@@ -10,7 +10,12 @@ from pathlib import Path
 import torch
 
 from bench.memory_fit import (
-    CountedMemory, arithmetic_table, bytes_per_token, measure, preset_config, static_bytes,
+    CountedMemory,
+    arithmetic_table,
+    bytes_per_token,
+    measure,
+    preset_config,
+    static_bytes,
 )
 from model import GPT
 
@@ -32,8 +37,9 @@ def test_a_layers_activations_per_token_under_bf16_autocast_are_what_the_arithme
     context, width = 32, 64
     saved = {}
     for layers in (1, 2):
-        model = GPT(replace(preset_config("gpt2", vocab_size=64), n_layer=layers, n_head=4, n_embd=width,
-                            block_size=context))
+        model = GPT(
+            replace(preset_config("gpt2", vocab_size=64), n_layer=layers, n_head=4, n_embd=width, block_size=context)
+        )
         for batch in (4, 8):
             x = torch.randint(64, (batch, context))
             meter = CountedMemory()
@@ -55,10 +61,17 @@ def test_the_memory_stage_measures_the_step_and_fits_a_line_through_it():
 
 
 def test_the_docs_table_is_the_one_the_arithmetic_prints():
-    printed = subprocess.run([sys.executable, "bench/memory_fit.py"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "bench/memory_fit.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     table = [line for line in printed.splitlines() if line.startswith("| ") and "GB |" in line]
     docs = (REPO / "docs" / "training.md").read_text()
     assert len(table) == 3 and all(line in docs for line in table)
     assert {(r["card_gib"], r["compile"]): r["micro_batch"] for r in arithmetic_table(preset_config())} == {
-        (24, False): 16, (40, False): 32, (80, False): 64, (24, True): 32, (40, True): 32, (80, True): 128}
+        (24, False): 16,
+        (40, False): 32,
+        (80, False): 64,
+        (24, True): 32,
+        (40, True): 32,
+        (80, True): 128,
+    }

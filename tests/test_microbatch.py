@@ -16,20 +16,25 @@ from omegaconf import OmegaConf
 import train
 from bench.memory_fit import CountedMemory
 from conf import CONF_DIR, Config, load_config
+from conftest import tiny_config
 from model import GPT
 from run.distributed import Ranks
 from run.metrics import read_metrics
 from run.runtime import resolve_precision
+from system import UserError
+from test_train import run_in_process
 from training import microbatch
 from training.microbatch import (
-    MARGIN, Plan, Trial, choose_micro_batch, largest_that_fits, out_of_memory_advice, plan_micro_batches,
+    MARGIN,
+    Plan,
+    Trial,
+    choose_micro_batch,
+    largest_that_fits,
+    out_of_memory_advice,
+    plan_micro_batches,
 )
 from training.optim import build_optimizer
 from training.step import RandomBatches, Trainer, train_step
-
-from conftest import tiny_config
-from system import UserError
-from test_train import run_in_process
 
 CUDA = torch.device("cuda")  # plan_micro_batches only reads its type
 
@@ -91,8 +96,16 @@ def test_auto_chooses_the_largest_micro_batch_under_an_injected_limit(fits, monk
     monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(limit))
     cfg = config()
     plan = Plan((16, 8, 4, 2, 1), sequences=16, auto=True)
-    chosen = choose_micro_batch(plan, model, model, cfg, resolve_precision("fp32", torch.device("cpu")), Ranks(),
-                                torch.device("cpu"), vocab_size=97)
+    chosen = choose_micro_batch(
+        plan,
+        model,
+        model,
+        cfg,
+        resolve_precision("fp32", torch.device("cpu")),
+        Ranks(),
+        torch.device("cpu"),
+        vocab_size=97,
+    )
     assert chosen.size == fits and chosen.size * chosen.accum == 16  # tokens_per_step kept
     assert chosen.peak == chosen.tried[fits] <= (1 - MARGIN) * limit and chosen.capacity == int(limit)
     assert any(peak is None for peak in chosen.tried.values())  # a trial ran out of memory on the way
@@ -104,8 +117,9 @@ def test_a_trial_that_runs_out_of_memory_leaves_the_run_as_it_was(monkeypatch):
     cpu = torch.device("cpu")
     precision = resolve_precision("fp32", cpu)
     optimizer = build_optimizer(model, config().optim, "cpu")  # the run's, with a resume's moments
-    trainer = Trainer(model, optimizer, precision.grad_scaler(), precision.autocast(), accum_steps=1, grad_clip=1.0,
-                      ranks=Ranks())
+    trainer = Trainer(
+        model, optimizer, precision.grad_scaler(), precision.autocast(), accum_steps=1, grad_clip=1.0, ranks=Ranks()
+    )
     train_step(trainer, RandomBatches(97, 2, 16, cpu), 0)
     memory = CountedMemory(measured_peaks(model, (2,))[2] * 1.05)  # the first trial, 4, raises
     weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -138,16 +152,26 @@ def test_the_trial_is_the_runs_own_step(monkeypatch):
     """The trial calls training/step.py's train_step: a step that raises there raises here."""
     monkeypatch.setattr(microbatch, "train_step", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
     model = GPT(tiny_config())
-    trial = Trial(model, model, config().optim, resolve_precision("fp32", torch.device("cpu")), torch.device("cpu"),
-                  vocab_size=97, block_size=16)
+    trial = Trial(
+        model,
+        model,
+        config().optim,
+        resolve_precision("fp32", torch.device("cpu")),
+        torch.device("cpu"),
+        vocab_size=97,
+        block_size=16,
+    )
     assert trial.peak(1, 1, CountedMemory()) is None
 
 
-@pytest.mark.parametrize("settings, advice", [
-    (dict(batch_size="auto", tokens_per_step=256), "batch_size=auto already chose the largest micro-batch"),
-    (dict(batch_size=8, tokens_per_step=256), "lower batch_size (tokens_per_step=256 keeps the tokens per step"),
-    (dict(batch_size=8, tokens_per_step=None), "lower batch_size and raise grad_accum_steps"),
-])
+@pytest.mark.parametrize(
+    "settings, advice",
+    [
+        (dict(batch_size="auto", tokens_per_step=256), "batch_size=auto already chose the largest micro-batch"),
+        (dict(batch_size=8, tokens_per_step=256), "lower batch_size (tokens_per_step=256 keeps the tokens per step"),
+        (dict(batch_size=8, tokens_per_step=None), "lower batch_size and raise grad_accum_steps"),
+    ],
+)
 def test_the_out_of_memory_advice_names_what_to_change_under_each_way_of_batching(settings, advice):
     line = out_of_memory_advice(config(**settings))
     assert advice in line and "model.block_size" in line and "compile=true" in line and "precision=bf16" in line
@@ -155,7 +179,8 @@ def test_the_out_of_memory_advice_names_what_to_change_under_each_way_of_batchin
 
 
 def test_a_run_with_auto_steps_with_the_largest_micro_batch_under_the_limit_and_records_it(
-        train_overrides, monkeypatch, capsys):
+    train_overrides, monkeypatch, capsys
+):
     auto = [*train_overrides, "batch_size=auto", "tokens_per_step=256", "max_iters=2", "eval_interval=2"]  # 8 x 32
     monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(1e12))
     measured = next(r for r in read_metrics(run_in_process(*auto)) if r["kind"] == "micro_batch")
@@ -172,29 +197,49 @@ def test_a_run_with_auto_steps_with_the_largest_micro_batch_under_the_limit_and_
     assert OmegaConf.load(run_dir / "config.yaml").batch_size == "auto"  # a resume tries again
 
 
-@pytest.mark.parametrize("settings, advice", [
-    (["batch_size=4"], "lower batch_size and raise grad_accum_steps"),
-    (["batch_size=4", "tokens_per_step=256"], "lower batch_size (tokens_per_step=256 keeps"),
-    (["batch_size=auto", "tokens_per_step=256"], "batch_size=auto already chose the largest micro-batch"),
-])
-def test_an_out_of_memory_in_a_run_says_what_to_change_under_its_batching(train_overrides, monkeypatch, settings,
-                                                                          advice):
+@pytest.mark.parametrize(
+    "settings, advice",
+    [
+        (["batch_size=4"], "lower batch_size and raise grad_accum_steps"),
+        (["batch_size=4", "tokens_per_step=256"], "lower batch_size (tokens_per_step=256 keeps"),
+        (["batch_size=auto", "tokens_per_step=256"], "batch_size=auto already chose the largest micro-batch"),
+    ],
+)
+def test_an_out_of_memory_in_a_run_says_what_to_change_under_its_batching(
+    train_overrides, monkeypatch, settings, advice
+):
     monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(1e12))  # a GPU's, for auto
-    monkeypatch.setattr(train, "build_trainer", lambda *args, **kwargs: (_ for _ in ()).throw(
-        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")))
+    monkeypatch.setattr(
+        train,
+        "build_trainer",
+        lambda *args, **kwargs: (_ for _ in ()).throw(
+            torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+        ),
+    )
     with pytest.raises(UserError, match=r"^out of memory \(CUDA out of memory. Tried to allocate 2.00 GiB\): ") as err:
         run_in_process(*train_overrides, "estimate=true", *settings)
     assert advice in str(err.value)
 
 
-@pytest.mark.parametrize("overrides, problem", [
-    (["tokens_per_step=1024", "grad_accum_steps=2", "batch_size=4"],  # the issue's: 4 micro-batches, 2 ignored
-     "grad_accum_steps=2 and tokens_per_step=1024 both set the micro-batches per step"),
-    (["batch_size=auto"], "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step"),
-    (["batch_size=auto", "tokens_per_step=4096", "max_iters=0"], "batch_size=auto has no step to try: set eval_batch_size"),
-    (["batch_size=many"], "batch_size must be auto or a whole number >= 1, got 'many'"),
-    (["batch_size=0"], "batch_size must be auto or a whole number >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (
+            ["tokens_per_step=1024", "grad_accum_steps=2", "batch_size=4"],  # the issue's: 4 micro-batches, 2 ignored
+            "grad_accum_steps=2 and tokens_per_step=1024 both set the micro-batches per step",
+        ),
+        (
+            ["batch_size=auto"],
+            "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step",
+        ),
+        (
+            ["batch_size=auto", "tokens_per_step=4096", "max_iters=0"],
+            "batch_size=auto has no step to try: set eval_batch_size",
+        ),
+        (["batch_size=many"], "batch_size must be auto or a whole number >= 1, got 'many'"),
+        (["batch_size=0"], "batch_size must be auto or a whole number >= 1, got 0"),
+    ],
+)
 def test_batching_settings_that_would_be_ignored_or_cannot_work_are_refused_by_name(overrides, problem):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
@@ -205,8 +250,9 @@ def test_batching_settings_that_would_be_ignored_or_cannot_work_are_refused_by_n
 
 
 def test_grad_accum_steps_alone_still_accumulates():
-    plan = plan_micro_batches(config(batch_size=4, tokens_per_step=None, grad_accum_steps=3), 16, 1,
-                              torch.device("cpu"))
+    plan = plan_micro_batches(
+        config(batch_size=4, tokens_per_step=None, grad_accum_steps=3), 16, 1, torch.device("cpu")
+    )
     assert (plan.sizes, plan.accum(4)) == ((4,), 3)
 
 
@@ -223,8 +269,16 @@ def _choose_on_rank(rank, world_size, port, limits, out_dir):
         torch.manual_seed(0)
         model = GPT(tiny_config())
         cpu = torch.device("cpu")
-        chosen = choose_micro_batch(Plan((16, 8, 4, 2, 1), 16, True), model, model, config(),
-                                    resolve_precision("fp32", cpu), Ranks(rank, 0, world_size), cpu, vocab_size=97)
+        chosen = choose_micro_batch(
+            Plan((16, 8, 4, 2, 1), 16, True),
+            model,
+            model,
+            config(),
+            resolve_precision("fp32", cpu),
+            Ranks(rank, 0, world_size),
+            cpu,
+            vocab_size=97,
+        )
         fitting = [size for size, peak in chosen.tried.items() if peak is not None and peak <= 0.9 * limits[rank]]
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"size": chosen.size, "own": max(fitting)}))
     finally:

@@ -8,9 +8,8 @@ import torch
 
 from ablation.attention_plot import attention_maps
 from attention_variants import BLOCKS, IMPLS, SHARED_KV, heads
-from model import GPT
-
 from conftest import tiny_config
+from model import GPT
 
 KV_HEADS = [4, 2, 1]  # with n_head=4: MHA, GQA, MQA
 
@@ -67,9 +66,7 @@ def test_grouped_attention_differs_from_mha_with_other_kv_heads(make_model):
     """Guards the test above: MHA with unreplicated (independent) heads is a different function."""
     grouped = make_model(n_kv_head=1)
     other = make_model(seed=0, n_kv_head=4)
-    other.load_state_dict(
-        {k: v for k, v in grouped.state_dict().items() if "c_attn" not in k}, strict=False
-    )
+    other.load_state_dict({k: v for k, v in grouped.state_dict().items() if "c_attn" not in k}, strict=False)
     idx = torch.randint(0, 97, (2, 16))
     assert not torch.allclose(grouped(idx)[0], other(idx)[0], atol=1e-4)
 
@@ -104,8 +101,10 @@ def test_attention_maps_are_the_weights_torchs_fused_kernel_applied(make_model, 
     """Each map, applied to the layer's values, gives what the layer's SDPA path computed."""
     model = make_model(n_kv_head=n_kv_head, attn_impl="sdpa", **block).eval()
     seen = []
-    handles = [block.attn.register_forward_hook(lambda layer, inputs, out: seen.append((layer, inputs[0], out)))
-               for block in model.transformer.h]
+    handles = [
+        block.attn.register_forward_hook(lambda layer, inputs, out: seen.append((layer, inputs[0], out)))
+        for block in model.transformer.h
+    ]
     maps = attention_maps(model, torch.randint(0, 97, (2, 10)))
     for handle in handles:
         handle.remove()

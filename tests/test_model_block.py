@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,7 +30,6 @@ from model.rotary import apply_rotary, rotary_angles
 from run.checkpoint import find_checkpoint, load_checkpoint
 from run.load import checkpoint_model
 from run.metrics import read_metrics
-
 from test_generate import reference_greedy
 
 
@@ -126,7 +124,9 @@ def test_gpt2_small_swiglu_width_is_2048_and_holds_the_gelu_mlps_parameters():
 def test_parameter_count_is_the_documented_sum(n_kv_head):
     """Llama's block: no position table, norms with a weight only, three MLP matrices."""
     V, L, d, hd, T = 97, 3, 48, 8, 16
-    model = GPT.shapes_only(GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=6, n_kv_head=n_kv_head, n_embd=d, **LLAMA))
+    model = GPT.shapes_only(
+        GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=6, n_kv_head=n_kv_head, n_embd=d, **LLAMA)
+    )
     h = 128  # 2/3 of 4 * 48, rounded up to a multiple of 8
     block = 2 * d + d * (d + 2 * n_kv_head * hd) + d * d + 3 * d * h
     assert model.num_params() == V * d + L * block + d
@@ -161,8 +161,18 @@ def test_init_gives_rmsnorm_gains_of_one_and_draws_the_gate_as_the_up_projection
 
 
 GPT2_BLOCK_KEYS = [
-    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
 ]
 
 
@@ -172,8 +182,12 @@ def test_gpt2_block_keeps_its_parameters_initialisation_and_outputs():
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50))
     blocks = [f"transformer.h.{i}.{key}" for i in range(2) for key in GPT2_BLOCK_KEYS]
     assert list(model.state_dict()) == [
-        "transformer.wte.weight", "transformer.wpe.weight", *blocks,
-        "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight",
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        *blocks,
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+        "lm_head.weight",
     ]
     idx = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(7))
     logits, loss = model(idx, idx)
@@ -232,20 +246,33 @@ def train_losses(run_dir) -> list[tuple[int, float]]:
 
 
 def test_llama_block_with_gqa_trains_resumes_exactly_and_samples(tmp_path):
-    overrides = [*training_overrides(tmp_path), "model/block=llama", "model.n_kv_head=2",
-                 "max_iters=6", "eval_interval=3"]
+    overrides = [
+        *training_overrides(tmp_path),
+        "model/block=llama",
+        "model.n_kv_head=2",
+        "max_iters=6",
+        "eval_interval=3",
+    ]
     run_dir = run_in_process(*overrides)
     checkpoint = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent))
     config = checkpoint.model_config
-    assert (config.position, config.norm, config.mlp, config.bias, config.kv_heads) == ("rope", "rmsnorm", "swiglu", False, 2)
+    assert (config.position, config.norm, config.mlp, config.bias, config.kv_heads) == (
+        "rope",
+        "rmsnorm",
+        "swiglu",
+        False,
+        2,
+    )
     assert "transformer.wpe.weight" not in checkpoint.model_state
     losses = train_losses(run_dir)
     assert losses[-1][1] < losses[0][1]
     run_in_process(*overrides, f"resume={run_dir / 'checkpoints' / 'step_000003'}")  # steps 4 to 6 again
     assert train_losses(run_dir) == losses
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        request = compose(config_name="sample", overrides=[f"checkpoint={run_dir}", "prompt=First", "temperature=0",
-                                                           "max_new_tokens=20"])
+        request = compose(
+            config_name="sample",
+            overrides=[f"checkpoint={run_dir}", "prompt=First", "temperature=0", "max_new_tokens=20"],
+        )
     result = sample.sample(load_sample_config(request), out=io.StringIO())
     tokenizer = checkpoint.tokenizer()
     model = checkpoint_model(checkpoint, torch.device("cpu"), torch.float32)
@@ -266,7 +293,9 @@ def test_cuda_graph_decode_of_the_llama_block_replays_the_static_steps(n_kv_head
     model = cuda_llama(n_kv_head)
     prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 44]]
     sampling = Sampling(temperature=1.0, top_k=30, seed=7)
-    assert generate(model, prompts, 30, sampling, decode="graph") == generate(model, prompts, 30, sampling, decode="static")
+    assert generate(model, prompts, 30, sampling, decode="graph") == generate(
+        model, prompts, 30, sampling, decode="static"
+    )
     greedy = Sampling(temperature=0)
     assert generate(model, prompts, 30, greedy, decode="graph") == generate(model, prompts, 30, greedy)
 

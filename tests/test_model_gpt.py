@@ -8,10 +8,9 @@ import torch.nn.functional as F
 
 from attention_variants import BLOCKS
 from conf import OptimConfig
-from model import GPT, GPTConfig, IGNORE_INDEX
-from training.optim import build_optimizer
-
 from conftest import tiny_config
+from model import GPT, IGNORE_INDEX, GPTConfig
+from training.optim import build_optimizer
 
 # GPT-2 small, counted by hand (vocab 50257, tied head, biases everywhere):
 #   embeddings 50257*768 + 1024*768                      = 39,383,808
@@ -51,8 +50,9 @@ def test_mqa_gpt2_parameter_count(gpt2_sizes):
     assert gpt2_sizes[1][0] == 111_446_784  # 12,993,024 fewer than MHA
 
 
-@pytest.mark.parametrize("preset", [dict(n_layer=4, n_head=4, n_embd=128, bias=False),
-                                    dict(n_layer=12, n_head=12, n_embd=768, bias=True)])
+@pytest.mark.parametrize(
+    "preset", [dict(n_layer=4, n_head=4, n_embd=128, bias=False), dict(n_layer=12, n_head=12, n_embd=768, bias=True)]
+)
 @pytest.mark.parametrize("n_kv_head_divisor", [2, 4])
 def test_matched_parameter_count_widens_the_mlp_to_within_one_percent(preset, n_kv_head_divisor):
     n_kv_head = preset["n_head"] // n_kv_head_divisor
@@ -118,6 +118,7 @@ def test_gpt2_initialisation(make_model):
 @pytest.mark.parametrize("block", BLOCKS)
 def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow(block):
     """Ablation arms paired by seed start alike except where the attention layout differs."""
+
     def build(**overrides):
         torch.manual_seed(7)
         return dict(GPT(tiny_config(**block, **overrides)).named_parameters())
@@ -135,12 +136,14 @@ def test_layouts_built_after_the_same_seed_share_every_weight_their_shapes_allow
         attn, attn_mha = other["transformer.h.1.attn.c_attn.weight"], mha["transformer.h.1.attn.c_attn.weight"]
         kv = kv_heads * d
         assert torch.equal(attn[:C], attn_mha[:C])  # queries
-        assert torch.equal(attn[C:C + kv], attn_mha[C:C + kv])  # the first key heads
-        assert torch.equal(attn[C + kv:], attn_mha[2 * C:2 * C + kv])  # the first value heads
+        assert torch.equal(attn[C : C + kv], attn_mha[C : C + kv])  # the first key heads
+        assert torch.equal(attn[C + kv :], attn_mha[2 * C : 2 * C + kv])  # the first value heads
         for part in inputs:
             fc, fc_mha = other[f"transformer.h.1.mlp.{part}.weight"], mha[f"transformer.h.1.mlp.{part}.weight"]
             assert torch.equal(fc[:units], fc_mha) and fc.shape[0] == (units if not match else fc.shape[0])
-        assert torch.equal(other["transformer.h.1.mlp.c_proj.weight"][:, :units], mha["transformer.h.1.mlp.c_proj.weight"])
+        assert torch.equal(
+            other["transformer.h.1.mlp.c_proj.weight"][:, :units], mha["transformer.h.1.mlp.c_proj.weight"]
+        )
     torch.manual_seed(8)
     assert not torch.equal(GPT(tiny_config()).transformer.wte.weight, mha["transformer.wte.weight"])
 
@@ -200,9 +203,15 @@ def test_bf16_autocast_forward_and_backward_on_cpu(make_model, block):
         (dict(norm="batchnorm"), r"^model.norm must be one of \('layernorm', 'rmsnorm'\)"),
         (dict(mlp="relu"), r"^model.mlp must be one of \('gelu', 'swiglu', 'relu2'\)"),
         (dict(position="rope", rope_base=0.0), r"^model.rope_base must be in \(0, inf\), got 0.0$"),
-        (dict(position="rope", rope_base=float("inf")), r"^model.rope_base must be a finite number in \(0, inf\), got inf$"),
-        (dict(rope_base=500.0), r"^model.rope_base \(500\) is read only when position is rope, and position is "
-                                r"learned: set model.position=rope too, or leave rope_base unset$"),
+        (
+            dict(position="rope", rope_base=float("inf")),
+            r"^model.rope_base must be a finite number in \(0, inf\), got inf$",
+        ),
+        (
+            dict(rope_base=500.0),
+            r"^model.rope_base \(500\) is read only when position is rope, and position is "
+            r"learned: set model.position=rope too, or leave rope_base unset$",
+        ),
         (dict(position="rope", n_embd=36), r"position=rope needs an even head_dim \(n_embd / n_head = 9\)"),
     ],
 )

@@ -13,9 +13,9 @@ from attention_variants import BLOCKS
 from model import KVCache, Sampling, generate, to_weight_format
 from model.config import NORM_EPS
 from model.rotary import apply_rotary, rotary_angles
-from test_generate import reference_sampled
 from run.checkpoint import load_checkpoint, load_weights
 from run.checkpoints import save_checkpoint
+from test_generate import reference_sampled
 
 MODERN = dict(qk_norm=True, mlp="relu2", tie_embeddings=False, logit_softcap=5.0)  # zero_init_proj: its own test
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -169,11 +169,28 @@ def test_an_untied_model_converts_to_the_weight_formats(make_model, weights):
 
 
 def test_the_default_model_keeps_gpt2s_parameter_names(make_model):
-    layer = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-             "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-             "mlp.c_proj.weight", "mlp.c_proj.bias"]
-    expected = ["transformer.wte.weight", "transformer.wpe.weight", *(f"transformer.h.0.{name}" for name in layer),
-                "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"]
+    layer = [
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+    ]
+    expected = [
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        *(f"transformer.h.0.{name}" for name in layer),
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+        "lm_head.weight",
+    ]
     model = make_model(n_layer=1)
     assert list(model.state_dict()) == expected
     assert model.lm_head.weight is model.transformer.wte.weight

@@ -14,13 +14,12 @@ from train import set_learning_rate
 from training.optim import build_optimizer
 from training.step import learning_rate
 
-from conftest import tiny_config
-
-MUON = OptimConfig(name="muon", learning_rate=1e-2, min_lr=1e-3, muon_lr=0.05, muon_momentum=0.9,
-                   muon_weight_decay=0.1)
+MUON = OptimConfig(name="muon", learning_rate=1e-2, min_lr=1e-3, muon_lr=0.05, muon_momentum=0.9, muon_weight_decay=0.1)
 # The blocks' linear layers, by hand: GPT-2's MLP has c_fc and c_proj, Llama's SwiGLU adds c_gate.
-HIDDEN = {"gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
-          "llama": ("attn.c_attn", "attn.c_proj", "mlp.c_gate", "mlp.c_fc", "mlp.c_proj")}
+HIDDEN = {
+    "gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+    "llama": ("attn.c_attn", "attn.c_proj", "mlp.c_gate", "mlp.c_fc", "mlp.c_proj"),
+}
 
 
 def test_adamw_decays_only_matrices(make_model):
@@ -46,7 +45,8 @@ def test_fused_cpu_adamw_updates_like_torchs_default(make_model):
             {"params": [p for p in default_model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
             {"params": [p for p in default_model.parameters() if p.dim() < 2], "weight_decay": 0.0},
         ],
-        lr=1e-2, betas=(0.9, 0.95),
+        lr=1e-2,
+        betas=(0.9, 0.95),
     )
     assert not default.defaults["fused"]
     idx = torch.randint(0, 97, (4, 16))
@@ -94,8 +94,10 @@ def newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
 
 
 # optim.muon_adjust_lr: the update's per-shape scale, for a (rows, cols) matrix.
-MUON_SCALES = {"original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
-               "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols))}
+MUON_SCALES = {
+    "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
+    "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),
+}
 
 
 @pytest.mark.parametrize("adjust", sorted(MUON_SCALES))
@@ -110,7 +112,9 @@ def test_two_muon_steps_follow_the_formula(make_model, adjust):
     optimizer = build_optimizer(model, config, "cpu")
     generator = torch.Generator().manual_seed(0)
     params = dict(model.named_parameters())
-    hidden = {name: params[f"transformer.h.{name}.weight"] for name in ("0.attn.c_attn", "0.attn.c_proj", "1.mlp.c_proj")}
+    hidden = {
+        name: params[f"transformer.h.{name}.weight"] for name in ("0.attn.c_attn", "0.attn.c_proj", "1.mlp.c_proj")
+    }
     assert [p.shape for p in hidden.values()] == [(96, 32), (32, 32), (32, 128)]  # tall, square, wide
     before = {name: p.detach().double() for name, p in hidden.items()}
     expected = dict(before)
@@ -146,7 +150,10 @@ def test_the_schedule_scales_each_group_to_its_own_peak(make_model):
 
 def test_muon_on_a_torch_without_it_is_refused_in_one_line(monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon")
-    with pytest.raises(ValueError, match=r"^optim.name=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch \S+: "
-                                         r"upgrade torch, or use optim.name=adamw$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^optim.name=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch \S+: "
+        r"upgrade torch, or use optim.name=adamw$",
+    ):
         OptimConfig(name="muon")
     OptimConfig(name="adamw")  # unaffected

@@ -9,9 +9,9 @@ import subprocess
 import torch
 
 import report
+from bench.train_throughput import write_json
 from training import provenance
 from training.provenance import ROOT
-from bench.train_throughput import write_json
 
 NO_GIT = "unknown (not a git checkout)"
 
@@ -19,8 +19,9 @@ NO_GIT = "unknown (not a git checkout)"
 def head_commit() -> str:
     """The checkout's commit; what provenance records without git (a release archive, a zip)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return NO_GIT
 
@@ -51,14 +52,20 @@ def test_report_header_names_commit_date_machine_and_torch(tmp_path):
 def recorded_commits(value) -> list[str]:
     """Every 'gptlab' or 'commit' text anywhere in a results file."""
     if isinstance(value, dict):
-        return [found for key, item in value.items()
-                for found in ([item] if key in ("gptlab", "commit") and isinstance(item, str) else recorded_commits(item))]
+        return [
+            found
+            for key, item in value.items()
+            for found in ([item] if key in ("gptlab", "commit") and isinstance(item, str) else recorded_commits(item))
+        ]
     return [found for item in value for found in recorded_commits(item)] if isinstance(value, list) else []
 
 
 def test_every_results_file_names_the_commit_it_was_measured_at():
     results = sorted((ROOT / "bench" / "results").rglob("*.json"))
     assert results
-    unnamed = [path.name for path in results
-               if not any(re.match(r"[0-9a-f]{7,40}\b", commit) for commit in recorded_commits(json.loads(path.read_text())))]
+    unnamed = [
+        path.name
+        for path in results
+        if not any(re.match(r"[0-9a-f]{7,40}\b", commit) for commit in recorded_commits(json.loads(path.read_text())))
+    ]
     assert unnamed == []

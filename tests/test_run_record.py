@@ -57,8 +57,14 @@ def gpt2_run(workdir, char_run):
     hf_dir = workdir / "hf"
     hf_gpt2(n_layer=1, n_embd=16, n_head=2, vocab_size=50257, n_positions=32).save_pretrained(hf_dir)
     tokens = [o for o in char_run if not o.startswith(("data.tokenizer=", "data.data_dir="))]
-    return [*tokens, "data.tokenizer=gpt2", "data.name=hf", f"data.data_dir={workdir / 'gpt2data'}",
-            "init_from=hf", f"model_path={hf_dir}"]
+    return [
+        *tokens,
+        "data.tokenizer=gpt2",
+        "data.name=hf",
+        f"data.data_dir={workdir / 'gpt2data'}",
+        "init_from=hf",
+        f"model_path={hf_dir}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +103,9 @@ def test_a_fresh_run_and_its_resume_record_the_model_they_trained(char_run, reci
     run_dir = run_command(*char_run, f"recipe={recipe}", *block_choice(block))
     assert_config_rebuilds_the_checkpoint(run_dir, block or recipe_block(recipe))
     assert_config_rebuilds_the_checkpoint(resumed(run_dir), block or recipe_block(recipe), step=2)
-    assert OmegaConf.load(run_dir / "groups.yaml")["model/block"] == (block or recipe_block(recipe))  # kept by the resume
+    assert OmegaConf.load(run_dir / "groups.yaml")["model/block"] == (
+        block or recipe_block(recipe)
+    )  # kept by the resume
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -106,8 +114,9 @@ def test_a_run_from_a_checkpoint_records_the_checkpoints_block_whatever_the_reci
     run_dir = run_command(*char_run, f"recipe={recipe}", "init_from=checkpoint", f"model_path={sources[source]}")
     assert_config_rebuilds_the_checkpoint(run_dir, source)
     assert_config_rebuilds_the_checkpoint(resumed(run_dir), source, step=2)
-    named = run_command(*char_run, f"recipe={recipe}", f"model/block={source}", "init_from=checkpoint",
-                        f"model_path={sources[source]}")  # naming the checkpoint's own block is no contradiction
+    named = run_command(
+        *char_run, f"recipe={recipe}", f"model/block={source}", "init_from=checkpoint", f"model_path={sources[source]}"
+    )  # naming the checkpoint's own block is no contradiction
     assert_config_rebuilds_the_checkpoint(named, source)
 
 
@@ -127,19 +136,28 @@ def test_a_named_block_the_weights_contradict_is_refused_naming_each_setting(gpt
     message = str(refused.value)
     assert "\n" not in message and message.startswith(f"model/block={block} contradicts the weights of ")
     off = [key for key, value in BLOCKS[block].items() if value != HF_GPT2[key]]
-    assert "position" in off and all(f"model.{key}={BLOCKS[block][key]!r} (there {HF_GPT2[key]!r})" in message
-                                     for key in off)
+    assert "position" in off and all(
+        f"model.{key}={BLOCKS[block][key]!r} (there {HF_GPT2[key]!r})" in message for key in off
+    )
 
 
 def test_a_named_setting_the_weights_contradict_is_refused_and_one_they_allow_applies(gpt2_run, sources, char_run):
-    with pytest.raises(ValueError, match=r"^model.qk_norm=true contradicts the weights of \S+: model.qk_norm=True \(there "
-                                         r"False\); a run from existing weights has their model: leave this unset"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model.qk_norm=true contradicts the weights of \S+: model.qk_norm=True \(there "
+        r"False\); a run from existing weights has their model: leave this unset",
+    ):
         run_command(*gpt2_run, "model.qk_norm=true")
-    with pytest.raises(ValueError, match=r"^model.mlp=gelu contradicts the checkpoint \S+: model.mlp='gelu' \(there 'swiglu'\);"):
+    with pytest.raises(
+        ValueError, match=r"^model.mlp=gelu contradicts the checkpoint \S+: model.mlp='gelu' \(there 'swiglu'\);"
+    ):
         run_command(*char_run, "init_from=checkpoint", f"model_path={sources['llama']}", "model.mlp=gelu")
     pooled = run_command(*gpt2_run, "model.n_kv_head=1", "model.dropout=0.1")  # the run's own choices
     assert (recorded_model(pooled).n_kv_head, recorded_model(pooled).dropout) == (1, 0.1)
     assert_config_rebuilds_the_checkpoint(pooled, "gpt2")
-    with pytest.raises(ValueError, match=r"^model.qk_norm=true contradicts the checkpoint \S+: model.qk_norm=True \(there "
-                                         r"False\);"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model.qk_norm=true contradicts the checkpoint \S+: model.qk_norm=True \(there "
+        r"False\);",
+    ):
         run_command(f"resume={pooled}", "max_iters=2", "model.qk_norm=true")

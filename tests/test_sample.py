@@ -22,7 +22,6 @@ from data import CharTokenizer
 from model.weight_formats import weight_format
 from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
 from run.load import checkpoint_model
-
 from test_generate import reference_greedy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +99,9 @@ def test_escaped_newline_in_stop_strings(runs_root):
 
 def test_prompt_from_a_file(runs_root, tmp_path):
     (tmp_path / "prompt.txt").write_text("All: Speak")
-    result, printed = run_sample(runs_root, f"prompt=FILE:{tmp_path / 'prompt.txt'}", "temperature=0", "max_new_tokens=10")
+    result, printed = run_sample(
+        runs_root, f"prompt=FILE:{tmp_path / 'prompt.txt'}", "temperature=0", "max_new_tokens=10"
+    )
     assert result["prompt"] == "All: Speak"
     assert printed.startswith("All: Speak")
 
@@ -123,6 +124,7 @@ def damaged_copy(runs_root: Path, tmp_path: Path, damage) -> Path:
 
 def set_config_value(section: str, key: str, value):
     """A checkpoint whose files are intact (their digests recorded anew) but do not fit together."""
+
     def damage(checkpoint: Path) -> None:
         config = yaml.safe_load((checkpoint / "config.yaml").read_text())
         config[section][key] = value
@@ -216,12 +218,18 @@ def test_int8_off_the_cpu_is_refused_before_the_checkpoint_is_read(tmp_path, mon
 
 
 def test_a_graph_off_cuda_is_refused_before_the_checkpoint_is_read(tmp_path):
-    with pytest.raises(ValueError, match=r"decode=graph replays CUDA graphs: it needs a CUDA device, and this run is on cpu \(use decode=eager there\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"decode=graph replays CUDA graphs: it needs a CUDA device, "
+        r"and this run is on cpu \(use decode=eager there\)",
+    ):
         run_sample(tmp_path / "no-runs-here", "decode=graph", "device=cpu")
 
 
 def test_an_empty_checkpoint_setting_is_not_the_current_directory(runs_root):
-    with pytest.raises(CheckpointError, match="^checkpoint is empty: pass a checkpoint or run directory, or leave it unset$"):
+    with pytest.raises(
+        CheckpointError, match="^checkpoint is empty: pass a checkpoint or run directory, or leave it unset$"
+    ):
         run_sample(runs_root, "checkpoint=")
 
 
@@ -233,8 +241,11 @@ def test_missing_prompt_file_is_explained(runs_root, tmp_path):
 def test_a_batch_that_would_not_fit_in_memory_is_refused_before_generating(runs_root, monkeypatch):
     monkeypatch.setattr(sample, "available_memory", lambda device: 100)  # 100 bytes free
     monkeypatch.setattr(sample, "stream", lambda *args, **kwargs: pytest.fail("generation started"))
-    with pytest.raises(ValueError, match=r"^num_samples=4 needs about 0\.0 GiB \(KV cache for \d+ positions, and each "
-                                         r"step's logits\), and cpu has 0\.0 GiB available: lower num_samples$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^num_samples=4 needs about 0\.0 GiB \(KV cache for \d+ positions, and each "
+        r"step's logits\), and cpu has 0\.0 GiB available: lower num_samples$",
+    ):
         run_sample(runs_root, "num_samples=4")
 
 

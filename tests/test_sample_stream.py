@@ -29,13 +29,13 @@ def test_live_text_holds_back_what_may_still_change():
     assert out.getvalue() == "ab\nENx\u00e9"
 
 
-MULTIBYTE_STOPS = ["\n\n", "caf\u00e9", "\u65e5\u672c", "\U0001F600", "END"]
+MULTIBYTE_STOPS = ["\n\n", "caf\u00e9", "\u65e5\u672c", "\U0001f600", "END"]
 
 
 def multibyte_tokens(text_end: str) -> tuple[Tokenizer, list[int]]:
     """GPT-2 tokens of a text whose characters are split across tokens (byte-level BPE)."""
     tokenizer = Gpt2Tokenizer()
-    words = ["na\u00efve", "caf", "\u00e9", "\u65e5\u672c\u8a9e", "\U0001F600", "\u2014", "\n", "E", "ND", "plain"]
+    words = ["na\u00efve", "caf", "\u00e9", "\u65e5\u672c\u8a9e", "\U0001f600", "\u2014", "\n", "E", "ND", "plain"]
     rng = random.Random(0)
     text = "".join(rng.choice(words) + rng.choice(["", " "]) for _ in range(400)) + text_end
     ids = tokenizer.encode(text)
@@ -51,7 +51,7 @@ def reference_live_text(text: str, stops: list[str]) -> str:
     trailing unfinished character or the start of a stop string."""
     found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
     if found:
-        return text[:min(found)]
+        return text[: min(found)]
     text = text.rstrip(UNFINISHED)
     held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
     return text[: len(text) - held]
@@ -59,7 +59,7 @@ def reference_live_text(text: str, stops: list[str]) -> str:
 
 def test_live_text_prints_what_the_whole_decoded_text_allows_token_by_token():
     tokenizer, ids = multibyte_tokens("")
-    stops = ["END", "\n\n", "\u65e5\u672c\u8a9e\U0001F600\U0001F600"]  # the text has the first only, at 519
+    stops = ["END", "\n\n", "\u65e5\u672c\u8a9e\U0001f600\U0001f600"]  # the text has the first only, at 519
     out = io.StringIO()
     live = sample.LiveText(out, stops)
     for i, token in enumerate(ids, 1):
@@ -79,7 +79,7 @@ def test_the_windowed_stop_check_ends_a_sample_where_the_whole_text_check_would(
     assert first == expected
 
 
-@pytest.mark.parametrize("stop", ["END", "caf\u00e9", "\U0001F600"])
+@pytest.mark.parametrize("stop", ["END", "caf\u00e9", "\U0001f600"])
 def test_the_stop_check_finds_a_stop_spelt_one_byte_per_token(stop):
     tokenizer = Gpt2Tokenizer()
     byte_token = {tokenizer.decode_bytes([i]): i for i in range(256 * 4)}  # GPT-2's first ids: the 256 bytes

@@ -71,10 +71,19 @@ def test_the_shards_are_the_documented_block_shuffle_byte_for_byte(tmp_path, see
     texts = documents_text(40)
     source = tmp_path / "documents.jsonl"
     source.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
-    prepared = prepare(DataConfig(
-        name="t", source="files", path=str(source), tokenizer="char", data_dir=str(tmp_path / "data"),
-        num_proc=1, split_seed=seed, shuffle_block_tokens=BLOCK, val_fraction=VAL_FRACTION,
-    ))
+    prepared = prepare(
+        DataConfig(
+            name="t",
+            source="files",
+            path=str(source),
+            tokenizer="char",
+            data_dir=str(tmp_path / "data"),
+            num_proc=1,
+            split_seed=seed,
+            shuffle_block_tokens=BLOCK,
+            val_fraction=VAL_FRACTION,
+        )
+    )
     tokenizer = prepared.tokenizer()
     documents = [tokenizer.encode(text) for text in texts]
     assert sum(map(len, documents)) % BLOCK  # the last block is short: it keeps no run in place at its end

@@ -14,9 +14,22 @@ from training.sweep import SweepSummary
 
 def sweep(tmp_path, *overrides):
     settings = [o for o in training_overrides(tmp_path) if not o.startswith("max_iters=")]
-    return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", *settings, "max_iters=4", "eval_interval=4",
-                           f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "-m",
+            *settings,
+            "max_iters=4",
+            "eval_interval=4",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_an_estimate_sweep_leaves_no_directory_and_names_no_report(tmp_path):
@@ -24,7 +37,6 @@ def test_an_estimate_sweep_leaves_no_directory_and_names_no_report(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("estimate:") == 2 and "report.py" not in done.stdout
     assert not (tmp_path / "sweep").exists()
-
 
 
 def test_under_torchrun_only_rank_0_ends_the_sweep_with_its_lines(tmp_path, monkeypatch, capsys):

@@ -40,19 +40,32 @@ print("finished")
 
 
 def run_command(problem: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", COMMAND, problem], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-c", COMMAND, problem],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
-@pytest.mark.parametrize("problem, code, line", [
-    ("user", 1, "error: a setting is wrong"),
-    ("value", 1, "error: a value is wrong"),
-    ("disk", 1, "error: No space left on device (/runs/x/metrics.jsonl)"),
-    ("oom", 1, "error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes): "
-               "lower batch_size"),
-    ("signal", 128 + signal.SIGTERM, "error: SIGTERM: interrupted"),
-    ("pipe", 0, ""),
-])
+@pytest.mark.parametrize(
+    "problem, code, line",
+    [
+        ("user", 1, "error: a setting is wrong"),
+        ("value", 1, "error: a value is wrong"),
+        ("disk", 1, "error: No space left on device (/runs/x/metrics.jsonl)"),
+        (
+            "oom",
+            1,
+            "error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes): "
+            "lower batch_size",
+        ),
+        ("signal", 128 + signal.SIGTERM, "error: SIGTERM: interrupted"),
+        ("pipe", 0, ""),
+    ],
+)
 def test_a_command_ends_with_one_line_and_the_exit_code_of_its_kind_of_ending(problem, code, line):
     result = run_command(problem)
     assert result.stdout == "started\n"
@@ -113,15 +126,25 @@ def test_the_run_lock_holds_against_another_process(tmp_path):
     """filelock's lock, taken by another process, refuses this one with that process's id."""
     from run.run_dir import run_lock
 
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from run.run_dir import run_lock
         with run_lock(Path({str(tmp_path)!r}), new_run=False):
             print("locked", flush=True)
             sys.stdin.readline()
-    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+    """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(ValueError, match=f"process {holder.pid} is writing it"):
@@ -150,8 +173,14 @@ runpy.run_path({train_py!r}, run_name="__main__")
 @pytest.mark.parametrize("command", ["train.py", "sample.py", "report.py", "export.py", "downstream.py"])
 def test_ctrl_c_while_a_command_imports_torch_is_one_line_and_death_by_sigint(command):
     script = INTERRUPTED_WHILE_IMPORTING.format(train_py=str(REPO / command))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.stderr == "\nerror: SIGINT: interrupted while starting; nothing was written\n"
     assert result.returncode == -signal.SIGINT  # as Python ends on Ctrl-C: a shell reports 130
 
@@ -176,6 +205,12 @@ with exits():
 
 def test_the_error_line_reaches_stderr_in_one_write_even_unbuffered():
     """Ranks share one stderr: a line written in two pieces can be split by another rank's."""
-    result = subprocess.run([sys.executable, "-c", RECORDED_EXIT], capture_output=True, text=True, timeout=120,
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", RECORDED_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+    )
     assert (result.returncode, result.stderr.splitlines()) == (1, [repr(b"error: rank 1: stopped\n")])

@@ -31,8 +31,11 @@ def run_in_process(*overrides):
 
 def start_train(*overrides, cwd):
     return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *overrides], cwd=cwd,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, str(REPO / "train.py"), *overrides],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -60,8 +63,14 @@ def test_short_run_learns_and_leaves_a_complete_run_directory(train_overrides):
 
 def test_seed_scope_varies_only_the_weights_or_only_the_batches(train_overrides, tmp_path):
     def first_step(seed, scope):  # (the untrained model's val loss, step 1's training loss)
-        run_dir = run_in_process(*train_overrides, "max_iters=1", "eval_interval=1", f"seed={seed}",
-                                 f"seed_scope={scope}", f"out_dir={tmp_path / f'{scope}{seed}'}")
+        run_dir = run_in_process(
+            *train_overrides,
+            "max_iters=1",
+            "eval_interval=1",
+            f"seed={seed}",
+            f"seed_scope={scope}",
+            f"out_dir={tmp_path / f'{scope}{seed}'}",
+        )
         return next(r["val_loss"] for r in read_metrics(run_dir) if r["kind"] == "eval"), losses(run_dir)[0][1]
 
     weights_3, batches_0 = first_step(3, "weights")
@@ -72,10 +81,12 @@ def test_seed_scope_varies_only_the_weights_or_only_the_batches(train_overrides,
     data_weights_4, data_batches_4 = first_step(4, "data")
     assert data_weights_0 == data_weights_4 and data_batches_3 != data_batches_4
 
+
 def test_main_returns_the_run_directory_which_hydra_hands_to_callbacks(train_overrides, tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[*train_overrides, "max_iters=1", f"out_dir={tmp_path / 'run'}"])
     assert Path(train.main(cfg)).resolve() == (tmp_path / "run").resolve()  # evaluation/after_training.py scores it
+
 
 def test_a_resume_records_its_overrides_in_the_runs_config(train_overrides, tmp_path):
     run_dir = run_in_process(*train_overrides, "max_iters=2", "eval_interval=2", f"out_dir={tmp_path / 'run'}")
@@ -84,6 +95,7 @@ def test_a_resume_records_its_overrides_in_the_runs_config(train_overrides, tmp_
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.max_iters == 4 and saved.resume is None  # report.py compares it with runs trained to 4 at once
     assert [step for step, _ in losses(run_dir)] == [1, 2, 3, 4]
+
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overrides, tmp_path):
     # Dropout: the RNG state must resume too; accumulation: so must the micro-step batches.
@@ -108,8 +120,14 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_loss_log(train_overri
 def test_a_muon_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(train_overrides):
     """optim.name=muon: Muon's momentum and AdamW's moments come back with the schedule's
     learning rates (the same resume path as above, in process: seconds)."""
-    overrides = [*train_overrides, "optim.name=muon", "model.dropout=0.1", "grad_accum_steps=2", "max_iters=8",
-                 "eval_interval=4"]
+    overrides = [
+        *train_overrides,
+        "optim.name=muon",
+        "model.dropout=0.1",
+        "grad_accum_steps=2",
+        "max_iters=8",
+        "eval_interval=4",
+    ]
     run_dir = run_in_process(*overrides)
     straight, final = losses(run_dir), run_dir / "checkpoints" / "step_000008"
     straight_weights = load_checkpoint(final).model_state
@@ -121,7 +139,9 @@ def test_a_muon_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(train
 
 def test_sigterm_finishes_the_step_saves_and_exits_cleanly(train_overrides, tmp_path):
     run_dir = tmp_path / "run"
-    process = start_train(*train_overrides, "max_iters=100000", "eval_interval=100000", f"out_dir={run_dir}", cwd=tmp_path)
+    process = start_train(
+        *train_overrides, "max_iters=100000", "eval_interval=100000", f"out_dir={run_dir}", cwd=tmp_path
+    )
     wait_for_step(run_dir, process, 3)
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=60)[0]
@@ -206,15 +226,24 @@ def test_best_points_at_the_lowest_validation_loss(train_overrides, monkeypatch)
         ("optim.min_lr=1.0", r"optim.min_lr \(1.0\) must not exceed optim.learning_rate"),
         ("tokens_per_step=1000", r"tokens_per_step \(1000\) must be a multiple of block_size \* world_size \(32 \*"),
         ("tokens_per_step=96", r"tokens_per_step \(96\) must be a multiple of batch_size \* block_size \* world_size"),
-        ("batch_size=auto", "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step"),
+        (
+            "batch_size=auto",
+            "batch_size=auto keeps the tokens per step through accumulation, so it needs tokens_per_step",
+        ),
         ("on_nonfinite=ignore", "on_nonfinite must be one of"),
-        ("logging.wandb.mode=cloud", r"logging.wandb.mode must be one of \('disabled', 'offline', 'online'\), got 'cloud'"),
+        (
+            "logging.wandb.mode=cloud",
+            r"logging.wandb.mode must be one of \('disabled', 'offline', 'online'\), got 'cloud'",
+        ),
         ("resume=nowhere", "no checkpoint at nowhere"),
         ("resume=true", r"no checkpoint found under .*pass resume=PATH"),
         ("resume=", "^resume is empty: pass a checkpoint or run directory, or leave it unset$"),
         ("runs_root=", "^runs_root must be a non-empty text, got ''$"),
         ("out_dir=", "^out_dir must be a non-empty text"),
-        ("model_path=runs/x", r"^model_path=runs/x is read only with init_from=checkpoint or hf, and init_from is scratch"),
+        (
+            "model_path=runs/x",
+            r"^model_path=runs/x is read only with init_from=checkpoint or hf, and init_from is scratch",
+        ),
         ("seed=-1", r"^seed must be in \[0, 4294967295\], got -1$"),
         ("seed=4294967296", r"^seed must be in \[0, 4294967295\], got 4294967296$"),
     ],
@@ -239,7 +268,10 @@ def test_missing_data_path_is_named(train_overrides, tmp_path):
 def test_cli_reports_errors_without_a_traceback(train_overrides, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *train_overrides, "model.n_embd=30"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 1
     assert "error: model.n_embd (30) must be divisible by n_head (4)" in result.stderr
@@ -264,7 +296,9 @@ def test_wandb_online_without_a_key_is_refused_before_any_work(train_overrides, 
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing prepared or created
 
 
-@pytest.mark.parametrize("source, message", [("checkpoint", "no checkpoint at .*missing"), ("hf", "no directory .*missing")])
+@pytest.mark.parametrize(
+    "source, message", [("checkpoint", "no checkpoint at .*missing"), ("hf", "no directory .*missing")]
+)
 def test_a_model_path_that_leads_nowhere_is_refused_before_any_work(train_overrides, tmp_path, source, message):
     with pytest.raises(CheckpointError, match=message):
         run_in_process(*train_overrides, f"init_from={source}", f"model_path={tmp_path / 'missing'}")
@@ -272,15 +306,19 @@ def test_a_model_path_that_leads_nowhere_is_refused_before_any_work(train_overri
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_resume_refuses_a_different_model_shape_or_group(train_overrides, tmp_path):
     run_dir = run_in_process(*train_overrides, "max_iters=10")
     shape = run_cli(f"resume={run_dir}", "model.n_layer=3", "model.qk_norm=true", cwd=tmp_path)
     assert shape.returncode == 1
-    assert "holds a different model: model.n_layer: 2 saved, 3 asked; model.qk_norm: False saved, True asked;" \
+    assert (
+        "holds a different model: model.n_layer: 2 saved, 3 asked; model.qk_norm: False saved, True asked;"
         in shape.stderr
+    )
     group = run_cli(f"resume={run_dir}", "model=gpt2", cwd=tmp_path)
     assert group.returncode == 1
     assert "cannot apply 'model=gpt2' when resuming" in group.stderr
@@ -303,8 +341,14 @@ def eval_records(run_dir):
 
 def test_uptraining_an_mha_checkpoint_into_mqa_reports_the_converted_loss(train_overrides):
     mha = run_in_process(*train_overrides)
-    mqa = run_in_process(*train_overrides, "init_from=checkpoint", f"model_path={mha}", "model.n_kv_head=1",
-                         "max_iters=5", "eval_interval=5")
+    mqa = run_in_process(
+        *train_overrides,
+        "init_from=checkpoint",
+        f"model_path={mha}",
+        "model.n_kv_head=1",
+        "max_iters=5",
+        "eval_interval=5",
+    )
     assert load_checkpoint(find_checkpoint(mqa, runs_root=mqa.parent)).model_config.n_kv_head == 1
     converted, mha_final = eval_records(mqa)[0], eval_records(mha)[-1]
     assert converted["step"] == 0  # the pooled model's loss, before any uptraining
@@ -319,19 +363,38 @@ def test_init_from_hugging_face_weights(train_overrides, tmp_path):
     hf_dir = tmp_path / "hf"
     hf_gpt2(n_layer=1, n_embd=16, n_head=2, vocab_size=50257, n_positions=32).save_pretrained(hf_dir)
     overrides = [o for o in train_overrides if o != "data.tokenizer=char"] + ["data.tokenizer=gpt2", "data.name=hfinit"]
-    run_dir = run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", "max_iters=2", "eval_interval=2",
-                             f"data.data_dir={tmp_path / 'gpt2data'}")
+    run_dir = run_in_process(
+        *overrides,
+        "init_from=hf",
+        f"model_path={hf_dir}",
+        "max_iters=2",
+        "eval_interval=2",
+        f"data.data_dir={tmp_path / 'gpt2data'}",
+    )
     config = load_checkpoint(find_checkpoint(run_dir, runs_root=run_dir.parent)).model_config
     assert (config.n_layer, config.n_embd, config.vocab_size, config.block_size) == (1, 16, 50257, 32)
 
     # A shorter context crops the position table, and the step's size is counted at it.
-    cropped = run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", "max_iters=2", "eval_interval=2",
-                             f"data.data_dir={tmp_path / 'gpt2data'}", "model.block_size=16", "tokens_per_step=128")
+    cropped = run_in_process(
+        *overrides,
+        "init_from=hf",
+        f"model_path={hf_dir}",
+        "max_iters=2",
+        "eval_interval=2",
+        f"data.data_dir={tmp_path / 'gpt2data'}",
+        "model.block_size=16",
+        "tokens_per_step=128",
+    )
     assert final_checkpoint(cropped).model_config.block_size == 16
     assert [r["tokens"] for r in read_metrics(cropped) if r["kind"] == "train"] == [128, 256]  # 4 x 16 x 2 micro-steps
     with pytest.raises(ValueError, match=r"model.block_size \(64\) is longer than the context of .* \(32\)"):
-        run_in_process(*overrides, "init_from=hf", f"model_path={hf_dir}", f"data.data_dir={tmp_path / 'gpt2data'}",
-                       "model.block_size=64")
+        run_in_process(
+            *overrides,
+            "init_from=hf",
+            f"model_path={hf_dir}",
+            f"data.data_dir={tmp_path / 'gpt2data'}",
+            "model.block_size=64",
+        )
     with pytest.raises(ValueError, match="init_from=hf needs the gpt2 tokenizer"):
         run_in_process(*train_overrides, "init_from=hf", f"model_path={hf_dir}")
 
@@ -360,14 +423,19 @@ def test_max_iters_zero_evaluates_a_checkpoint_and_writes_nothing(train_override
     printed = capsys.readouterr().out
     assert f"evaluated weights: init_from=checkpoint {run_dir}" in printed
     # The same eval batches as the run's own last evaluation, so the same figures.
-    assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in printed
+    assert (
+        f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in printed
+    )
     assert sorted(run_dir.parent.iterdir()) == runs_before
     # The form docs/training.md leads with: the run's own config, whatever its context (32 here, not the preset's 64).
     logged = read_metrics(run_dir)
     result = run_cli(f"resume={run_dir}", "max_iters=0", cwd=run_dir.parent.parent)
     assert result.returncode == 0, result.stderr
     assert "val windows of 32 tokens" in result.stdout
-    assert f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte" in result.stdout
+    assert (
+        f"val   loss {final['val_loss']:.4f} | ppl {final['val_ppl']:.2f} | {final['val_bpb']:.4f} bits/byte"
+        in result.stdout
+    )
     assert read_metrics(run_dir) == logged and sorted(run_dir.parent.iterdir()) == runs_before
 
 
@@ -378,7 +446,9 @@ def test_a_run_without_loss_scaling_resumes_in_fp16(train_overrides, tmp_path):
     assert final_checkpoint(run_dir).training_state()["scaler"]["scale"] == 65536.0  # fp16's own, fresh
 
 
-def test_resuming_an_older_checkpoint_says_so_and_a_resume_with_nothing_to_train_keeps_the_log(train_overrides, tmp_path):
+def test_resuming_an_older_checkpoint_says_so_and_a_resume_with_nothing_to_train_keeps_the_log(
+    train_overrides, tmp_path
+):
     run_dir = run_in_process(*train_overrides)  # checkpoints at steps 10, 20, 30
     before = read_metrics(run_dir)
     result = run_cli(f"resume={run_dir / 'checkpoints' / 'step_000020'}", "max_iters=20", cwd=tmp_path)

@@ -14,14 +14,21 @@ import pytest
 import torch
 
 from conf import OptimConfig
-from model import GPT
-from training.step import Trainer, train_step
-from run.distributed import Ranks
-from training.optim import build_optimizer
-from run.runtime import resolve_precision
-from training.step import NonFiniteLoss, Prefetcher, StepResult, TrainWindow, WindowSummary, check_finite
-
 from conftest import tiny_config
+from model import GPT
+from run.distributed import Ranks
+from run.runtime import resolve_precision
+from training.optim import build_optimizer
+from training.step import (
+    NonFiniteLoss,
+    Prefetcher,
+    StepResult,
+    Trainer,
+    TrainWindow,
+    WindowSummary,
+    check_finite,
+    train_step,
+)
 
 CPU = torch.device("cpu")
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
@@ -47,8 +54,21 @@ def make_step(precision="fp32", accum=1, grad_clip=1.0, seed=0, scaler=None, dev
     model = GPT(tiny_config(dropout=dropout)).to(device)
     prec = resolve_precision(precision, device)
     optimizer = build_optimizer(model, OptimConfig(name=optim, weight_decay=0.1, learning_rate=1e-2), device.type)
-    return model, optimizer, stepper(Trainer(model, optimizer, scaler or prec.grad_scaler(), prec.autocast(),
-                                             accum_steps=accum, grad_clip=grad_clip, ranks=Ranks()))
+    return (
+        model,
+        optimizer,
+        stepper(
+            Trainer(
+                model,
+                optimizer,
+                scaler or prec.grad_scaler(),
+                prec.autocast(),
+                accum_steps=accum,
+                grad_clip=grad_clip,
+                ranks=Ranks(),
+            )
+        ),
+    )
 
 
 def stepper(trainer):
@@ -70,6 +90,7 @@ def assert_same(a, b):
 
 def poison_gradient_once(model):
     """An inf in one gradient element during the next backward, the loss staying finite."""
+
     def hook(grad):
         handle.remove()
         grad = grad.clone()
@@ -90,7 +111,9 @@ def test_an_inf_gradient_with_a_finite_loss_applies_no_update_and_leaves_no_trac
     assert_same(weights(model), before)  # neither the update nor weight decay touched a weight
     parts = optimizer.parts.values() if optim == "muon" else [optimizer]
     # Adam's bias correction unmoved, Muon's momentum not started
-    assert all(state.get("step", 0) == 0 and "momentum_buffer" not in state for part in parts for state in part.state.values())
+    assert all(
+        state.get("step", 0) == 0 and "momentum_buffer" not in state for part in parts for state in part.state.values()
+    )
 
     applied = step(Batches(), 1)
     twin, _, twin_step = make_step(optim=optim)  # the same initial weights, never saw the bad step
@@ -198,7 +221,13 @@ def test_the_window_averages_the_applied_steps_and_remembers_the_first_bad_one()
     assert (summary.steps, summary.loss, summary.skipped, summary.nonfinite) == (4, 3.0, 2, 2)
     assert summary.first_nonfinite_step == 12 and summary.stop
     fresh = window.read()  # reading starts a new window
-    assert (fresh.steps, fresh.loss, fresh.nonfinite, fresh.first_nonfinite_step, fresh.stop) == (0, None, 0, None, False)
+    assert (fresh.steps, fresh.loss, fresh.nonfinite, fresh.first_nonfinite_step, fresh.stop) == (
+        0,
+        None,
+        0,
+        None,
+        False,
+    )
 
 
 def reference_gradients(batches, parts, seed=0):
@@ -262,8 +291,17 @@ def test_an_unfused_optimizer_skips_too():
     torch.manual_seed(0)
     model = GPT(tiny_config())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    step = stepper(Trainer(model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
-                           resolve_precision("fp32", CPU).autocast(), accum_steps=1, grad_clip=1.0, ranks=Ranks()))
+    step = stepper(
+        Trainer(
+            model,
+            optimizer,
+            torch.amp.GradScaler("cpu", enabled=False),
+            resolve_precision("fp32", CPU).autocast(),
+            accum_steps=1,
+            grad_clip=1.0,
+            ranks=Ranks(),
+        )
+    )
     before = weights(model)
     poison_gradient_once(model)
     assert bool(step(Batches(), 0).skipped)
@@ -325,10 +363,13 @@ def test_cuda_inf_gradient_is_skipped_on_the_device():
     assert_same(weights(model), before)
 
 
-@pytest.mark.parametrize("optimizer, named", [("adamw", r"Lower optim\.learning_rate,"),
-                                               ("muon", r"Lower optim\.muon_lr \(Muon's.*or optim\.learning_rate")])
+@pytest.mark.parametrize(
+    "optimizer, named",
+    [("adamw", r"Lower optim\.learning_rate,"), ("muon", r"Lower optim\.muon_lr \(Muon's.*or optim\.learning_rate")],
+)
 def test_the_nonfinite_advice_names_the_learning_rate_that_applies(optimizer, named):
-    summary = WindowSummary(steps=1, loss=None, grad_norm=math.inf, skipped=1, nonfinite=1,
-                            first_nonfinite_step=7, stop=False)
+    summary = WindowSummary(
+        steps=1, loss=None, grad_norm=math.inf, skipped=1, nonfinite=1, first_nonfinite_step=7, stop=False
+    )
     with pytest.raises(NonFiniteLoss, match=named):
         check_finite(summary, "stop", None, logger=None, optimizer=optimizer)

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from run.metrics import read_metrics
+from run.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
 from training.logger import RunLogger
 from training.mfu import estimate_mfu, gpu_datasheet_peak, measure_matmul_flops
-from run.runtime import configure_cuda, resolve_device, resolve_precision, rng_state, set_rng_state
 from training.step import learning_rate
-
 
 SCHEDULE = dict(max_lr=1e-3, min_lr=1e-4, warmup_iters=100, decay_iters=2000)
 
@@ -66,28 +65,33 @@ def test_mfu_is_achieved_over_peak():
     assert estimate_mfu(6e9, 1000.0, 12e12) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("name, precision, label, flops", [
-    ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989e12),
-    ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756e12),
-    ("NVIDIA H100 NVL", "bf16", "H100 NVL", 835e12),
-    ("NVIDIA H200", "tf32", "H200 SXM", 494e12),
-    ("NVIDIA H200 NVL", "bf16", "H200 NVL", 835e12),
-    ("NVIDIA A100-SXM4-80GB", "bf16", "A100", 312e12),
-    ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5e12),
-    ("NVIDIA L4", "bf16", "L4", 121e12),
-    ("NVIDIA L40", "bf16", "L40", 181e12),
-    ("NVIDIA L40S", "bf16", "L40S", 362e12),
-    ("NVIDIA GeForce RTX 4090", "bf16", "RTX 4090", 165e12),
-    ("Tesla V100-SXM2-16GB", "fp16", "V100 SXM2", 125e12),
-    ("Tesla T4", "fp16", "T4", 65e12),
-])
+@pytest.mark.parametrize(
+    "name, precision, label, flops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989e12),
+        ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", "bf16", "H100 NVL", 835e12),
+        ("NVIDIA H200", "tf32", "H200 SXM", 494e12),
+        ("NVIDIA H200 NVL", "bf16", "H200 NVL", 835e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16", "A100", 312e12),
+        ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5e12),
+        ("NVIDIA L4", "bf16", "L4", 121e12),
+        ("NVIDIA L40", "bf16", "L40", 181e12),
+        ("NVIDIA L40S", "bf16", "L40S", 362e12),
+        ("NVIDIA GeForce RTX 4090", "bf16", "RTX 4090", 165e12),
+        ("Tesla V100-SXM2-16GB", "fp16", "V100 SXM2", 125e12),
+        ("Tesla T4", "fp16", "T4", 65e12),
+    ],
+)
 def test_gpu_peaks_match_the_whole_device_name(name, precision, label, flops):
     peak = gpu_datasheet_peak(name, precision)
     assert peak.flops == flops and peak.source == f"{label} datasheet, {precision}"
 
 
-@pytest.mark.parametrize("name, precision", [("NVIDIA A10G", "bf16"), ("NVIDIA L40G", "bf16"), ("Tesla T4", "bf16"),
-                                             ("NVIDIA H100X", "bf16")])
+@pytest.mark.parametrize(
+    "name, precision",
+    [("NVIDIA A10G", "bf16"), ("NVIDIA L40G", "bf16"), ("Tesla T4", "bf16"), ("NVIDIA H100X", "bf16")],
+)
 def test_unknown_gpus_and_precisions_have_no_peak(name, precision):
     assert gpu_datasheet_peak(name, precision) is None  # MFU is then not reported, rather than wrong
 
@@ -136,8 +140,9 @@ def test_tf32_false_means_true_fp32_matmuls():
 
 
 def make_logger(run_dir, start_step):
-    return RunLogger(run_dir, start_step=start_step, max_iters=10, progress=False,
-                     wandb_settings={"mode": "disabled"}, config={})
+    return RunLogger(
+        run_dir, start_step=start_step, max_iters=10, progress=False, wandb_settings={"mode": "disabled"}, config={}
+    )
 
 
 def test_resumed_metrics_log_drops_records_after_the_checkpoint(tmp_path, capsys):
@@ -151,7 +156,12 @@ def test_resumed_metrics_log_drops_records_after_the_checkpoint(tmp_path, capsys
     resumed.log({"kind": "train", "step": 5, "loss": 0.5})
     resumed.close()
     assert [(r["kind"], r["step"]) for r in read_metrics(tmp_path)] == [
-        ("train", 1), ("train", 2), ("train", 3), ("train", 4), ("eval", 4), ("train", 5)
+        ("train", 1),
+        ("train", 2),
+        ("train", 3),
+        ("train", 4),
+        ("eval", 4),
+        ("train", 5),
     ]
 
 
@@ -162,7 +172,8 @@ def test_a_precision_slower_than_fp32_on_this_cpu_is_named_with_both_rates(monke
     monkeypatch.setattr(mfu, "measure_matmul_flops", lambda size=2048, trials=3, dtype=torch.float32: rates[dtype])
     assert mfu.slow_cpu_precision("bf16") == (
         "precision=bf16 on this CPU: matmuls run 30x slower than in fp32 (measured just now: 5 against 150 "
-        "GFLOP/s); precision=fp32 is faster here")
+        "GFLOP/s); precision=fp32 is faster here"
+    )
     assert mfu.slow_cpu_precision("fp16") is None  # faster than fp32 here: nothing to say
     assert mfu.slow_cpu_precision("fp32") is None
 
@@ -181,8 +192,9 @@ def test_a_torn_last_line_is_dropped_and_said_so_and_appending_goes_on(tmp_path,
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n{"kind": "train", "step": 2, "lo')  # disk full
     assert read_metrics(tmp_path) == [{"kind": "train", "step": 1, "loss": 2.0}]
-    assert "metrics.jsonl: its last line was cut short by an interrupted write and is left out" in \
-        capsys.readouterr().err  # what a reader such as report.py says
+    assert (
+        "metrics.jsonl: its last line was cut short by an interrupted write and is left out" in capsys.readouterr().err
+    )  # what a reader such as report.py says
     logger = make_logger(tmp_path, 1)
     logger.log({"kind": "train", "step": 2, "loss": 1.5})
     logger.close()
@@ -211,7 +223,9 @@ def test_a_resume_that_trains_nothing_keeps_the_whole_log(tmp_path):
     for step in range(1, 5):
         logger.log({"kind": "train", "step": step, "loss": 1.0})
     logger.close()
-    RunLogger(tmp_path, start_step=2, max_iters=2, progress=False, wandb_settings={"mode": "disabled"}, config={}).close()
+    RunLogger(
+        tmp_path, start_step=2, max_iters=2, progress=False, wandb_settings={"mode": "disabled"}, config={}
+    ).close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
 
 
@@ -245,8 +259,10 @@ def test_the_run_lock_names_its_holder_and_is_free_again_after(tmp_path):
 def test_an_allocation_that_failed_is_one_line_and_other_errors_are_not_hidden():
     from system import describe_out_of_memory as out_of_memory
 
-    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: "
-                       "you tried to allocate 40243200000 bytes. Error code 12 (Cannot allocate memory)")
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 40243200000 bytes. Error code 12 (Cannot allocate memory)"
+    )
     assert out_of_memory(cpu, "lower batch_size").startswith("out of memory ([enforce fail")
     assert out_of_memory(cpu, "lower batch_size").endswith("Cannot allocate memory)): lower batch_size")
     cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
@@ -265,18 +281,35 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("script, module, function, advice", [
-    ("train.py", "conf", "load_config", "lower batch_size, model.block_size or the model's size"),
-    ("sample.py", "conf.sample_config", "load_sample_config", "lower num_samples, or the model's memory with weights=bf16"),
-])
+@pytest.mark.parametrize(
+    "script, module, function, advice",
+    [
+        ("train.py", "conf", "load_config", "lower batch_size, model.block_size or the model's size"),
+        (
+            "sample.py",
+            "conf.sample_config",
+            "load_sample_config",
+            "lower num_samples, or the model's memory with weights=bf16",
+        ),
+    ],
+)
 def test_out_of_memory_ends_a_script_with_one_line_of_advice(tmp_path, script, module, function, advice):
     repo = Path(__file__).resolve().parents[1]
     wrapper = tmp_path / "allocate.py"
     wrapper.write_text(OUT_OF_MEMORY.format(module=module, function=function, script=str(repo / script)))
-    result = subprocess.run([sys.executable, str(wrapper)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
+    result = subprocess.run(
+        [sys.executable, str(wrapper)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("error: out of memory (DefaultCPUAllocator: can't allocate memory") and advice in result.stderr
+    assert (
+        result.stderr.startswith("error: out of memory (DefaultCPUAllocator: can't allocate memory")
+        and advice in result.stderr
+    )
 
 
 def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
@@ -286,9 +319,14 @@ def test_a_run_writes_its_groups_before_its_config(tmp_path, monkeypatch):
     from run import run_dir
 
     written, save, write_atomic = [], OmegaConf.save, run_dir.write_atomic
-    monkeypatch.setattr(OmegaConf, "save", lambda config, path, **kwargs: (written.append(Path(path).name),
-                                                                          save(config, path, **kwargs)))
-    monkeypatch.setattr(run_dir, "write_atomic", lambda path, text: (written.append(path.name), write_atomic(path, text)))
+    monkeypatch.setattr(
+        OmegaConf,
+        "save",
+        lambda config, path, **kwargs: (written.append(Path(path).name), save(config, path, **kwargs)),
+    )
+    monkeypatch.setattr(
+        run_dir, "write_atomic", lambda path, text: (written.append(path.name), write_atomic(path, text))
+    )
     run_dir.save_run_config(tmp_path, {"seed": 1, "resume": "somewhere"})
     assert written == ["groups.yaml", "config.yaml"]
     assert OmegaConf.load(tmp_path / "config.yaml") == {"seed": 1, "resume": None}  # replaced whole, resume cleared

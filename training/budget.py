@@ -26,8 +26,12 @@ class Budget:
 
 
 def training_budget(
-    *, max_iters: int, tokens_per_param: float | None, match_mha_flops: bool,
-    model_config: GPTConfig, tokens_per_step: int,
+    *,
+    max_iters: int,
+    tokens_per_param: float | None,
+    match_mha_flops: bool,
+    model_config: GPTConfig,
+    tokens_per_step: int,
 ) -> Budget:
     if tokens_per_param is None and not match_mha_flops:
         return Budget(max_iters, "")
@@ -36,8 +40,7 @@ def training_budget(
     if tokens_per_param is not None:
         non_embedding = mha.num_params(exclude_embeddings=True)
         steps = tokens_per_param * non_embedding / tokens_per_step
-        reasons.append(f"{tokens_per_param:g} tokens per non-embedding parameter of the MHA shape "
-                       f"({non_embedding:,})")
+        reasons.append(f"{tokens_per_param:g} tokens per non-embedding parameter of the MHA shape ({non_embedding:,})")
     if match_mha_flops:
         ratio = mha.flops_per_token() / GPT.shapes_only(model_config).flops_per_token()
         steps *= ratio
@@ -49,6 +52,9 @@ def training_budget(
 def run_budget(config: Config, model_config: GPTConfig, tokens_per_step: int) -> Budget:
     """The run's steps, of `tokens_per_step` tokens each (all processes together)."""
     return training_budget(
-        max_iters=config.max_iters, tokens_per_param=config.tokens_per_param, match_mha_flops=config.match_mha_flops,
-        model_config=model_config, tokens_per_step=tokens_per_step,
+        max_iters=config.max_iters,
+        tokens_per_param=config.tokens_per_param,
+        match_mha_flops=config.match_mha_flops,
+        model_config=model_config,
+        tokens_per_step=tokens_per_step,
     )

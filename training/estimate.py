@@ -24,8 +24,9 @@ class Estimate:
     cost: float | None  # gpu_hours x the price of a GPU-hour; None without a price
 
 
-def estimate(*, steps: int, tokens_per_step: int, tok_per_s: float, world_size: int,
-             gpu_hour: float | None) -> Estimate:
+def estimate(
+    *, steps: int, tokens_per_step: int, tok_per_s: float, world_size: int, gpu_hour: float | None
+) -> Estimate:
     """`steps` optimizer steps of `tokens_per_step` tokens at `tok_per_s` (all processes together)."""
     seconds = steps * tokens_per_step / tok_per_s
     gpu_hours = seconds / 3600 * world_size
@@ -44,8 +45,11 @@ def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int | Non
     """The run's tokens, the prepared train split's, and how many passes over it they make
     (batches are random windows: a pass is that many tokens drawn, not each token once)."""
     total = max_iters * tokens_per_step
-    split = ("train split not prepared yet" if train_tokens is None else
-             f"prepared train split: {train_tokens:,} ({rounded(train_tokens)}) | {total / train_tokens:.2f} epochs")
+    split = (
+        "train split not prepared yet"
+        if train_tokens is None
+        else f"prepared train split: {train_tokens:,} ({rounded(train_tokens)}) | {total / train_tokens:.2f} epochs"
+    )
     return f"tokens: {max_iters:,} steps x {tokens_per_step:,} = {total:,} ({rounded(total)}) | {split}"
 
 
@@ -66,16 +70,33 @@ def rounded(count: int) -> str:
     return f"{count / 1e3:.1f}k"
 
 
-def estimate_line(*, tok_per_s: float, measured: tuple[int, int], steps_to_go: int, tokens_per_step: int,
-                  world_size: int, gpu_hour: float | None) -> str:
+def estimate_line(
+    *,
+    tok_per_s: float,
+    measured: tuple[int, int],
+    steps_to_go: int,
+    tokens_per_step: int,
+    world_size: int,
+    gpu_hour: float | None,
+) -> str:
     """One line: the measured rate (over optimizer steps measured[0]..measured[1]), the
     time the steps to go take at that rate and, with a price, what they cost."""
-    e = estimate(steps=steps_to_go, tokens_per_step=tokens_per_step, tok_per_s=tok_per_s, world_size=world_size,
-                 gpu_hour=gpu_hour)
-    cost = ("cost.gpu_hour=<price> adds the cost" if e.cost is None else
-            f"cost {e.cost:,.2f} ({e.gpu_hours:,.1f} GPU-hours x {gpu_hour:g}, {world_size} GPU(s))")
-    return (f"estimate: {tok_per_s:,.0f} tokens/s (steps {measured[0]}-{measured[1]}) | {steps_to_go:,} steps to "
-            f"max_iters: {duration(e.seconds)} of training, evaluations not included | {cost}")
+    e = estimate(
+        steps=steps_to_go,
+        tokens_per_step=tokens_per_step,
+        tok_per_s=tok_per_s,
+        world_size=world_size,
+        gpu_hour=gpu_hour,
+    )
+    cost = (
+        "cost.gpu_hour=<price> adds the cost"
+        if e.cost is None
+        else f"cost {e.cost:,.2f} ({e.gpu_hours:,.1f} GPU-hours x {gpu_hour:g}, {world_size} GPU(s))"
+    )
+    return (
+        f"estimate: {tok_per_s:,.0f} tokens/s (steps {measured[0]}-{measured[1]}) | {steps_to_go:,} steps to "
+        f"max_iters: {duration(e.seconds)} of training, evaluations not included | {cost}"
+    )
 
 
 def duration(seconds: float) -> str:

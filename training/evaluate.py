@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conf import WHOLE_VAL  # eval_whole_val: which evaluations cover the whole val split
 from data import BatchLoader, DataError
 from run.distributed import Ranks, all_reduce_sum
 from run.runtime import Precision
 
 EVAL_SEED = 1_000_003  # the evaluation windows' own draw, the same for every run
 SPLITS = ("train", "val")
-from conf import WHOLE_VAL  # eval_whole_val: which evaluations cover the whole val split
 
 
 class Evaluator:
@@ -58,7 +58,12 @@ class Evaluator:
             split: BatchLoader(data_dir, split, block_size, batch_size, EVAL_SEED, device=device) for split in SPLITS
         }
         self.eval_iters, self.whole_val, self.precision, self.ranks, self.device = (
-            eval_iters, whole_val, precision, ranks, device)
+            eval_iters,
+            whole_val,
+            precision,
+            ranks,
+            device,
+        )
         self.micro_batch = micro_batch or batch_size  # a batch's windows go through the model this many at a time
         self.token_bytes = torch.tensor(token_bytes, dtype=torch.float64, device=device)  # (tokenizer vocab,)
 
@@ -79,8 +84,9 @@ class Evaluator:
                         logits = model(x)[0]
                     losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
                     window = losses.view(y.shape).double().mean(1)  # (B,)
-                    split_sums += torch.stack([window.sum(), window.square().sum(), window.new_tensor(len(window)),
-                                               self.token_bytes[y].sum()])
+                    split_sums += torch.stack(
+                        [window.sum(), window.square().sum(), window.new_tensor(len(window)), self.token_bytes[y].sum()]
+                    )
             sums.append(split_sums)
         model.train()
         values = all_reduce_sum(self.ranks, torch.stack(sums)).tolist()  # the one host read
@@ -108,7 +114,9 @@ class Evaluator:
         for i in range(self.ranks.rank, math.ceil(len(starts) / b), self.ranks.world_size):
             windows = np.stack([loader.tokens[s : s + t + 1] for s in starts[i * b : (i + 1) * b]]).astype(np.int64)
             if windows.max() >= loader.vocab_size:
-                raise DataError(f"{loader.shard} holds token id {windows.max()} but the vocabulary has "
-                                f"{loader.vocab_size} ids: the shard is corrupt; prepare the data again")
+                raise DataError(
+                    f"{loader.shard} holds token id {windows.max()} but the vocabulary has "
+                    f"{loader.vocab_size} ids: the shard is corrupt; prepare the data again"
+                )
             windows = torch.from_numpy(windows).to(self.device)
             yield windows[:, :-1], windows[:, 1:]

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from run.metrics import METRICS, rewrite_up_to
 
+
 class RunLogger:
     """Writes every record to <run_dir>/metrics.jsonl, shows progress on the
     console (a live bar on a terminal, plain lines otherwise) and mirrors
@@ -61,7 +62,10 @@ class RunLogger:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.wandb_run is not None:
-            self.wandb_run.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "step", "time")}, step=record["step"])
+            self.wandb_run.log(
+                {f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "step", "time")},
+                step=record["step"],
+            )
         if record["kind"] == "train" and not self.bar.disable:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(_format(record, ("loss", "lr", "tok_per_s", "mfu")), refresh=True)

@@ -65,9 +65,11 @@ def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> Peak 
     if device.type == "cuda":
         matmul_precision = "tf32" if precision == "fp32" and tf32 else precision
         return gpu_datasheet_peak(torch.cuda.get_device_name(device), matmul_precision)
-    return Peak(measure_matmul_flops(dtype=DTYPES[precision]),
-                f"CPU matmul rate measured at start-up, {precision}: this run's own, so MFU compares "
-                "across runs only on an otherwise idle machine")
+    return Peak(
+        measure_matmul_flops(dtype=DTYPES[precision]),
+        f"CPU matmul rate measured at start-up, {precision}: this run's own, so MFU compares "
+        "across runs only on an otherwise idle machine",
+    )
 
 
 def run_peak(setting: float | None, device: torch.device, precision: str, tf32: bool) -> Peak | None:
@@ -85,9 +87,11 @@ def slow_cpu_precision(precision: str) -> str | None:
     fp32, chosen = (measure_matmul_flops(size=512, dtype=DTYPES[p]) for p in ("fp32", precision))
     if chosen * 1.5 > fp32:
         return None
-    return (f"precision={precision} on this CPU: matmuls run {fp32 / chosen:.0f}x slower than in fp32 "
-            f"(measured just now: {chosen / 1e9:.0f} against {fp32 / 1e9:.0f} GFLOP/s); precision=fp32 is "
-            "faster here")
+    return (
+        f"precision={precision} on this CPU: matmuls run {fp32 / chosen:.0f}x slower than in fp32 "
+        f"(measured just now: {chosen / 1e9:.0f} against {fp32 / 1e9:.0f} GFLOP/s); precision=fp32 is "
+        "faster here"
+    )
 
 
 def measure_matmul_flops(size: int = 2048, trials: int = 3, dtype: torch.dtype = torch.float32) -> float:

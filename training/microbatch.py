@@ -65,21 +65,42 @@ class MicroBatch:
 
     def record(self, step: int) -> dict:
         """metrics.jsonl's record of batch_size=auto's choice."""
-        return {"kind": "micro_batch", "step": step, "batch_size": self.size, "accum": self.accum,
-                "peak_bytes": self.peak, "capacity_bytes": self.capacity,
-                "tried": {str(size): peak for size, peak in self.tried.items()}}
+        return {
+            "kind": "micro_batch",
+            "step": step,
+            "batch_size": self.size,
+            "accum": self.accum,
+            "peak_bytes": self.peak,
+            "capacity_bytes": self.capacity,
+            "tried": {str(size): peak for size, peak in self.tried.items()},
+        }
 
 
-def build_trainer(config: Config, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer,
-                  scaler: torch.amp.GradScaler, precision: Precision, ranks: Ranks, device: torch.device, *,
-                  vocab_size: int) -> tuple[torch.nn.Module, Trainer, MicroBatch]:
+def build_trainer(
+    config: Config,
+    plan: Plan,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    ranks: Ranks,
+    device: torch.device,
+    *,
+    vocab_size: int,
+) -> tuple[torch.nn.Module, Trainer, MicroBatch]:
     """The model evaluation runs (compiled when asked), the step's Trainer and its micro-batch:
     batch_size's, or batch_size=auto's, the largest that fits, tried on the device."""
     compiled = torch.compile(model) if config.compile else model
     micro = choose_micro_batch(plan, model, compiled, config, precision, ranks, device, vocab_size)
-    trainer = Trainer(wrap_model(compiled, ranks, device),  # DDP broadcasts rank 0's weights here
-                      optimizer, scaler, precision.autocast(), accum_steps=micro.accum,
-                      grad_clip=config.optim.grad_clip, ranks=ranks)
+    trainer = Trainer(
+        wrap_model(compiled, ranks, device),  # DDP broadcasts rank 0's weights here
+        optimizer,
+        scaler,
+        precision.autocast(),
+        accum_steps=micro.accum,
+        grad_clip=config.optim.grad_clip,
+        ranks=ranks,
+    )
     return compiled, trainer, micro
 
 
@@ -89,19 +110,24 @@ def plan_micro_batches(config: Config, block_size: int, world_size: int, device:
     if config.tokens_per_step is None:  # batch_size is a number here (a config rule)
         return Plan((config.batch_size,), config.batch_size * (config.grad_accum_steps or 1), auto=False)
     if config.tokens_per_step % per_micro_sequence:
-        raise ValueError(f"tokens_per_step ({config.tokens_per_step}) must be a multiple of block_size * "
-                         f"world_size ({block_size} * {world_size} = {per_micro_sequence})")
+        raise ValueError(
+            f"tokens_per_step ({config.tokens_per_step}) must be a multiple of block_size * "
+            f"world_size ({block_size} * {world_size} = {per_micro_sequence})"
+        )
     sequences = config.tokens_per_step // per_micro_sequence
     if config.batch_size != "auto":
         if sequences % config.batch_size:
             raise ValueError(
                 f"tokens_per_step ({config.tokens_per_step}) must be a multiple of batch_size * block_size * "
                 f"world_size ({config.batch_size} * {block_size} * {world_size} = "
-                f"{config.batch_size * per_micro_sequence})")
+                f"{config.batch_size * per_micro_sequence})"
+            )
         return Plan((config.batch_size,), sequences, auto=False)
     if device_memory(device) is None:
-        raise ValueError(f"batch_size=auto searches a GPU's memory, and this run is on {device.type}, whose "
-                         "allocations past the RAM swap instead of failing: give batch_size a number (e.g. 8)")
+        raise ValueError(
+            f"batch_size=auto searches a GPU's memory, and this run is on {device.type}, whose "
+            "allocations past the RAM swap instead of failing: give batch_size a number (e.g. 8)"
+        )
     return Plan(tuple(size for size in range(sequences, 0, -1) if sequences % size == 0), sequences, auto=True)
 
 
@@ -137,8 +163,16 @@ def device_memory(device: torch.device) -> DeviceMemory | None:
     return CudaMemory(device) if device.type == "cuda" else None
 
 
-def choose_micro_batch(plan: Plan, model: nn.Module, compiled: nn.Module, config: Config, precision: Precision,
-                       ranks: Ranks, device: torch.device, vocab_size: int) -> MicroBatch:
+def choose_micro_batch(
+    plan: Plan,
+    model: nn.Module,
+    compiled: nn.Module,
+    config: Config,
+    precision: Precision,
+    ranks: Ranks,
+    device: torch.device,
+    vocab_size: int,
+) -> MicroBatch:
     """The micro-batch the run steps with: the plan's one, or batch_size=auto's search on the device."""
     if not plan.auto:
         return MicroBatch(plan.sizes[0], plan.accum(plan.sizes[0]))
@@ -157,8 +191,10 @@ def choose_micro_batch(plan: Plan, model: nn.Module, compiled: nn.Module, config
         size = largest_that_fits(plan.sizes, fits)
     size = smallest_across_ranks(ranks, size, device)
     if size is None:
-        raise ValueError(f"batch_size=auto: not even a micro-batch of 1 fits in {gib(int((1 - MARGIN) * capacity))} "
-                         f"({1 - MARGIN:.0%} of {gib(capacity)}): lower {smaller_run(config)}")
+        raise ValueError(
+            f"batch_size=auto: not even a micro-batch of 1 fits in {gib(int((1 - MARGIN) * capacity))} "
+            f"({1 - MARGIN:.0%} of {gib(capacity)}): lower {smaller_run(config)}"
+        )
     return MicroBatch(size, plan.accum(size), tried.get(size), capacity, tried)
 
 
@@ -187,8 +223,16 @@ def smallest_across_ranks(ranks: Ranks, size: int | None, device: torch.device) 
 class Trial:
     """The run's step at one micro-batch, on random tokens, with a throwaway optimizer."""
 
-    def __init__(self, model: nn.Module, compiled: nn.Module, optim: OptimConfig, precision: Precision,
-                 device: torch.device, vocab_size: int, block_size: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        compiled: nn.Module,
+        optim: OptimConfig,
+        precision: Precision,
+        device: torch.device,
+        vocab_size: int,
+        block_size: int,
+    ) -> None:
         self.model, self.compiled, self.optim, self.precision = model, compiled, optim, precision
         self.device, self.vocab_size, self.block_size = device, vocab_size, block_size
 
@@ -206,8 +250,15 @@ class Trial:
 
     def run(self, size: int, accum: int) -> None:
         optimizer = build_optimizer(self.model, self.optim, self.device.type)
-        trainer = Trainer(self.compiled, optimizer, self.precision.grad_scaler(), self.precision.autocast(),
-                          accum_steps=accum, grad_clip=self.optim.grad_clip, ranks=Ranks())
+        trainer = Trainer(
+            self.compiled,
+            optimizer,
+            self.precision.grad_scaler(),
+            self.precision.autocast(),
+            accum_steps=accum,
+            grad_clip=self.optim.grad_clip,
+            ranks=Ranks(),
+        )
         batches = RandomBatches(self.vocab_size, size, self.block_size, self.device)
         for step in range(TRIAL_STEPS):
             result = train_step(trainer, batches, step)
@@ -225,31 +276,44 @@ class Trial:
 
 def choice_line(micro: MicroBatch, tokens_per_step: int) -> str:
     """What batch_size=auto chose, and what it measured."""
-    tried = ", ".join(f"{size}: {'out of memory' if peak is None else gib(peak)}"
-                      for size, peak in sorted(micro.tried.items(), reverse=True))
+    tried = ", ".join(
+        f"{size}: {'out of memory' if peak is None else gib(peak)}"
+        for size, peak in sorted(micro.tried.items(), reverse=True)
+    )
     peak = "not tried on this rank" if micro.peak is None else gib(micro.peak)
-    return (f"batch_size=auto: {micro.size} sequences per micro-batch, {micro.accum} per step keep tokens_per_step="
-            f"{tokens_per_step:,} | peak {peak} of {gib(micro.capacity)}, {MARGIN:.0%} kept free | tried {tried}")
+    return (
+        f"batch_size=auto: {micro.size} sequences per micro-batch, {micro.accum} per step keep tokens_per_step="
+        f"{tokens_per_step:,} | peak {peak} of {gib(micro.capacity)}, {MARGIN:.0%} kept free | tried {tried}"
+    )
 
 
 def smaller_run(config: Config) -> str:
     """What else holds memory, beside the micro-batch."""
-    return ("model.block_size or the model's size" + ("" if config.compile else ", or set compile=true (it keeps "
-            "fewer activations)") + (", or precision=bf16" if config.precision == "fp32" else ""))
+    return (
+        "model.block_size or the model's size"
+        + ("" if config.compile else ", or set compile=true (it keeps fewer activations)")
+        + (", or precision=bf16" if config.precision == "fp32" else "")
+    )
 
 
 def out_of_memory_advice(config: Config) -> str:
     """What to make smaller after an out-of-memory, under this config's way of batching."""
     rest = smaller_run(config)
     if config.batch_size == "auto":
-        return (f"batch_size=auto already chose the largest micro-batch that fit its trial with {MARGIN:.0%} free; "
-                f"something else took memory (evaluation, another process): give batch_size a number below its "
-                f"choice, or lower {rest}")
+        return (
+            f"batch_size=auto already chose the largest micro-batch that fit its trial with {MARGIN:.0%} free; "
+            f"something else took memory (evaluation, another process): give batch_size a number below its "
+            f"choice, or lower {rest}"
+        )
     if config.tokens_per_step is not None:
-        return (f"lower batch_size (tokens_per_step={config.tokens_per_step} keeps the tokens per step through more "
-                f"micro-batches; batch_size=auto finds the largest that fits on a GPU), or lower {rest}")
-    return (f"lower batch_size and raise grad_accum_steps to keep the tokens per step (or set tokens_per_step, "
-            f"which does it for you), or lower {rest}")
+        return (
+            f"lower batch_size (tokens_per_step={config.tokens_per_step} keeps the tokens per step through more "
+            f"micro-batches; batch_size=auto finds the largest that fits on a GPU), or lower {rest}"
+        )
+    return (
+        f"lower batch_size and raise grad_accum_steps to keep the tokens per step (or set tokens_per_step, "
+        f"which does it for you), or lower {rest}"
+    )
 
 
 @contextlib.contextmanager

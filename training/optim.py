@@ -28,7 +28,10 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, device_type: str) -> t
     hidden = hidden_matrix_names(model)
     muon = torch.optim.Muon(
         [{"params": [p for name, p in params.items() if name in hidden], MUON_GROUP: True}],
-        lr=optim.muon_lr, weight_decay=optim.muon_weight_decay, momentum=optim.muon_momentum, nesterov=True,
+        lr=optim.muon_lr,
+        weight_decay=optim.muon_weight_decay,
+        momentum=optim.muon_momentum,
+        nesterov=True,
         adjust_lr_fn=optim.muon_adjust_lr,
     )
     return MuonWithAdamW(muon, adamw([p for name, p in params.items() if name not in hidden], optim, device_type))
@@ -38,8 +41,11 @@ def hidden_matrix_names(model: nn.Module) -> set[str]:
     """The parameters Muon updates: the weight of every linear layer inside the transformer
     blocks (attention's c_attn and c_proj, the MLP's c_fc, c_gate and c_proj). Chosen by
     role, not by shape: the embeddings and an untied head are 2-D too, and stay with AdamW."""
-    return {f"transformer.h.{name}.weight" for name, module in model.transformer.h.named_modules()
-            if isinstance(module, nn.Linear)}
+    return {
+        f"transformer.h.{name}.weight"
+        for name, module in model.transformer.h.named_modules()
+        if isinstance(module, nn.Linear)
+    }
 
 
 def adamw(params: list[nn.Parameter], optim: OptimConfig, device_type: str) -> torch.optim.AdamW:

@@ -35,10 +35,17 @@ def git_state(paths: tuple[str, ...] = ()) -> str:
     """The commit, and whether the tree (or `paths` in it) differs from it (read-only: no index refresh)."""
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                env=env, check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths], cwd=ROOT,
-                                 capture_output=True, text=True, env=env, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     where = f" in {' or '.join(p + '/' for p in paths)}" if paths else ""

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from data import BatchLoader
-from system import UserError
 from run.distributed import Ranks
+from system import UserError
 from training.logger import RunLogger
 
 
@@ -51,11 +51,15 @@ def learning_rate(step: int, *, max_lr: float, min_lr: float, warmup_iters: int,
 def schedule_warnings(*, max_iters: int, warmup_iters: int, decay_iters: int) -> list[str]:
     """What about a learning-rate schedule is legal but probably not meant."""
     if max_iters < warmup_iters:
-        return [f"max_iters ({max_iters}) ends inside the warmup (optim.warmup_iters={warmup_iters}): the "
-                "learning rate never reaches its peak and never decays; lower optim.warmup_iters"]
+        return [
+            f"max_iters ({max_iters}) ends inside the warmup (optim.warmup_iters={warmup_iters}): the "
+            "learning rate never reaches its peak and never decays; lower optim.warmup_iters"
+        ]
     if max_iters < decay_iters:
-        return [f"max_iters ({max_iters}) ends before the decay does (optim.decay_iters={decay_iters}): the "
-                "run stops above optim.min_lr"]
+        return [
+            f"max_iters ({max_iters}) ends before the decay does (optim.decay_iters={decay_iters}): the "
+            "run stops above optim.min_lr"
+        ]
     return []
 
 
@@ -123,11 +127,13 @@ def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextMan
 def agree_across_ranks(ranks: Ranks, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce,
     queued on the device."""
-    flags = torch.stack([
-        local_loss,
-        (~torch.isfinite(local_loss)).float(),
-        torch.full((), float(stop_requested), device=local_loss.device),  # a fill kernel, not a host copy
-    ])
+    flags = torch.stack(
+        [
+            local_loss,
+            (~torch.isfinite(local_loss)).float(),
+            torch.full((), float(stop_requested), device=local_loss.device),  # a fill kernel, not a host copy
+        ]
+    )
     if ranks.world_size > 1:
         dist.all_reduce(flags)
     return flags[0] / ranks.world_size, flags[1] > 0, flags[2] > 0
@@ -166,8 +172,7 @@ class Trainer:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
 
 
-def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int,
-               stop_requested: bool = False) -> StepResult:
+def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int, stop_requested: bool = False) -> StepResult:
     """One optimizer step: forward and backward over accum_steps micro-batches, then
     unscale, measure and clip the gradients, and update. A step whose loss or gradients
     are not finite updates nothing. The host waits for nothing here."""
@@ -227,10 +232,15 @@ class TrainWindow:
     def add(self, step: int, result: StepResult) -> None:
         """Record step number `step` (1-based: the step just completed)."""
         counted = ~result.skipped
-        self.sums += torch.stack([
-            torch.where(counted, result.loss.double(), 0.0), counted.double(), result.skipped.double(),
-            result.nonfinite.double(), result.stop.double(),
-        ])
+        self.sums += torch.stack(
+            [
+                torch.where(counted, result.loss.double(), 0.0),
+                counted.double(),
+                result.skipped.double(),
+                result.nonfinite.double(),
+                result.stop.double(),
+            ]
+        )
         step_number = torch.full((), step, dtype=torch.float64, device=self.device)  # a fill kernel
         self.first_nonfinite = torch.minimum(
             self.first_nonfinite, torch.where(result.nonfinite, step_number, float("inf"))
@@ -244,9 +254,13 @@ class TrainWindow:
             [self.sums, self.first_nonfinite.view(1), self.grad_norm.view(1)]
         ).tolist()
         summary = WindowSummary(
-            steps=self.steps, loss=loss_sum / counted if counted else None, grad_norm=grad_norm,
-            skipped=int(skipped), nonfinite=int(nonfinite),
-            first_nonfinite_step=int(first) if nonfinite else None, stop=stop > 0,
+            steps=self.steps,
+            loss=loss_sum / counted if counted else None,
+            grad_norm=grad_norm,
+            skipped=int(skipped),
+            nonfinite=int(nonfinite),
+            first_nonfinite_step=int(first) if nonfinite else None,
+            stop=stop > 0,
         )
         self.reset()
         return summary
@@ -256,20 +270,26 @@ class NonFiniteLoss(UserError):
     """on_nonfinite=stop, and a step's loss or gradients were not finite."""
 
 
-def check_finite(summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger,
-                 optimizer: str = "adamw") -> None:
+def check_finite(
+    summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger, optimizer: str = "adamw"
+) -> None:
     """Non-finite steps applied no update; `stop` ends the run here, at the first
     boundary after them, before anything is saved. `optimizer` (optim.name) says which
     learning rates the advice names."""
     if not summary.nonfinite:
         return
     if policy == "stop":
-        rates = ("optim.muon_lr (Muon's, the blocks' matrices) or optim.learning_rate (AdamW's, the rest)"
-                 if optimizer == "muon" else "optim.learning_rate")
+        rates = (
+            "optim.muon_lr (Muon's, the blocks' matrices) or optim.learning_rate (AdamW's, the rest)"
+            if optimizer == "muon"
+            else "optim.learning_rate"
+        )
         raise NonFiniteLoss(
             f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
             f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "
             f"{rates}, or set on_nonfinite=skip to skip such steps"
         )
-    logger.print(f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
-                 "updates skipped (on_nonfinite=skip)")
+    logger.print(
+        f"{summary.nonfinite} non-finite step(s) since step {summary.first_nonfinite_step}: "
+        "updates skipped (on_nonfinite=skip)"
+    )

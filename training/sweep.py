@@ -22,8 +22,11 @@ class SweepSummary(Callback):
         if config.get("estimate"):  # each job printed its estimate and wrote nothing: no sweep to report on
             _remove_if_only_hydras(Path(directory))
             return
-        print(f"sweep: {directory}\nreport on it: python report.py {directory}\n"
-              f"sample from its newest run: python sample.py runs_root={directory}", flush=True)
+        print(
+            f"sweep: {directory}\nreport on it: python report.py {directory}\n"
+            f"sample from its newest run: python sample.py runs_root={directory}",
+            flush=True,
+        )
 
 
 def _remove_if_only_hydras(directory: Path) -> None:
