@@ -77,6 +77,9 @@ CANDIDATES = {
     "muon": ["optim.name=muon"],
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],
+    "documents": ["model.document_masks=true"],  # issue 48's pieces
+    "value_embeds": ["model.value_embeds=1"],
+    "unet": ["model.unet_skips=true"],
 }
 # The modern recipe's architecture as it was measured against GPT-2's, named whole, so the "modern"
 # arm stays comparable whichever block the recipe chooses.

@@ -211,6 +211,8 @@ class Config:
                 f"model.vocab_size={self.model.vocab_size}: train.py sets it from the tokenizer "
                 "(padded to a multiple of pad_vocab_to); leave it unset"
             )
+        if self.model.eot_id is not None:  # likewise
+            yield f"model.eot_id={self.model.eot_id}: train.py sets it from the tokenizer; leave it unset"
         if self.init_from != "scratch" and not self.model_path:
             yield f"init_from={self.init_from} needs model_path (a directory, or a Hub name for hf)"
         if self.estimate and (self.resume or self.max_iters == 0):

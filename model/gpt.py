@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from .attention import CausalSelfAttention, Rope
 from .blocks import make_mlp, make_norm
 from .config import GPTConfig
+from .documents import FLEX_DEVICES, BlockMask, document_ids, document_mask, document_positions
 from .init import draw_seed, init_weights
 from .kv_cache import KVCache
 from .rotary import rotary_angles
@@ -27,9 +28,14 @@ class Block(nn.Module):
         self.mlp = make_mlp(config)
 
     def forward(
-        self, x: Tensor, kv_cache: KVCache | None = None, mask: Tensor | None = None, rope: Rope | None = None
+        self,
+        x: Tensor,
+        kv_cache: KVCache | None = None,
+        mask: Tensor | BlockMask | None = None,
+        rope: Rope | None = None,
+        ve: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope)
+        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope, ve)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -41,6 +47,9 @@ class GPT(nn.Module):
         # Rotary positions (applied in attention) need no position table.
         table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
         table |= {"ln_e": make_norm(config)} if config.embed_norm else {}
+        kv_dim = config.kv_heads * config.head_dim
+        tables = (nn.Embedding(config.vocab_size, kv_dim) for _ in range(config.value_embeds))
+        table |= {"ve": nn.ModuleList(tables)} if config.value_embeds else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -51,6 +60,10 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.unet_skips:  # one weight per skip: block i's output into block n_layer - 1 - i's input
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
+        if config.document_masks and config.eot_id is None:
+            raise ValueError("model.document_masks needs model.eot_id, the token that opens each document")
         # Holds no value: it follows the model's .to() and tells its activation dtype and device,
         # which weightless norms (norm_weight false) cannot. Not saved (persistent=False).
         self.register_buffer("anchor", torch.empty(0), persistent=False)
@@ -93,12 +106,13 @@ class GPT(nn.Module):
         start at kv_cache.length, its keys and values are appended to the cache, and
         the cache's padding is respected (see KVCache)."""
         T = idx.size(1)
-        pos = self._positions(idx, kv_cache)
+        docs = document_ids(idx, self.config.eot_id) if self.config.document_masks and kv_cache is None else None
+        pos = self._positions(idx, kv_cache) if docs is None else document_positions(docs)
         x = self._embed(idx, pos)
         mask = kv_cache.attention_mask(T) if kv_cache is not None else None
-        rope = self._rope(pos)
-        for block in self.transformer.h:
-            x = block(x, kv_cache=kv_cache, mask=mask, rope=rope)
+        if docs is not None:  # FlexAttention has no dropout
+            mask = document_mask(docs, flex=idx.device.type in FLEX_DEVICES and not self.config.dropout)
+        x = self._blocks(x, kv_cache, mask, self._rope(pos), self._value_embeds(idx))
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
@@ -115,6 +129,27 @@ class GPT(nn.Module):
             # Loss in fp32 even under autocast: log-softmax over 50k classes is sensitive.
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX)
         return logits, loss
+
+    def _blocks(
+        self, x: Tensor, kv_cache: KVCache | None, mask: Tensor | BlockMask | None, rope: Rope | None, ves: list
+    ) -> Tensor:
+        """The residual stream through every block; with unet_skips, the first half's outputs
+        are added (weighted) to the second half's inputs, the last block taking the first's."""
+        skips, n_layer = [], self.config.n_layer
+        for i, block in enumerate(self.transformer.h):
+            if self.config.unet_skips and i >= n_layer - n_layer // 2:
+                x = x + self.skip_weights[n_layer - 1 - i] * skips.pop()
+            x = block(x, kv_cache=kv_cache, mask=mask, rope=rope, ve=ves[i])
+            if i < n_layer // 2:
+                skips.append(x)
+        return x
+
+    def _value_embeds(self, idx: Tensor) -> list[Tensor | None]:
+        """Each layer's value embeddings of idx (B, T, n_kv_head * head_dim), or None."""
+        looked_up = (
+            [table(idx).to(self.activation_dtype) for table in self.transformer.ve] if "ve" in self.transformer else []
+        )
+        return [None if j is None else looked_up[j] for j in map(self.config.value_table, range(self.config.n_layer))]
 
     def _positions(self, idx: Tensor, kv_cache: KVCache | None) -> Tensor:
         """Position ids of idx's tokens: (T,), or (B, T) for a cache holding padded rows."""
@@ -142,28 +177,30 @@ class GPT(nn.Module):
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (a tied head counted once). exclude_embeddings drops
-        the position table (if any), the token table and an untied head, leaving what
-        scales with depth (untying the head leaves this count as it is)."""
+        the position table (if any), the value embeddings, the token table and an untied head, leaving
+        what scales with depth (untying the head leaves this count as it is)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             vocab_matrices = 1 if self.config.tie_embeddings else 2
-            n -= self._position_params() + vocab_matrices * self.config.vocab_size * self.config.n_embd
+            n -= self._lookup_params() + vocab_matrices * self.config.vocab_size * self.config.n_embd
         return n
 
-    def _position_params(self) -> int:
-        """The learned position table's size; 0 with rotary positions."""
-        return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
+    def _lookup_params(self) -> int:
+        """The tables read by lookup, not by matmul, besides the token table: the learned
+        position table (none with rotary positions) and the value embeddings."""
+        tables = [self.transformer[name] for name in ("wpe", "ve") if name in self.transformer]
+        return sum(p.numel() for table in tables for p in table.parameters())
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         Every weight of a matmul costs 2 FLOPs per token forward and 4 backward
-        (the head counts, and SwiGLU's three matrices; the position lookup and an untied
-        token table's lookup do not, nor do rotary's and the norms' elementwise products). Attention adds
+        (the head counts, and SwiGLU's three matrices; the position and value-embedding lookups and an
+        untied token table's lookup do not, nor do rotary's and the norms' elementwise products). Attention adds
         QK^T and AV: 2 * 2 * T * n_embd forward per layer, times 3 with backward.
         """
         T = seq_len or self.config.block_size
-        matmul_params = self.num_params() - self._position_params()
+        matmul_params = self.num_params() - self._lookup_params()
         if not self.config.tie_embeddings:
             matmul_params -= self.transformer.wte.weight.numel()
         attention = 12 * self.config.n_layer * self.config.n_embd * T

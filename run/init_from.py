@@ -28,8 +28,8 @@ from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from run.run_dir import command_line_overrides
 
 # The model settings a run from existing weights chooses itself: fewer key/value heads (pooled),
-# a shorter context (cropped), dropout and the attention path; vocab_size is refused by Config.
-RUN_CHOICES = ("n_kv_head", "block_size", "dropout", "attn_impl", "vocab_size")
+# a shorter context (cropped), dropout, the attention path and document masks; vocab_size is refused by Config.
+RUN_CHOICES = ("n_kv_head", "block_size", "dropout", "attn_impl", "document_masks", "vocab_size")
 
 
 def check_model_path(config: Config) -> None:
@@ -57,7 +57,7 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
     The config names its key/value heads (a checkpoint holds a shape, not a default)."""
     requested_kv_heads = config.model.n_kv_head  # None: the same as the weights started from
     if config.init_from == "scratch":
-        return scratch_config(config, tokenizer.vocab_size), None
+        return scratch_config(config, tokenizer.vocab_size, tokenizer.eot_id), None
     if config.init_from == "hf":
         if tokenizer.name != "gpt2":
             raise ValueError(f"init_from=hf needs the gpt2 tokenizer, but data.tokenizer is {tokenizer.name}")
@@ -89,7 +89,8 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
     if tokenizer.vocab_size > source.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the weights only {source.vocab_size}")
     source, state = _at_context(source, state, config.model.block_size, config.model_path)
-    return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl), state
+    documents = {"document_masks": config.model.document_masks, "eot_id": document_opener(config, tokenizer.eot_id)}
+    return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl, **documents), state
 
 
 def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> None:
@@ -112,9 +113,27 @@ def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> 
         )
 
 
-def scratch_config(config: Config, vocab_size: int) -> GPTConfig:
-    """A new model's config for a tokenizer of `vocab_size` ids (padded to pad_vocab_to)."""
-    return replace(config.model, vocab_size=padded(vocab_size, config.pad_vocab_to), n_kv_head=config.model.kv_heads)
+def scratch_config(config: Config, vocab_size: int, eot_id: int | None) -> GPTConfig:
+    """A new model's config for a tokenizer of `vocab_size` ids (padded to pad_vocab_to) whose
+    <|endoftext|> is eot_id."""
+    return replace(
+        config.model,
+        vocab_size=padded(vocab_size, config.pad_vocab_to),
+        n_kv_head=config.model.kv_heads,
+        eot_id=document_opener(config, eot_id),
+    )
+
+
+def document_opener(config: Config, eot_id: int | None) -> int | None:
+    """model.eot_id: the tokenizer's <|endoftext|> with document_masks, None without them."""
+    if not config.model.document_masks:
+        return None
+    if eot_id is None:
+        raise ValueError(
+            "model.document_masks=true needs documents, and this corpus has one: its character "
+            "tokenizer has no <|endoftext|> (give data.document_separator, or leave document_masks false)"
+        )
+    return eot_id
 
 
 def _at_context(

@@ -231,8 +231,9 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
             continue
         values.append(f"{key}={value}")
     saved = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
-    if isinstance(saved.get("model"), dict):  # the model it built: its vocab_size is the tokenizer's, set again
-        saved["model"].pop("vocab_size", None)
+    if isinstance(saved.get("model"), dict):  # the model it built: its vocab_size and eot_id are the tokenizer's
+        for key in ("vocab_size", "eot_id"):  # set again
+            saved["model"].pop(key, None)
     try:
         with one_line_errors():  # omegaconf's validation errors: a value of the wrong type, an unknown key
             return OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(values))

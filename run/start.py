@@ -135,5 +135,6 @@ def model_without_corpus(config: Config, device: torch.device) -> tuple[GPT, int
     if config.data.tokenizer == "gpt2":
         return build_model(config, None, Gpt2Tokenizer(), device)[0], GPT2_VOCAB_SIZE
     if config.data.tokenizer == "bpe" and config.init_from == "scratch":
-        return GPT(scratch_config(config, config.data.vocab_size)).to(device), config.data.vocab_size
+        vocab_size = config.data.vocab_size  # a trained BPE's <|endoftext|> is its last id (data/bpe.py)
+        return GPT(scratch_config(config, vocab_size, vocab_size - 1)).to(device), vocab_size
     return None
