@@ -23,6 +23,7 @@ import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 KINDS = ("text-file", "text-dir", "jsonl", "parquet", "hub-dir")
@@ -94,21 +95,26 @@ def _varied_copy(rng: random.Random, copy: int, source: PoolDocument) -> str:
 # --- layouts: one writer per kind, all fed the same stream ------------------------------
 
 
-class TextFileLayout:
-    """One .txt file: documents joined by a blank line."""
+class OneFileLayout:
+    """One file: corpus.txt, documents joined by a blank line (one document to prepare), or
+    corpus.jsonl, one {"text": ...} object per line and per document."""
 
-    def __init__(self, directory: Path, total_bytes: int):
-        self.path = directory / "corpus.txt"
+    def __init__(self, directory: Path, total_bytes: int, suffix: str):
+        self.path = directory / f"corpus.{suffix}"
         self.out = open(self.path, "wb", buffering=1 << 20)
-        self.documents = 0
+        self.jsonl, self.copies = suffix == "jsonl", 0
 
     def write(self, text: str) -> None:
-        self.out.write((b"\n" if self.documents else b"") + text.encode("utf-8"))
-        self.documents += 1
+        if self.jsonl:
+            self.out.write(json.dumps({"text": text}, ensure_ascii=False).encode("utf-8") + b"\n")
+        else:
+            self.out.write((b"\n" if self.copies else b"") + text.encode("utf-8"))
+        self.copies += 1
 
     def close(self) -> dict:
         self.out.close()
-        return {"path": self.path.name, "files": 1, "documents": 1, "pool_copies": self.documents}
+        documents = self.copies if self.jsonl else 1
+        return {"path": self.path.name, "files": 1, "documents": documents, "pool_copies": self.copies}
 
 
 class TextDirLayout:
@@ -141,23 +147,6 @@ class TextDirLayout:
         if self.out is not None:
             self.out.close()
         return {"path": ".", "files": self.files, "documents": self.files, "pool_copies": self.copies}
-
-
-class JsonlLayout:
-    """One .jsonl file, one {"text": ...} object per document."""
-
-    def __init__(self, directory: Path, total_bytes: int):
-        self.path = directory / "corpus.jsonl"
-        self.out = open(self.path, "wb", buffering=1 << 20)
-        self.documents = 0
-
-    def write(self, text: str) -> None:
-        self.out.write(json.dumps({"text": text}, ensure_ascii=False).encode("utf-8") + b"\n")
-        self.documents += 1
-
-    def close(self) -> dict:
-        self.out.close()
-        return {"path": self.path.name, "files": 1, "documents": self.documents, "pool_copies": self.documents}
 
 
 class ParquetLayout:
@@ -223,7 +212,12 @@ class ParquetLayout:
         return {"path": ".", "files": self.files, "documents": self.documents, "pool_copies": self.documents}
 
 
-LAYOUTS = {"text-file": TextFileLayout, "text-dir": TextDirLayout, "jsonl": JsonlLayout, "parquet": ParquetLayout}
+LAYOUTS = {
+    "text-file": partial(OneFileLayout, suffix="txt"),
+    "text-dir": TextDirLayout,
+    "jsonl": partial(OneFileLayout, suffix="jsonl"),
+    "parquet": ParquetLayout,
+}
 
 
 # --- generating and caching the corpora -------------------------------------------------
