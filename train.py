@@ -23,7 +23,9 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from system import quiet_interrupt_while_starting
@@ -34,13 +36,13 @@ if __name__ == "__main__":  # before the imports below, on purpose: torch alone 
 import hydra
 import torch
 from omegaconf import DictConfig
+from torch import nn
 
 from conf import Config
 from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
 from run.checkpoint import CheckpointError, load_weights
-from run.checkpoints import Checkpoints
 from run.distributed import (
     Ranks,
     barrier,
@@ -60,6 +62,7 @@ from training.evaluate import Evaluator
 from training.logger import RunLogger, check_wandb
 from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
 from training.microbatch import (
+    MicroBatch,
     Plan,
     build_trainer,
     choice_line,
@@ -107,7 +110,7 @@ def train(cfg: DictConfig) -> Path | None:
                 return evaluate_only(spec, ranks, device)
             plan = plan_micro_batches(config, spec.block_size, ranks.world_size, device)  # before heavy work
             if config.estimate:
-                return estimate_only(config, ranks, device, plan)
+                return estimate_only(spec, ranks, device, plan)
             # The run: its directory, made or a resume's, held by one writer until the run ends.
             with start_run(spec, ranks, device) as run:
                 return run_training(run, plan)
@@ -116,58 +119,108 @@ def train(cfg: DictConfig) -> Path | None:
 
 
 @dataclass
+class Setup:
+    """What set_up() builds for a run, an estimate and an evaluation: each phase built once."""
+
+    config: Config  # max_iters from the run's budget and batch_size its micro-batch (a run's, an estimate's)
+    precision: Precision
+    data: PreparedData | None  # None: an estimate whose vocabulary is known without the corpus
+    model: GPT  # the plain model: what checkpoints hold
+    vocab_size: int  # the tokenizer's, which random tokens (estimate=true) are drawn from
+    origin: str  # where the weights come from ('' for fresh ones and a resume's)
+    # A run's and an estimate's (None for max_iters=0's evaluation):
+    compiled: nn.Module | None = None  # what evaluation runs (torch.compile'd when asked)
+    trainer: Trainer | None = None
+    micro: MicroBatch | None = None
+    tokens_per_step: int = 0
+    notes: tuple[str, ...] = ()  # the budget's reason and a resume's line, for the header
+    restored: tuple[int, float] = (0, math.inf)  # the step and best val loss a resume continues from
+
+
+def set_up(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan | None, restore=None) -> Setup:
+    """The one path that builds a run (restore: its StartedRun.restore), an estimate
+    (config.estimate) and max_iters=0's evaluation (plan None), phase by phase."""
+    config = spec.config
+    estimate = plan is not None and config.estimate
+    # The device: the run's precision, CUDA's matmul mode, this rank's random streams seeded.
+    precision = seed_device(config, ranks, device)
+    # The data and the model (fresh, from init_from's weights, or in a resume's shape). An estimate
+    # prepares no corpus where the vocabulary is known without it, and builds a new run's model.
+    known = model_without_corpus(config, device) if estimate else None
+    if known:
+        (model, vocab_size), data, origin = known, None, ""
+    else:
+        data = prepare_data(config, ranks)
+        model, origin = build_model(config, None if estimate else spec.resume_from, data.tokenizer(), device)
+        vocab_size = data.tokenizer().vocab_size
+    if plan is None:  # an evaluation: a resume's weights, no step
+        if spec.resume_from:
+            load_weights(model, spec.resume_from.model_state)
+        return Setup(config, precision, data, model, vocab_size, origin)
+    # The budget, the optimizer, a resume's training state (the run's config recorded) and the
+    # step at its micro-batch (batch_size=auto tries it on the device).
+    tokens_per_step = plan.sequences * model.config.block_size * ranks.world_size
+    budget = run_budget(config, model.config, tokens_per_step)
+    config = replace(config, max_iters=budget.max_iters)
+    optimizer, scaler = build_optimizer(model, config.optim, device.type), precision.grad_scaler()
+    step, best_val_loss, resumed = restore(model, optimizer, scaler, config) if restore else (0, math.inf, "")
+    compiled, trainer, micro = build_trainer(
+        config, plan, model, optimizer, scaler, precision, ranks, device, vocab_size=vocab_size
+    )
+    return Setup(
+        replace(config, batch_size=micro.size),
+        precision,
+        data,
+        model,
+        vocab_size,
+        origin,
+        compiled=compiled,
+        trainer=trainer,
+        micro=micro,
+        tokens_per_step=tokens_per_step,
+        notes=(budget.reason, resumed),
+        restored=(step, best_val_loss),
+    )
+
+
+@dataclass
 class Session:
-    """Everything the loop works with, built once by run_training()."""
+    """What the loop works with, built once by run_training()."""
 
     config: Config
     ranks: Ranks
     device: torch.device
-    run_dir: Path
-    checkpoints: Checkpoints
-    model: GPT  # the plain model: what checkpoints hold
-    compiled: torch.nn.Module  # what evaluation runs (torch.compile'd when asked)
     trainer: Trainer
     batches: Prefetcher
-    evaluate: Evaluator
+    evaluate: Callable[..., dict[str, float]]  # the Evaluator, of the compiled model
+    save: Callable[..., Path]  # Checkpoints.save, of the model, its config and the tokenizer's files
     logger: RunLogger
-    checkpoint_config: dict
-    checkpoint_files: dict[str, str]  # the tokenizer's files (a trained BPE's tokenizer.json), beside config.yaml
     tokens_per_step: int
     flops_per_token: float
     peak: Peak | None
 
 
 def run_training(run: StartedRun, plan: Plan) -> Path:
-    config, ranks, device, block_size = run.spec.config, run.ranks, run.device, run.spec.block_size
-    # The data: this rank's random streams seeded, the corpus prepared.
-    precision, data = seed_and_prepare(config, ranks, device)
-    tokenizer = data.tokenizer()
-    # The model (fresh, from init_from's weights, or in a resume's shape) and what trains it.
-    model, origin = build_model(config, run.spec.resume_from, tokenizer, device)
-    tokens_per_step = plan.sequences * block_size * ranks.world_size
-    budget = run_budget(config, model.config, tokens_per_step)
-    config = replace(config, max_iters=budget.max_iters)
-    optimizer = build_optimizer(model, config.optim, device.type)
-    scaler = precision.grad_scaler()
+    ranks, device = run.ranks, run.device
+    setup = set_up(run.spec, ranks, device, plan, restore=run.restore)
+    config, data, model, micro = setup.config, setup.data, setup.model, setup.micro
+    tokenizer, block_size, (step, best_val_loss) = data.tokenizer(), model.config.block_size, setup.restored
+    precision = setup.precision
     peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
-    # A resume's training state restored, the run's config recorded.
-    step, best_val_loss, resumed = run.restore(model, optimizer, scaler, config)
-    # The step at its micro-batch (batch_size=auto tries it on the device), its batches, the evaluation and the log.
-    compiled, trainer, micro = build_trainer(
-        config, plan, model, optimizer, scaler, precision, ranks, device, vocab_size=tokenizer.vocab_size
-    )
-    config = replace(config, batch_size=micro.size)
+    # The batches, the evaluation, the checkpoints and the log.
     session = Session(
         config=config,
         ranks=ranks,
         device=device,
-        run_dir=run.run_dir,
-        checkpoints=run.checkpoints,
-        model=model,
-        compiled=compiled,
-        trainer=trainer,
+        trainer=setup.trainer,
         batches=train_batches(config, data, block_size, ranks, device, micro.accum),
-        evaluate=evaluator(config, data, block_size, precision, ranks, device),
+        evaluate=partial(evaluator(config, data, block_size, precision, ranks, device), setup.compiled),
+        save=partial(
+            run.checkpoints.save,
+            model=model,
+            config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
+            files=tokenizer.files(),  # a trained BPE's tokenizer.json, beside config.yaml
+        ),
         logger=RunLogger(
             run.run_dir,
             start_step=step,
@@ -177,28 +230,14 @@ def run_training(run: StartedRun, plan: Plan) -> Path:
             config=run.settings,
             enabled=ranks.is_main,
         ),
-        checkpoint_config={
-            "model": asdict(model.config),
-            "data": asdict(config.data),
-            "tokenizer": tokenizer.describe(),
-        },
-        checkpoint_files=tokenizer.files(),
-        tokens_per_step=tokens_per_step,
+        tokens_per_step=setup.tokens_per_step,
         flops_per_token=model.flops_per_token(block_size),
         peak=peak,
     )
     # The loop.
-    session.logger.print(
-        header(
-            session,
-            precision.name,
-            micro.accum,
-            train_tokens=data.meta["tokens"]["train"],
-            notes=(run.takeover, origin, budget.reason, resumed),
-        )
-    )
+    session.logger.print(header(session, setup, run.run_dir, notes=(run.takeover, setup.origin, *setup.notes)))
     if plan.auto:  # what batch_size=auto chose and measured, printed and in metrics.jsonl
-        session.logger.print(choice_line(micro, tokens_per_step))
+        session.logger.print(choice_line(micro, setup.tokens_per_step))
         session.logger.log(micro.record(step), echo=False)
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
         session.logger.print(f"warning: {warning}")
@@ -217,17 +256,17 @@ def run_training(run: StartedRun, plan: Plan) -> Path:
 def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
-    config, resume_from = spec.config, spec.resume_from
-    precision, data = seed_and_prepare(config, ranks, device)
-    model, origin = build_model(config, resume_from, data.tokenizer(), device)
-    if resume_from:
-        load_weights(model, resume_from.model_state)
-    metrics = evaluator(config, data, model.config.block_size, precision, ranks, device)(model, final=True)
+    setup = set_up(spec, ranks, device, plan=None)
+    model, data, block_size = setup.model, setup.data, setup.model.config.block_size
+    metrics = evaluator(setup.config, data, block_size, setup.precision, ranks, device)(model, final=True)
     if ranks.is_main:
-        source = resume_from.path if resume_from else (origin or "a freshly initialised model (init_from=scratch)")
+        resume_from = spec.resume_from
+        source = (
+            resume_from.path if resume_from else (setup.origin or "a freshly initialised model (init_from=scratch)")
+        )
         print(
             f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
-            f"val windows of {model.config.block_size} tokens, {precision.name}"
+            f"val windows of {block_size} tokens, {setup.precision.name}"
         )
         for split in ("train", "val"):
             print(
@@ -252,80 +291,51 @@ def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, de
     )
 
 
-def estimate_only(config: Config, ranks: Ranks, device: torch.device, plan: Plan) -> None:
+def estimate_only(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan) -> None:
     """estimate=true: the steps of the run this config describes (its model, micro-batch,
     precision, compile and processes) timed on random tokens of its vocabulary, the corpus left
     unprepared where the vocabulary is known without it; prints the run's tokens, time, cost and
     peak memory; no run directory is made."""
-    precision = seed_device(config, ranks, device)
-    model, vocab_size, train_tokens, source = estimate_model(config, ranks, device)
-    tokens_per_step = plan.sequences * model.config.block_size * ranks.world_size
-    config = replace(config, max_iters=run_budget(config, model.config, tokens_per_step).max_iters)  # the run's own
-    _, trainer, micro = build_trainer(
-        config,
-        plan,
-        model,
-        build_optimizer(model, config.optim, device.type),
-        precision.grad_scaler(),
-        precision,
-        ranks,
-        device,
-        vocab_size=vocab_size,
-    )
-    batches = RandomBatches(vocab_size, micro.size, model.config.block_size, device)
+    setup = set_up(spec, ranks, device, plan)
+    config, model, data, trainer, micro = setup.config, setup.model, setup.data, setup.trainer, setup.micro
+    batches = RandomBatches(setup.vocab_size, micro.size, model.config.block_size, device)
     warmup, timed = estimate_steps(config.estimate_steps, micro.accum)
     timed_steps(trainer, batches, config, warmup)
     memory = device_memory(device)  # None on a CPU
     with memory.watch() if memory else contextlib.nullcontext():  # the peak of the run's own steps
         seconds = timed_steps(trainer, batches, config, timed)
-    if ranks.is_main:
-        print(
-            f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} {precision.name} "
-            f"x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} per process"
+    if not ranks.is_main:
+        return
+    if data is None:
+        source = (
+            f"no data prepared: the steps run on random tokens of the {setup.vocab_size:,}-"
+            "token vocabulary, as a step's time does not depend on the text"
         )
-        if plan.auto:
-            print(choice_line(micro, tokens_per_step))
-        print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
-        print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step, train_tokens=train_tokens))
-        print(
-            estimate_line(
-                tok_per_s=tokens_per_step * len(timed) / seconds,
-                measured=(timed[0] + 1, timed[-1] + 1),
-                steps_to_go=config.max_iters,
-                tokens_per_step=tokens_per_step,
-                world_size=ranks.world_size,
-                gpu_hour=config.cost.gpu_hour,
-            )
-        )
-
-
-def estimate_model(config: Config, ranks: Ranks, device: torch.device) -> tuple[GPT, int, int | None, str]:
-    """estimate=true's model, the vocabulary its random tokens come from, the prepared train
-    tokens (None: not prepared) and a line saying which: the corpus is prepared only where
-    the vocabulary cannot be known without it."""
-    known = model_without_corpus(config, device)
-    if known:
-        model, vocab_size = known
-        return (
-            model,
-            vocab_size,
-            None,
-            (
-                f"no data prepared: the steps run on random tokens of the {vocab_size:,}-"
-                "token vocabulary, as a step's time does not depend on the text"
-            ),
-        )
-    data = prepare_data(config, ranks)
-    model, _ = build_model(config, None, data.tokenizer(), device)
-    return (
-        model,
-        data.tokenizer().vocab_size,
-        data.meta["tokens"]["train"],
-        (
+    else:
+        source = (
             f"data.tokenizer={config.data.tokenizer}"
             f"{'' if config.init_from == 'scratch' else ' from a checkpoint'}: its "
             f"vocabulary comes from the corpus, so {data.data_dir} was prepared; the steps run on random tokens"
-        ),
+        )
+    print(
+        f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} "
+        f"{setup.precision.name} x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} "
+        "per process"
+    )
+    if plan.auto:
+        print(choice_line(micro, setup.tokens_per_step))
+    print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
+    train_tokens = data.meta["tokens"]["train"] if data else None
+    print(tokens_line(max_iters=config.max_iters, tokens_per_step=setup.tokens_per_step, train_tokens=train_tokens))
+    print(
+        estimate_line(
+            tok_per_s=setup.tokens_per_step * len(timed) / seconds,
+            measured=(timed[0] + 1, timed[-1] + 1),
+            steps_to_go=config.max_iters,
+            tokens_per_step=setup.tokens_per_step,
+            world_size=ranks.world_size,
+            gpu_hour=config.cost.gpu_hour,
+        )
     )
 
 
@@ -361,7 +371,7 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
     """Step to max_iters (or a stop); returns the last checkpoint and the step it ended at."""
     config = s.config
     if step == 0:
-        log_eval(s, 0, s.evaluate(s.compiled))
+        log_eval(s, 0, s.evaluate())
     window, window_start = TrainWindow(s.device), time.perf_counter()
     estimate_from = step + WARMUP_STEPS  # the first log window starting here or later times the estimate
     with GracefulStop(launcher=s.ranks.launcher) as stop:  # a launcher killed with -9 stops the run too
@@ -411,9 +421,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
 def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> float:
     """Logs the window's train record; returns its tokens/s."""
     tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
-    mfu = (
-        estimate_mfu(s.flops_per_token, tok_per_s / s.ranks.world_size, s.peak.flops) if s.peak else None
-    )  # per device
+    per_device = tok_per_s / s.ranks.world_size
+    mfu = estimate_mfu(s.flops_per_token, per_device, s.peak.flops) if s.peak else None
     s.logger.log(
         {
             "kind": "train",
@@ -452,7 +461,7 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     """Evaluate on every rank (when due), then rank 0 writes the checkpoint."""
     is_best = False
     if evaluate:
-        metrics = s.evaluate(s.compiled, final=step == s.config.max_iters)
+        metrics = s.evaluate(final=step == s.config.max_iters)
         log_eval(s, step, metrics)
         is_best = metrics["val_loss"] < best_val_loss
         best_val_loss = min(best_val_loss, metrics["val_loss"])
@@ -467,9 +476,7 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
             "rng": rng_states,
         }
         try:
-            checkpoint = s.checkpoints.save(
-                step, s.model, s.checkpoint_config, state, is_best=is_best, files=s.checkpoint_files
-            )
+            checkpoint = s.save(step, state=state, is_best=is_best)
         except CheckpointError as err:
             failure = str(err)
     failure = broadcast_from_main(s.ranks, failure)  # a failed save stops every rank, not only rank 0
@@ -478,18 +485,23 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     return checkpoint, best_val_loss
 
 
-def header(s: Session, precision: str, accum: int, train_tokens: int, notes: tuple[str, ...]) -> str:
-    c = s.model.config
+def header(s: Session, setup: Setup, run_dir: Path, notes: tuple[str, ...]) -> str:
+    c = setup.model.config
     peak = (
         f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})"
         if s.peak
         else "MFU not reported: unknown peak"
     )
     lines = [
-        f"run {s.run_dir} | {s.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
-        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {precision} x {s.ranks.world_size} "
-        f"process(es) | {s.tokens_per_step:,} tokens/step ({accum} micro-batches per process) | {peak}",
-        tokens_line(max_iters=s.config.max_iters, tokens_per_step=s.tokens_per_step, train_tokens=train_tokens),
+        f"run {run_dir} | {setup.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
+        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {setup.precision.name} x "
+        f"{s.ranks.world_size} process(es) | {s.tokens_per_step:,} tokens/step ({setup.micro.accum} "
+        f"micro-batches per process) | {peak}",
+        tokens_line(
+            max_iters=s.config.max_iters,
+            tokens_per_step=s.tokens_per_step,
+            train_tokens=setup.data.meta["tokens"]["train"],
+        ),
         *notes,
     ]
     return "\n".join(line for line in lines if line)
@@ -504,12 +516,6 @@ def run_warnings(config: Config, device: torch.device, precision: str) -> list[s
     )
     slow = slow_cpu_precision(precision) if device.type == "cpu" else None
     return warnings + ([slow] if slow else [])
-
-
-def seed_and_prepare(config: Config, ranks: Ranks, device: torch.device) -> tuple[Precision, PreparedData]:
-    """What every run begins with: it seeds this rank's random streams, sets CUDA's matmul
-    mode and prepares the data; it returns the run's precision and the prepared data."""
-    return seed_device(config, ranks, device), prepare_data(config, ranks)
 
 
 def seed_device(config: Config, ranks: Ranks, device: torch.device) -> Precision:
