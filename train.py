@@ -412,6 +412,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
         min_lr=config.optim.min_lr,
         warmup_iters=config.optim.warmup_iters,
         decay_iters=config.optim.decay_iters or config.max_iters,
+        cooldown_frac=config.optim.cooldown_frac,
     )
     for param_group in optimizer.param_groups:
         param_group["lr"] = lr * schedule_scale(param_group, config.optim)
@@ -520,7 +521,7 @@ def run_warnings(config: Config, device: torch.device, precision: str) -> list[s
 
 def seed_device(config: Config, ranks: Ranks, device: torch.device) -> Precision:
     """The run's precision, CUDA's matmul mode set and this rank's random streams seeded."""
-    precision = resolve_precision(config.precision, device)
+    precision = resolve_precision(config.precision, device, cpu_bf16=True)
     if device.type == "cuda":
         configure_cuda(config.tf32)
     seed_everything(config.weights_seed + ranks.rank)  # ranks draw different dropout masks

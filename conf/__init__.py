@@ -50,18 +50,20 @@ DEVICE = matching(r"auto|cpu|cuda(:(0|[1-9][0-9]*))?", "auto, cpu, cuda or cuda:
 @dataclass
 class OptimConfig:
     """AdamW, or Muon for the blocks' hidden matrices with AdamW for the rest (`name`), with linear
-    warmup and cosine decay: every learning rate follows the same schedule, scaled to its own peak."""
+    warmup and a cosine or warmup-stable-decay schedule: every learning rate follows it, scaled to its own peak."""
 
     name: str = setting("adamw", one_of(*OPTIMIZERS))
     """adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for embeddings, head, norms, biases."""
     learning_rate: float = setting(2e-3, above(0))
     """AdamW's peak learning rate, reached after warmup_iters."""
     min_lr: float = setting(2e-4, at_least(0))
-    """AdamW's learning rate at the end of the cosine decay (at most learning_rate); Muon's ends at the same fraction of muon_lr."""
+    """AdamW's learning rate at the end of the decay (at most learning_rate); Muon's ends at the same fraction of muon_lr."""
     warmup_iters: int = setting(100, at_least(0))
     """Optimizer steps of linear warmup from 0."""
     decay_iters: int | None = setting(None, at_least(1))
     """The step where min_lr is reached; null: max_iters."""
+    cooldown_frac: float | None = setting(None, between(0, 1, "(]"))
+    """null: cosine decay from the peak to min_lr; a fraction: warmup-stable-decay, the peak held, then a straight line to min_lr over this last share of decay_iters."""
     weight_decay: float = setting(0.1, at_least(0))
     """AdamW's decoupled weight decay, on matrices and embeddings (not biases or norms)."""
     beta1: float = setting(0.9, between(0, 1, "[)"))
@@ -178,7 +180,7 @@ class Config:
     device: str = setting("auto", DEVICE)
     """auto: CUDA when present, else the CPU."""
     precision: str = setting("auto", PRECISION)
-    """What the forward pass computes in (weights and optimizer state stay fp32); auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU."""
+    """What the forward pass computes in (weights and optimizer state stay fp32); auto: bf16 on CUDA that has it, else fp16; on a CPU, bf16 where it computes bf16 natively (avx512_bf16 or amx_bf16 among its flags), else fp32."""
     tf32: bool = True
     """CUDA: fp32 matmuls on TF32 tensor cores; false for true IEEE fp32."""
     compile: bool = False

@@ -23,13 +23,26 @@ def describe_machine(device: torch.device) -> str:
 
 
 def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+CPUINFO = Path("/proc/cpuinfo")  # Linux's; elsewhere there is none, and nothing is read from it
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 instructions that multiply bf16 natively
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first core's value of `key` in CPUINFO; None where it cannot be read (not Linux)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:  # not Linux
-        pass
-    return platform.processor() or platform.machine()
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() == key), None)
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX in its flags). Without
+    it torch emulates bf16 matmuls, several times slower than fp32; unknown flags count as without."""
+    return bool(set((_cpuinfo("flags") or "").split()) & set(BF16_FLAGS))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,16 +87,17 @@ class Precision:
         return torch.amp.GradScaler(self.device_type, enabled=self.uses_grad_scaler)
 
 
-def resolve_precision(name: str, device: torch.device) -> Precision:
-    """'auto' is bf16 on CUDA devices that support it, fp16 on older CUDA devices and
-    fp32 on CPU (where bf16 matmuls are slow without AMX/AVX512-BF16)."""
+def resolve_precision(name: str, device: torch.device, cpu_bf16: bool = False) -> Precision:
+    """'auto' is bf16 on CUDA devices that support it, fp16 on older CUDA devices, and fp32 on
+    a CPU, or with cpu_bf16 (training's autocast) bf16 on a CPU that computes it natively.
+    Sampling keeps fp32 there: its weights are cast to the precision, not autocast."""
     if name not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {name!r}")
     if name == "auto":
         if device.type == "cuda":
             name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         else:
-            name = "fp32"
+            name = "bf16" if cpu_bf16 and cpu_computes_bf16() else "fp32"
     return Precision(name, device.type)
 
 

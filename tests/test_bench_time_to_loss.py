@@ -6,7 +6,8 @@ from dataclasses import asdict
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.time_to_loss import CANDIDATES, PIECES, Run, _train_seconds, arms, markdown, reach, read_run, summarise
+from bench.time_to_loss import CANDIDATES, PIECES, SPEEDRUN_PIECES, _train_seconds, arms, configured_steps, read_run
+from bench.time_to_loss_table import Run, markdown, reach, summarise
 from conf import CONF_DIR, load_config
 
 
@@ -99,10 +100,10 @@ def test_the_table_targets_gpt2s_mean_final_loss_and_pairs_arms_with_modern_by_s
     rows = {r["arm"]: r for r in summarise(runs)}
     assert rows["gpt2"]["target_bpb"] == pytest.approx(3.1)
     assert rows["modern"]["reached"] == "2/2" and rows["gpt2"]["reached"] == "1/2"
-    assert rows["gpt2"]["vs_modern"]["difference"]["mean"] == pytest.approx(0.9)  # positive: modern is lower
+    assert rows["gpt2"]["vs_baseline"]["difference"]["mean"] == pytest.approx(0.9)  # positive: modern is lower
     # modern reaches 3.1 at 4.0 - 3.1 = 0.9 of the way down to 2.0, and 0.9/1.6 of the way to 2.4
     assert rows["modern"]["seconds_to_target"]["mean"] == pytest.approx(20 * (0.9 / 2.0 + 0.9 / 1.6) / 2)
-    assert "| modern | 30 | 20 |" in markdown(list(rows.values()))
+    assert "| modern | 30 | 0 + 20 |" in markdown(list(rows.values()))
     without_target = summarise([r for r in runs if r.arm == "modern"])
     assert without_target[0]["reached"] is None and "| modern |" in markdown(without_target)
 
@@ -128,3 +129,36 @@ def test_a_results_file_redraws_its_table_and_plot_without_training(tmp_path, mo
     time_to_loss.main()
     assert markdown(summarise(runs)) in capsys.readouterr().out
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_speedrun_pins_today_and_each_piece_adds_its_own_settings_only():
+    table = arms("stdlib", leave_one_out=False, vocab_size=4096, speedrun=True)
+    assert set(table) == {"today", "default", *(f"today + {p}" for p in SPEEDRUN_PIECES)}
+    today = compose_config(*table["today"])
+    assert (today.max_iters, today.precision, today.compile, today.optim.learning_rate) == (600, "fp32", False, 2e-3)
+    assert (today.optim.warmup_iters, today.optim.cooldown_frac, today.batch_size) == (100, None, 8)
+    for piece, add in SPEEDRUN_PIECES.items():
+        with_piece = compose_config(*table[f"today + {piece}"])
+        changed = {k for k in ("precision", "compile", "max_iters") if getattr(with_piece, k) != getattr(today, k)}
+        changed |= set(changed_settings(with_piece, today))
+        assert changed == {o.split("=")[0] for o in add}, piece  # each named setting changes, nothing else
+    assert configured_steps({"today": table["today"], "short": [*table["today"], "max_iters=7"]}) == {
+        "today": 600,
+        "short": 7,
+    }
+
+
+def test_the_speedrun_counts_start_up_and_shares_today_s_whole_run_by_seed():
+    def run(arm, seed, startup, seconds, final):
+        return Run(arm, seed, 10, seconds, 1000, final, [(0.0, 0, 4.0), (seconds, 1000, final)], startup)
+
+    runs = [run("today", 1, 5.0, 95.0, 2.0), run("fast", 1, 10.0, 20.0, 1.0), run("today", 2, 5.0, 45.0, 2.0)]
+    rows = {r["arm"]: r for r in summarise(runs, target_arm="today", baseline_arm="today")}
+    # fast reaches 2.0 halfway down from 4.0 to 1.0... at 2/3 of its 20 s of training, after its 10 s start-up
+    assert reach(runs[1], 2.0) == pytest.approx((10.0 + 20.0 * 2 / 3, 2000 / 3))
+    assert rows["fast"]["share_of_target_arm"]["mean"] == pytest.approx((10.0 + 20.0 * 2 / 3) / 100.0)
+    assert rows["today"]["share_of_target_arm"]["mean"] == pytest.approx(1.0)  # each seed against its own
+    assert rows["fast"]["vs_baseline"]["difference"]["mean"] == pytest.approx(-1.0)  # arm - today: it ends lower
+    assert "| fast | 10 | 10 + 20 |" in markdown(list(rows.values()))
+    recs = records([(1000, 100.0)], [(1000, 3.0)])
+    assert read_run("today", 1, 10, recs, startup_seconds=4.0).startup_seconds == 4.0

@@ -30,12 +30,50 @@ def test_learning_rate_warms_up_linearly_then_follows_a_cosine_to_the_floor():
     assert lrs[2000] == lrs[2199] == 1e-4
 
 
-def test_precision_auto_is_fp32_on_cpu_and_choices_are_validated():
+def test_wsd_holds_the_peak_then_falls_in_a_straight_line_over_the_cooldown():
+    lrs = [learning_rate(s, **SCHEDULE, cooldown_frac=0.25) for s in range(2200)]
+    assert lrs[0] == pytest.approx(1e-5) and lrs[99] == pytest.approx(1e-3)  # the same warmup
+    assert lrs[100] == lrs[1500] == 1e-3  # held until the last quarter of decay_iters (step 1500)
+    for step in (1501, 1750, 1999):  # then the line from (1500, 1e-3) to (2000, 1e-4)
+        assert lrs[step] == pytest.approx(1e-3 - (step - 1500) / 500 * (1e-3 - 1e-4))
+    assert lrs[2000] == lrs[2199] == 1e-4
+    whole = [learning_rate(s, **SCHEDULE, cooldown_frac=1.0) for s in range(2000)]
+    assert whole[1050] == pytest.approx((1e-3 + 1e-4) / 2)  # a cooldown longer than the rest starts after warmup
+
+
+CPUINFO_AVX512 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f {}\n\nprocessor\t: 1\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, chosen",
+    [
+        (CPUINFO_AVX512.format("avx512_bf16 avx512vl"), "bf16"),
+        (CPUINFO_AVX512.format("amx_tile amx_bf16"), "bf16"),
+        (CPUINFO_AVX512.format("avx512vl avx512_vnni"), "fp32"),  # AVX-512 alone emulates bf16
+        (CPUINFO_AVX512.format("avx512_bf16_x"), "fp32"),  # a flag is a whole word
+        (None, "fp32"),  # no /proc/cpuinfo (not Linux): fp32
+    ],
+)
+def test_precision_auto_on_a_cpu_is_bf16_where_its_flags_say_it_computes_bf16(tmp_path, monkeypatch, cpuinfo, chosen):
+    from run import runtime
+
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    monkeypatch.setattr(runtime, "CPUINFO", path)
     cpu = torch.device("cpu")
-    assert resolve_precision("auto", cpu).name == "fp32"
+    assert resolve_precision("auto", cpu, cpu_bf16=True).name == chosen  # training's autocast
+    assert resolve_precision("auto", cpu).name == "fp32"  # sampling's weights stay fp32
     assert resolve_precision("bf16", cpu).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve_precision("fp8", cpu)
+
+
+@pytest.mark.parametrize("bf16, chosen", [(True, "bf16"), (False, "fp16")])
+def test_precision_auto_on_cuda_is_bf16_where_supported_else_fp16(monkeypatch, bf16, chosen):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    precision = resolve_precision("auto", torch.device("cuda"), cpu_bf16=True)
+    assert (precision.name, precision.device_type, precision.uses_grad_scaler) == (chosen, "cuda", chosen == "fp16")
 
 
 def test_device_choices_are_validated():

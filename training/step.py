@@ -33,17 +33,23 @@ from system import UserError
 from training.logger import RunLogger
 
 
-def learning_rate(step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int) -> float:
+def learning_rate(
+    step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int, cooldown_frac: float | None = None
+) -> float:
     """The learning rate for optimizer step `step` (0-based).
 
-    Rises linearly over warmup_iters steps to reach max_lr at step warmup_iters - 1,
-    follows half a cosine from max_lr down to min_lr at step decay_iters, and stays
-    at min_lr after that.
+    Rises linearly over warmup_iters steps to reach max_lr at step warmup_iters - 1, then
+    decays to min_lr at step decay_iters and stays there. cooldown_frac=None: the decay is
+    half a cosine from max_lr (nanoGPT's); a fraction: warmup-stable-decay, max_lr held until
+    the last cooldown_frac of decay_iters, then a straight line down (the speedrun's, nanochat's).
     """
     if step < warmup_iters:
         return max_lr * (step + 1) / warmup_iters
     if step >= decay_iters:
         return min_lr
+    if cooldown_frac is not None:
+        start = max(decay_iters - round(cooldown_frac * decay_iters), warmup_iters)  # never inside the warmup
+        return max_lr - max(step - start, 0) / max(decay_iters - start, 1) * (max_lr - min_lr)
     progress = (step - warmup_iters) / max(decay_iters - warmup_iters, 1)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
