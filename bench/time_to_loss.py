@@ -115,12 +115,16 @@ TODAY = [
     "optim.min_lr=0.0002",
     "optim.warmup_iters=100",
     "optim.cooldown_frac=null",
+    "model.document_masks=false",
+    "model.value_embeds=0",
+    "model.unet_skips=false",
 ]
 # The speedrun's pieces, each the overrides that add it to today's default (leave-one-in).
 SPEEDRUN_PIECES = {
     "bf16": ["precision=bf16"],  # what precision=auto now chooses on a CPU with avx512_bf16 or amx_bf16
     "compile": ["compile=true"],
     "wsd": ["optim.cooldown_frac=0.5"],
+    **{piece: CANDIDATES[piece] for piece in ("documents", "value_embeds", "unet")},
 }
 CALIBRATION_STEPS = 30
 CALIBRATION_ROUNDS = 2
