@@ -1,4 +1,4 @@
-"""What every command (train.py, sample.py, report.py, export.py, python -m data) shares
+"""What every command (train.py, sample.py, report.py, export.py, prepare.py) shares
 with the operating system: how it ends on an error, how it takes a signal and how it
 replaces a file, each in one place. (Locks are the `filelock` package's.)
 

@@ -1,4 +1,4 @@
-"""Throughput, memory and disk of the prepare step (`python -m data`) on a multi-GB local corpus.
+"""Throughput, memory and disk of the prepare step (`python prepare.py`) on a multi-GB local corpus.
 
     python bench/prepare_throughput.py                                    # 3 GB, all five layouts
     python bench/prepare_throughput.py --gb 0.2 --kinds jsonl parquet --threads 2
@@ -16,7 +16,7 @@ gptlab), text-dir (up to 2,000 .txt files), jsonl, parquet (8 files, row groups 
 data.source=hub data.dataset=<dir> data.streaming=true). Corpora are cached in
 --scratch; without --scratch a temporary directory is used and removed (unless --keep).
 
-What is measured. Each kind is one `python -m data <overrides> data.data_dir=<fresh dir>
+What is measured. Each kind is one `python prepare.py <overrides> data.data_dir=<fresh dir>
 data.name=bench [data.num_proc=--threads] [--extra ...]` subprocess, started from the
 repository root with HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1. Its wall-clock time
 includes the Python imports. Every 0.2 s a thread sums, over the child's whole process
@@ -97,12 +97,12 @@ def extra_cache_dirs(extra: list[str]) -> list[Path]:
 
 
 def run_kind(kind: str, corpus: Path, entry: dict, run_dir: Path, threads: int | None, extra: list[str]) -> dict:
-    """One `python -m data` into a fresh data directory: the kind's report row."""
+    """One `python prepare.py` into a fresh data directory: the kind's report row."""
     shutil.rmtree(run_dir, ignore_errors=True)
     data_dir = run_dir / "data"
     overrides = kind_overrides(kind, corpus) + [f"data.data_dir={_quoted(data_dir)}", "data.name=bench"]
     overrides += [f"data.num_proc={threads}"] if threads else []
-    command = [sys.executable, "-m", "data", *overrides, *extra]
+    command = [sys.executable, "prepare.py", *overrides, *extra]
     print(f"{kind}: python {' '.join(command[1:])}", flush=True)
     disk_dirs = [data_dir] + [d for d in extra_cache_dirs(extra) if data_dir not in d.parents]
     measurement = measure_command(command, disk_dirs, run_dir, cwd=ROOT, env={**os.environ, **CHILD_ENV})
@@ -229,7 +229,7 @@ def print_header(machine: dict, args: argparse.Namespace, scratch: Path) -> None
         f"data.num_proc: {num_proc}; extra overrides: {' '.join(args.extra) or 'none'}"
     )
     print(
-        "tokens/s = (train+val tokens)/wall seconds of `python -m data`, imports included; peak RSS = sum over "
+        "tokens/s = (train+val tokens)/wall seconds of `python prepare.py`, imports included; peak RSS = sum over "
         f"the process tree, sampled every {SAMPLE_SECONDS} s; peak PSS likewise; disk = bytes under the data "
         "dir at the peak over final shard bytes; vs raw = tokens/s over raw tiktoken's "
         "(encode_ordinary_batch, same threads, first 256 MB of the same stream, best of a run before "
@@ -307,7 +307,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temporary scratch and every run's data dir")
     parser.add_argument("--threads", type=int, help="data.num_proc and tiktoken's threads (default: all cores)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--extra", nargs="+", default=[], metavar="KEY=VALUE", help="more `python -m data` overrides")
+    parser.add_argument(
+        "--extra", nargs="+", default=[], metavar="KEY=VALUE", help="more `python prepare.py` overrides"
+    )
     args = parser.parse_args(argv)
     if args.gb <= 0 or (args.threads is not None and args.threads < 1):
         parser.error("--gb must be positive and --threads at least 1")
@@ -316,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_benchmark(args: argparse.Namespace, scratch: Path) -> dict:
-    """Generate (or reuse) the corpora, time raw tiktoken, then one `python -m data` per kind."""
+    """Generate (or reuse) the corpora, time raw tiktoken, then one `python prepare.py` per kind."""
     machine = machine_description()
     print_header(machine, args, scratch)
     pool = load_pool()

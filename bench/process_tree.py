@@ -1,7 +1,7 @@
 """A command's process tree measured while it runs: the summed RSS and PSS of every process
 in it, and the bytes it allocates under some directories, sampled on a fixed grid (Linux /proc).
 
-    measurement = measure_command(["python", "-m", "data", ...], [data_dir], log_dir, cwd=root)
+    measurement = measure_command(["python", "prepare.py", ...], [data_dir], log_dir, cwd=root)
     measurement.seconds, measurement.peaks.rss, measurement.disk_left
 """
 

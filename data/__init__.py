@@ -9,10 +9,11 @@ x, y = loader.get_batch(step)                 # int64 (batch_size, block_size)
 import importlib
 from typing import TYPE_CHECKING
 
+from data.bpe import load_tokenizer
 from data.config import DataConfig
 from data.errors import DataError
 from data.loader import BatchLoader
-from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
+from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer
 
 _PREPARATION = {"PreparedData", "prepare"}
 if TYPE_CHECKING:

@@ -9,12 +9,16 @@ byte sequence encodes, since each byte has its own id.
 The trained tokenizer is tokenizers' own JSON (tokenizer.json): data, never code. It lives
 as a file beside meta.json and in every checkpoint, and `describe()` names that file with its
 sha256, so config.yaml stays short and a damaged or swapped file is refused.
+
+`load_tokenizer` rebuilds any of the three tokenizers from its description: it lives here,
+above data/tokenizer.py, as the one module that knows them all.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,7 +29,8 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from data.config import BPE_MIN_PAIR_COUNT, BPE_SAMPLE_BYTES, MIN_BPE_VOCAB
 from data.errors import DataError
-from data.tokenizer import EOT_TEXT, Tokenizer, gpt2_byte_alphabet
+from data.meta import META_FILE, read_meta
+from data.tokenizer import EOT_TEXT, Tokenizer, gpt2_byte_alphabet, tokenizer_from_json
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +179,20 @@ def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
         raise
     except Exception as err:  # tokenizers raises its own exception for JSON it cannot read
         raise DataError(f"{TOKENIZER_FILE} is not a tokenizers JSON file ({err}): prepare the data again") from err
+
+
+def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a data or run directory was made with.
+
+    `source` is a directory holding meta.json, a meta.json path, a parsed meta.json, or
+    a tokenizer description (`Tokenizer.describe()`). `directory` holds the files the
+    description names (a data or checkpoint directory); a path `source` is its own.
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        directory = path.parent if path.name == META_FILE else path
+        source = read_meta(directory)
+    description = source.get("tokenizer", source)
+    if isinstance(description, dict) and description.get("name") == "bpe":
+        return load_bpe(description, Path(directory) if directory is not None else None)
+    return tokenizer_from_json(json.dumps(description, sort_keys=True))

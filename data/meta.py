@@ -29,7 +29,7 @@ META_FILE = "meta.json"
 META_DIGEST = "meta_sha256"  # meta.json's entry holding the digest of its other entries
 SPLITS = ("train", "val")
 SHARD_DTYPES = ("uint16", "uint32")
-PREPARE_HINT = "run the prepare step again (python -m data, or train.py does it)"
+PREPARE_HINT = "run the prepare step again (python prepare.py, or train.py does it)"
 IO_CHUNK = 1 << 20  # bytes per read when hashing a shard
 
 

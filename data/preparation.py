@@ -1,7 +1,7 @@
 """The prepare step: a corpus tokenised once into train.bin / val.bin + meta.json.
 
-    python -m data                                       # the default: stdlib, gpt2
-    python -m data data=shakespeare_char data.path=input.txt
+    python prepare.py                                    # the default: stdlib, gpt2
+    python prepare.py data=shakespeare_char data.path=input.txt
 
 The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time
 by a pool of threads (tiktoken releases the GIL), and written block by block, each
@@ -43,7 +43,7 @@ import filelock
 import numpy as np
 from tqdm import tqdm
 
-from data.bpe import TOKENIZER_FILE, train_on_sample
+from data.bpe import TOKENIZER_FILE, load_tokenizer, train_on_sample
 from data.cache import fingerprint_of, refuse_other_settings, token_settings
 from data.config import DataConfig
 from data.errors import DataError
@@ -63,7 +63,7 @@ from data.meta import (
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
 from data.sources import Corpus, open_corpus, source_digests
-from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer, load_tokenizer
+from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer
 from system import on_signals, write_atomic
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 - `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
 - `char`: one id per character of the training text, plus an end-of-text id when the
   corpus has more than one document (so tiny Shakespeare keeps its classic 65 ids).
-- `bpe`: a byte-level BPE trained on the corpus (data/bpe.py).
+- `bpe`: a byte-level BPE trained on the corpus (data/bpe.py, which also holds `load_tokenizer`).
 
 A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json
 next to the shards and in each checkpoint's config.yaml, with the files it names (`files()`:
@@ -25,7 +25,6 @@ import numpy as np
 import tiktoken
 
 from data.errors import DataError
-from data.meta import META_FILE, read_meta
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -238,27 +237,8 @@ def _codepoints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
-    """The tokenizer a data or run directory was made with.
-
-    `source` is a directory holding meta.json, a meta.json path, a parsed meta.json, or
-    a tokenizer description (`Tokenizer.describe()`). `directory` holds the files the
-    description names (a data or checkpoint directory); a path `source` is its own.
-    """
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        directory = path.parent if path.name == META_FILE else path
-        source = read_meta(directory)
-    description = source.get("tokenizer", source)
-    if isinstance(description, dict) and description.get("name") == "bpe":
-        from data.bpe import load_bpe  # data/bpe.py builds on this module's Tokenizer
-
-        return load_bpe(description, Path(directory) if directory is not None else None)
-    return _tokenizer_from_json(json.dumps(description, sort_keys=True))
-
-
 @functools.lru_cache(maxsize=8)
-def _tokenizer_from_json(description_json: str) -> Tokenizer:
+def tokenizer_from_json(description_json: str) -> Tokenizer:
     # Cached by the description's text: tokenising workers rebuild the same one per batch.
     description = json.loads(description_json)
     if description.get("name") == "gpt2":

@@ -217,7 +217,7 @@ def test_options_go_first_wherever_they_were_typed():
             "error: model=foo: there is no preset conf/model/foo.yaml",
         ),
         (["train.py", "seed=1,2"], "error: seed=1,2 is a sweep: add -m"),
-        (["-m", "data", "data=bar"], "error: data=bar: there is no preset conf/data/bar.yaml"),
+        (["prepare.py", "data=bar"], "error: data=bar: there is no preset conf/data/bar.yaml"),
         # Past Hydra: an interpolation resolves only when the config is built.
         (["train.py", "seed=${nope}"], "error: Interpolation key 'nope' not found (at seed)"),
         (["sample.py", "seed=${nope}"], "error: Interpolation key 'nope' not found (at seed)"),

@@ -10,7 +10,7 @@ import pytest
 
 from conf import CONF_DIR
 from data.cache import token_settings
-from data.cli import config_from_overrides, main
+from prepare import config_from_overrides, main
 
 EXPERIMENTS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
 DATA_PRESETS = sorted(path.stem for path in (CONF_DIR / "data").glob("*.yaml"))
@@ -25,7 +25,7 @@ def stamps(data_dir: Path) -> dict:
 
 
 def prepare_command(capsys, *overrides: str) -> str:
-    """`python -m data <overrides>` in this process: what it printed last, or its error line."""
+    """`python prepare.py <overrides>` in this process: what it printed last, or its error line."""
     try:
         main([*overrides, "data.num_proc=1"])
     except SystemExit as stop:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-import data.cli
+import prepare as prepare_command
 from conf import CONF_DIR, load_config
 from data import BatchLoader, DataConfig, DataError, load_tokenizer, prepare
 
@@ -210,7 +210,7 @@ def test_sigterm_stops_prepare_at_once_and_the_same_command_resumes(tmp_path):
         "".join(json.dumps({"text": f"row {i}: " + "lorem ipsum dolor sit amet " * 30}) + "\n" for i in range(6000))
     )
     settings = [f"data.path={rows}", "data.shuffle_block_tokens=20000", "data.batch_mb=0.05", "data.num_proc=1"]
-    command = [sys.executable, "-m", "data", "data=files", *settings, f"data.data_dir={tmp_path / 'data'}"]
+    command = [sys.executable, "prepare.py", "data=files", *settings, f"data.data_dir={tmp_path / 'data'}"]
     with open(tmp_path / "stderr.txt", "wb") as stderr:
         parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
     progress = tmp_path / "data" / "progress.json"
@@ -269,11 +269,11 @@ def test_prepare_reads_overrides_exactly_as_train_py(monkeypatch):
         seen.append(cfg)
         raise DataError("recorded")
 
-    monkeypatch.setattr(data.cli, "prepare", record)
+    monkeypatch.setattr(prepare_command, "prepare", record)
     with pytest.raises(SystemExit, match="error: recorded"):
-        data.cli.main(OVERRIDES)
+        prepare_command.main(OVERRIDES)
     assert seen == [expected]
-    assert data.cli.config_from_overrides(["data=shakespeare_char"]) == train_py_data(["data=shakespeare_char"])
+    assert prepare_command.config_from_overrides(["data=shakespeare_char"]) == train_py_data(["data=shakespeare_char"])
 
 
 @pytest.mark.parametrize(
@@ -288,7 +288,7 @@ def test_prepare_reads_overrides_exactly_as_train_py(monkeypatch):
 )
 def test_bad_overrides_are_one_line_naming_them(override, message):
     with pytest.raises(SystemExit) as exit_info:  # train.py's message, before Hydra composes
-        data.cli.main([override])
+        prepare_command.main([override])
     assert exit_info.value.code.startswith(message) and "\n" not in exit_info.value.code
 
 
@@ -297,7 +297,7 @@ def test_a_data_directory_that_cannot_be_made_is_named(tmp_path, in_the_way):
     (tmp_path / "file").write_text("not a directory")
     data_dir = tmp_path / in_the_way
     with pytest.raises(SystemExit) as exit_info:
-        data.cli.main(["data=files", f"data.path={tmp_path / 'file'}", f"data.data_dir={data_dir}"])
+        prepare_command.main(["data=files", f"data.path={tmp_path / 'file'}", f"data.data_dir={data_dir}"])
     assert exit_info.value.code.startswith(f"error: data.data_dir={data_dir}: cannot create that directory (")
 
 
@@ -308,8 +308,10 @@ def test_a_directory_where_a_file_of_the_data_belongs_is_named(tmp_path, name):
     in_the_way = Path(cfg.data_dir) / name
     in_the_way.unlink()
     (in_the_way / "kept").mkdir(parents=True)
-    with pytest.raises(SystemExit) as exit_info:  # python -m data, on train.py's settings
-        data.cli.main(["data=files", f"data.path={cfg.path}", "data.tokenizer=char", f"data.data_dir={cfg.data_dir}"])
+    with pytest.raises(SystemExit) as exit_info:  # python prepare.py, on train.py's settings
+        prepare_command.main(
+            ["data=files", f"data.path={cfg.path}", "data.tokenizer=char", f"data.data_dir={cfg.data_dir}"]
+        )
     assert exit_info.value.code == (
         f"error: {in_the_way} is a directory, where prepare keeps a file of the prepared "
         "data: move it away (or delete it), or set another data.data_dir"

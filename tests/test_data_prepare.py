@@ -11,7 +11,7 @@ import pytest
 import data.preparation as prepare_module
 import data.readers
 from data import BatchLoader, DataConfig, DataError, Gpt2Tokenizer, load_tokenizer, prepare
-from data.cli import config_from_overrides, main
+from prepare import config_from_overrides, main
 
 EOT = "<|endoftext|>"
 DOCUMENTS = ["alpha beta gamma\n", "the second document, longer than the first one\n", "third: ünïcödé ✓\n"]

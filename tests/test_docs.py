@@ -97,7 +97,7 @@ def first_of_each_sweep(overrides: list[str]) -> list[str]:
 
 
 def compose_overrides(config_name: str, args: list[str]):
-    """What train.py, sample.py or python -m data would run with `args`: checked by the
+    """What train.py, sample.py or python prepare.py would run with `args`: checked by the
     same one-line check, composed by Hydra and validated into the dataclasses."""
     schema = Config if config_name == "train" else SampleConfig
     if config_name == "sample":
@@ -135,7 +135,7 @@ COMMANDS = all_commands()
 
 def test_the_pages_show_commands_of_every_kind():
     kinds = {command[0] if command[0] != "-m" else f"-m {command[1]}" for _, command in COMMANDS}
-    assert {"train.py", "sample.py", "report.py", "export.py", "-m data"} <= kinds
+    assert {"train.py", "sample.py", "report.py", "export.py", "prepare.py"} <= kinds
 
 
 @pytest.mark.parametrize("page, command", COMMANDS, ids=[f"{p}: {' '.join(c)[:60]}" for p, c in COMMANDS])
@@ -145,8 +145,8 @@ def test_every_command_composes_through_the_real_parser_or_runs(page, command, m
         compose_overrides("train", args)
     elif script == "sample.py":
         compose_overrides("sample", args)
-    elif command[:2] == ["-m", "data"]:
-        compose_overrides("train", command[2:])
+    elif script == "prepare.py":
+        compose_overrides("train", args)
     elif script in ("report.py", "export.py"):
         parse_script_arguments(script, args, monkeypatch, tmp_path)
     elif script == "-m":

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, G
 
 import export
 import hf.files
-from data.tokenizer import load_tokenizer
+from data import load_tokenizer
 from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate

@@ -15,8 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 import export
 from conf import CONF_DIR, load_config
+from data import load_tokenizer
 from data.bpe import train_bpe
-from data.tokenizer import load_tokenizer
 from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate

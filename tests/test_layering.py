@@ -1,6 +1,7 @@
 """The scripts at the top of the repository (train.py, sample.py, ...) are entry points over
 the packages: no module of a package imports one, at its top or inside a function. Inside,
-the packages keep their layers: hf/ below run/, and model/'s modules without an import cycle."""
+the packages keep their layers: hf/ below run/, no two packages (or top-level modules) import
+each other, even through others, and neither do two modules of one package."""
 
 import ast
 import subprocess
@@ -71,16 +72,25 @@ def test_hf_knows_no_runs_and_run_knows_none_of_its_users():
     assert imports_from("run", scripts() | {"evaluation", "ablation", "bench", "training"}) == []
 
 
-def sibling_imports(path: Path) -> set[str]:
-    """The modules of path's own package that it imports relatively (`from .x import y`,
-    `from . import x`), under TYPE_CHECKING too: an import for annotations is a dependency."""
-    siblings = {other.stem for other in path.parent.glob("*.py")}
+def package_imports(path: Path, package: str) -> set[str]:
+    """The modules of `package` that the file imports: `package.x`, `from package import x`,
+    relative imports; at its top, inside a function or under TYPE_CHECKING (an import for
+    annotations is a dependency too). A name of the package that is not a module is its __init__."""
+    modules = {other.stem for other in (REPO / package).glob("*.py")}
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module.split(".")[0]] if node.module else [alias.name for alias in node.names]
-            found |= {name for name in names if name in siblings}
-    return found
+        if isinstance(node, ast.Import):
+            parts = [alias.name.split(".") for alias in node.names]
+            found |= {p[1] if len(p) > 1 and p[1] in modules else "__init__" for p in parts if p[0] == package}
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+            parts = (node.module or "").split(".") if node.module else []
+            if node.level == 0 and parts[:1] == [package]:
+                parts = parts[1:]
+            elif node.level == 0:
+                continue
+            names = parts[:1] if parts else [alias.name for alias in node.names]
+            found |= {name if name in modules else "__init__" for name in names}
+    return found - {path.stem}
 
 
 def import_cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -112,11 +122,42 @@ def test_import_cycle_finds_a_cycle_and_only_a_cycle():
     assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
 
 
-def test_model_modules_import_each_other_without_a_cycle():
-    """model/ is layered (kv_cache below attention below gpt below engine and cuda_graph):
-    each module can be read, and imported, on top of the ones it names."""
-    graph = {path.stem: sibling_imports(path) for path in sorted((REPO / "model").glob("*.py"))}
-    assert {"kv_cache", "engine"} <= graph["__init__"] and "kv_cache" in graph["attention"]
+def test_package_imports_reads_every_form_of_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "pkg").mkdir()
+    for name in ("__init__", "a", "b", "c", "d", "e"):
+        (tmp_path / "pkg" / f"{name}.py").touch()
+    source = tmp_path / "pkg" / "a.py"
+    source.write_text(
+        "import os, pkg.b\nfrom pkg import c, VALUE\nfrom .d import x\nfrom . import a\n"
+        "def f():\n    from pkg.e import y\nfrom other.pkg import z\nfrom .. import up\n"
+    )
+    assert package_imports(source, "pkg") == {"b", "c", "__init__", "d", "e"}
+
+
+def test_no_two_modules_of_a_package_import_each_other():
+    """Each package's modules are layered (model/: kv_cache below attention below gpt below
+    engine; data/: tokenizer below bpe): each can be read, and imported, on top of the ones it names."""
+    graphs = {
+        directory.name: {path.stem: package_imports(path, directory.name) for path in directory.glob("*.py")}
+        for directory in source_dirs()
+    }
+    assert {"kv_cache", "engine"} <= graphs["model"]["__init__"] and "kv_cache" in graphs["model"]["attention"]
+    assert "tokenizer" in graphs["data"]["bpe"]
+    assert {package: import_cycle(graph) for package, graph in graphs.items() if import_cycle(graph)} == {}
+
+
+def test_no_two_packages_import_each_other():
+    """The packages, bench/ and the top-level modules that are not commands (system.py, rules.py)
+    import each other in one direction only: conf/ composes data/'s and model/'s settings, and the
+    command that prepares data alone (prepare.py) stands over both."""
+    units = {directory.name: sorted(directory.glob("**/*.py")) for directory in source_dirs()}
+    units |= {path.stem: [path] for path in REPO.glob("*.py") if path.stem not in scripts()}
+    graph = {
+        unit: {name for path in files for _, name in imported_modules(path)} & units.keys() - {unit}
+        for unit, files in units.items()
+    }
+    assert "data" in graph["conf"] and "model" in graph["hf"] and "system" in graph["run"]
     assert import_cycle(graph) == []
 
 

@@ -1,18 +1,22 @@
-"""`python -m data`: run the prepare step on its own, reading overrides exactly as train.py does.
+"""Run the prepare step on its own, reading overrides exactly as train.py does.
 
-    python -m data                                       # the default corpus: stdlib, gpt2
-    python -m data data=shakespeare_char data.path=input.txt
-    python -m data "data.path='/my notes/book.txt'"      # Hydra's quoting, as for train.py
+    python prepare.py                                       # the default corpus: stdlib, gpt2
+    python prepare.py data=shakespeare_char data.path=input.txt
+    python prepare.py "data.path='/my notes/book.txt'"      # Hydra's quoting, as for train.py
 
 Hydra composes the overrides into train.py's own config (conf/train.yaml), so presets,
 experiments, quoting and typing mean the same as there; only its `data` section is used.
-This module is the one place in data/ that uses Hydra.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+
+from system import quiet_interrupt_while_starting
+
+if __name__ == "__main__":  # before the imports below, as in train.py
+    quiet_interrupt_while_starting()
 
 from hydra import compose, initialize_config_dir
 
@@ -31,7 +35,7 @@ def config_from_overrides(overrides: list[str]) -> DataConfig:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m data",
+        prog="python prepare.py",
         description="Tokenise a corpus into train.bin / val.bin / meta.json (skipped when already done).",
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data=<preset> and data.<field>=<value>")
@@ -47,3 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         f"and val {meta['tokens']['val']:,} {meta['dtype']} tokens, tokenizer {meta['tokenizer']['name']} "
         f"(vocab {meta['vocab_size']}), from {meta['source']}"
     )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,3 +1,0 @@
-from data.cli import main
-
-main()
