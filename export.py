@@ -21,7 +21,7 @@ if __name__ == "__main__":  # before the imports below: torch alone takes second
     quiet_interrupt_while_starting()
 
 from hf.files import save_hf
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from system import exits
 
 

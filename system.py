@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -194,3 +195,40 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 def temp_path(final: Path) -> Path:
     """Where a file is written before it is renamed to `final`."""
     return final.with_name(f"{final.name}{TEMP_MARK}{os.getpid()}")
+
+
+def replace_keeping_links_valid(final: Path, new: Path, links: list[Path], stale: Path) -> None:
+    """Swap the complete directory `new` in for `final` (moved aside to `stale`, then deleted)
+    so that every link in `links` always leads to a complete one: first to `new`, then to the
+    new `final` (hard links to new's files, so nothing is copied)."""
+    for link in links:
+        point_link(link, new)
+    final.rename(stale)
+    shutil.copytree(new, final, copy_function=_link_or_copy)
+    for path in final.iterdir():
+        fsync(path)
+    fsync(final.parent)
+    for link in links:
+        point_link(link, final)
+    shutil.rmtree(stale)
+    shutil.rmtree(new)
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, destination)
+
+
+def point_link(link: Path, target: Path) -> None:
+    """Atomically make `link` a relative symlink to `target`."""
+    replace_atomically(link, lambda temp: temp.symlink_to(target.name))
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -42,7 +42,7 @@ from conf import Config
 from conf.cli import check_overrides, options_first
 from data import BatchLoader, PreparedData, prepare
 from model import GPT
-from run.checkpoint import CheckpointError, load_weights
+from run.checkpoints import CheckpointError, load_weights
 from run.distributed import (
     Ranks,
     barrier,

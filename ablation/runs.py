@@ -21,7 +21,7 @@ import torch
 import model.config
 from data import Tokenizer
 from model import GPT, GPTConfig
-from run.checkpoint import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
+from run.checkpoints import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
 from run.load import load_model
 from run.metrics import METRICS, read_metrics
 from run.run_dir import RUN_CONFIG, RUN_GROUPS, logged_a_save, read_run_yaml

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from data import BatchLoader, DataConfig, DataError  # noqa: E402
 from model import GPT, WEIGHT_FORMATS, Sampling, generate  # noqa: E402
-from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
+from run.checkpoints import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint  # noqa: E402
 from run.load import load_model  # noqa: E402
 from training.provenance import provenance  # noqa: E402
 

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.state import fit_problems, non_finite
 
 from . import llama, nanochat
 from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, tied, unsupported
@@ -323,29 +324,14 @@ def _pool_fused_kv(fused: Tensor, config: GPTConfig, n_kv_head: int) -> Tensor:
 
 def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], what: str, against: str) -> None:
     """ValueError naming what is missing, unexpected or differently shaped."""
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong_shape = [
-        f"{name} is {tuple(tensor.shape)} in {what}, {tuple(expected[name])} by {against}"
-        for name, tensor in state.items()
-        if name in expected and tensor.shape != expected[name]
-    ]
-    problems = [
-        f"{label} {_first_few(names)}"
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("different shapes", wrong_shape))
-        if names
-    ]
+    problems = fit_problems(state, expected, what, against)
     if problems:
-        raise ValueError(f"{what} do not fit {against}: " + "; ".join(problems))
+        raise ValueError(f"{what} do not fit {against}: {problems}")
 
 
 def _check_finite(hf_state: dict[str, Tensor]) -> None:
     """ValueError naming the tensors that hold NaN or infinity: a damaged file, refused at
     import rather than found as a diverging loss."""
-    broken = [name for name, tensor in hf_state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    broken = non_finite(hf_state)
     if broken:
-        raise ValueError(f"the weights hold NaN or infinite values, in {_first_few(sorted(broken))}")
-
-
-def _first_few(items: list[str], n: int = 5) -> str:
-    return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")
+        raise ValueError(f"the weights hold NaN or infinite values, in {broken}")

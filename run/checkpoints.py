@@ -1,6 +1,18 @@
-"""A run's checkpoints, kept by one manager: each save written whole or not at all, the
-`latest` and `best` links moved after it, old saves pruned, a resume's training state
-restored. run/checkpoint.py describes the layout, and reads and finds checkpoints.
+"""A run's checkpoints, kept by one manager, and how anyone finds and reads one.
+
+    <run_dir>/checkpoints/
+        step_000250/  model.safetensors  weights only (safe to load from anyone)
+                      config.yaml        model + data + tokenizer: enough to rebuild the model
+                      tokenizer.json     a trained tokenizer (data.tokenizer=bpe), which config.yaml names
+                      state.pt           optimizer, scaler, step, RNG states (tensors and plain
+                                         containers only, loaded with weights_only=True)
+                      SHA256SUMS         the sha256 of each file above (`sha256sum -c` reads it),
+                                         checked whenever the checkpoint is read
+        latest -> step_000250            the newest complete checkpoint
+        best   -> step_000250            the one with the lowest validation loss
+
+The run's one writer keeps them with `Checkpoints` (save, prune, the links, `latest`, the
+steps, a resume's restore); anyone finds one (`find_checkpoint`) and reads it (`load_checkpoint`).
 
 A checkpoint is written into a temporary directory, fsynced and renamed into
 place, and only then does `latest` move (an atomic symlink swap), so a crash or a
@@ -12,38 +24,277 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
-from dataclasses import fields
+import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 from safetensors import SafetensorError
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conf import Config
+from conf import Config, read_settings
+from data import Tokenizer, load_tokenizer
+from data.meta import file_sha256
 from model import GPTConfig
-from run.checkpoint import (
-    CHECKPOINTS,
-    CONFIG,
-    STATE,
-    WEIGHTS,
-    Checkpoint,
-    CheckpointError,
-    drop_state,
-    last_good_checkpoint,
-    load_weights,
-    non_finite,
-    step_dirs,
-    stored_once,
-    unwrap_model,
-    write_digests,
-)
+from model.state import WRAPPER_PREFIXES, fit_problems, non_finite, stored_once, unwrap_model
 from run.distributed import Ranks
 from run.runtime import reseed, seed_everything, set_rng_state
-from system import replace_atomically
+from system import UserError, fsync, point_link, replace_keeping_links_valid
+
+WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
+CHECKPOINTS = "checkpoints"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+# What state.pt holds, by key and type: anything else is not a training state of train.py.
+STATE_FIELDS = {"step": int, "best_val_loss": float, "optimizer": dict, "scaler": dict, "rng": list}
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, incomplete, corrupt or does not fit the model."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: dict[str, Any]  # the contents of config.yaml
+    model_state: dict[str, torch.Tensor]
+
+    @property
+    def model_config(self) -> GPTConfig:
+        try:
+            return read_settings(GPTConfig, self.config["model"])
+        except ValueError as err:
+            raise CheckpointError(
+                f"{self.path / CONFIG} has an invalid model section: {str(err).splitlines()[0]}"
+            ) from err
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the model was trained with, as its config.yaml describes it."""
+        description = self.config.get("tokenizer")
+        if not isinstance(description, dict):
+            raise CheckpointError(f"{self.path / CONFIG} does not describe a tokenizer (no `tokenizer` section)")
+        return load_tokenizer(description, self.path)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent.parent
+
+    def check_finite(self) -> None:
+        """Refuse weights holding inf or NaN (train.py never saves them; another tool might)."""
+        bad = non_finite(self.model_state)
+        if bad:
+            raise CheckpointError(
+                f"{self.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
+                "before this save; use an earlier checkpoint of the run (checkpoints/step_*)"
+            )
+
+    def training_state(self) -> dict[str, Any]:
+        """state.pt: everything besides the weights that resuming needs."""
+        path = self.path / STATE
+        if not path.is_file():
+            raise CheckpointError(f"{self.path} has no {STATE}: it holds weights only and cannot be resumed")
+        verify_digests(self.path, [STATE])
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for damaged archives
+            reason = "the file is empty" if path.stat().st_size == 0 else str(err) or type(err).__name__
+            raise CheckpointError(
+                f"corrupt training state {path}: {reason}; resume from another checkpoint of "
+                "the run (checkpoints/step_*)"
+            ) from err
+        _check_state(state, path)
+        return state
+
+
+def write_digests(path: Path) -> None:
+    """Record the sha256 of checkpoint `path`'s files in its SHA256SUMS."""
+    names = [name for name in (WEIGHTS, CONFIG, STATE) if (path / name).is_file()]
+    names += sorted(p.name for p in path.iterdir() if p.is_file() and p.name not in (*names, DIGESTS))  # tokenizer.json
+    (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
+
+
+def drop_state(path: Path) -> None:
+    """Delete checkpoint `path`'s state.pt and its line in SHA256SUMS, so that `sha256sum -c`
+    still checks what is left (the other lines stand as recorded: no file is read again)."""
+    listing = path / DIGESTS
+    if listing.exists():
+        kept = [
+            line
+            for line in listing.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.rstrip("\n").split("  ", 1)[-1] != STATE
+        ]
+        listing.write_text("".join(kept), encoding="utf-8")
+    (path / STATE).unlink(missing_ok=True)
+
+
+def verify_digests(path: Path, names: list[str]) -> None:
+    """Check files of checkpoint `path` against its SHA256SUMS (checkpoints saved before
+    digests were recorded have none, and are read unchecked)."""
+    listing = path / DIGESTS
+    if not listing.exists():
+        return
+    recorded = read_digests(listing)
+    for name in names:
+        if name not in recorded:
+            raise _damaged_digests(listing, f"{name} is not listed")
+        if file_sha256(path / name) != recorded[name]:
+            raise CheckpointError(
+                f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
+                "use another checkpoint of the run (checkpoints/step_*) or restore it from a copy"
+            )
+
+
+def read_digests(listing: Path) -> dict[str, str]:
+    """{file name: sha256} from a SHA256SUMS listing; CheckpointError naming it when it is
+    not one (truncated, edited, not text)."""
+    try:
+        lines = [line.split("  ", 1) for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise _damaged_digests(listing, getattr(err, "strerror", None) or str(err)) from err
+    malformed = [" ".join(line) for line in lines if len(line) != 2 or not re.fullmatch(r"[0-9a-f]{64}", line[0])]
+    if malformed:
+        raise _damaged_digests(listing, f"{malformed[0]!r} is not '<sha256>  <file>'")
+    return {name: digest for digest, name in lines}
+
+
+def _damaged_digests(listing: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
+        f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked"
+    )
+
+
+def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
+    """Resolve what the user asked for to one checkpoint directory.
+
+    target may be a checkpoint directory, a run directory (its latest checkpoint), a
+    checkpoints/ directory, or None for the latest checkpoint of the run saved most
+    recently anywhere under runs_root (sweep members included). `setting` is what the
+    user would pass a path as, for the message when there is none.
+    """
+    if target is None:
+        links = (d / "latest" for d in Path(runs_root).glob(f"**/{CHECKPOINTS}"))  # a dangling one too
+        runs = sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)
+        if not runs:
+            raise CheckpointError(
+                f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "
+                f"`python train.py`, or pass {setting}=PATH"
+            )
+        return _follow_latest(runs[-1])
+    if not str(target).strip():  # `resume=` would otherwise mean the current directory
+        raise CheckpointError(f"{setting} is empty: pass a checkpoint or run directory, or leave it unset")
+    path = Path(target)
+    if (path / WEIGHTS).is_file():
+        return path.resolve()
+    for link in (path / "latest", path / CHECKPOINTS / "latest"):
+        if link.is_symlink():
+            return _follow_latest(link)
+    for root in (path, path / CHECKPOINTS):  # a run whose `latest` link was lost
+        newest = _newest_complete(root) if root.is_dir() else None
+        if newest is not None:
+            print(
+                f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}", file=sys.stderr
+            )
+            return newest.resolve()
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
+    raise CheckpointError(f"no checkpoint at {path}: expected {WEIGHTS} and {CONFIG} in it, or a run directory")
+
+
+def _follow_latest(link: Path) -> Path:
+    """Where a `latest` link leads; if its checkpoint is gone, the newest complete one
+    left, said on stderr."""
+    if (link / WEIGHTS).is_file():
+        return link.resolve()
+    newest = _newest_complete(link.parent)
+    if newest is None:
+        raise CheckpointError(
+            f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left in {link.parent}"
+        )
+    print(
+        f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
+        f"checkpoint left, {newest}",
+        file=sys.stderr,
+    )
+    return newest.resolve()
+
+
+def _newest_complete(root: Path) -> Path | None:
+    """The newest step checkpoint under root that has its weights and config."""
+    complete = [p for p in step_dirs(root) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
+    return complete[-1] if complete else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a run has saved a checkpoint: its `latest` link exists (even if what it led
+    to was deleted since) or a complete step directory does; the temporaries of
+    interrupted saves do not count."""
+    root = Path(run_dir) / CHECKPOINTS
+    return root.is_dir() and ((root / "latest").is_symlink() or _newest_complete(root) is not None)
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """The step checkpoints under root, oldest first (by step number, not by name:
+    step_1000000 is newer than step_999999)."""
+    steps = (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink())
+    return sorted(steps, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint's config and weights (to CPU); raises CheckpointError on damage."""
+    path = Path(path)
+    missing = [name for name in (WEIGHTS, CONFIG) if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"incomplete checkpoint {path}: missing {', '.join(missing)}")
+    verify_digests(path, [WEIGHTS, CONFIG])
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path / CONFIG), resolve=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"corrupt {path / CONFIG}: {str(err).splitlines()[0] if str(err) else type(err).__name__}; "
+            "use another checkpoint of the run (checkpoints/step_*)"
+        ) from err
+    if not isinstance(config, dict) or "model" not in config:
+        raise CheckpointError(f"{path / CONFIG} has no `model` section")
+    try:
+        model_state = load_file(path / WEIGHTS)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"corrupt weights file {path / WEIGHTS}: {err}") from err
+    return Checkpoint(path=path, config=config, model_state=model_state)
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load weights saved by Checkpoints.save (or from a compiled / DDP model's
+    state_dict) into `model`, explaining any mismatch in plain words."""
+    target = unwrap_model(model)
+    state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
+    expected = {name: tensor.shape for name, tensor in target.state_dict().items()}
+    problems = fit_problems(state, expected, "the checkpoint", "the model", optional=stored_once(target))
+    if problems:
+        raise CheckpointError(f"checkpoint does not fit this model (a different model shape?): {problems}")
+    target.load_state_dict(state, strict=False)
+
+
+def _check_state(state: object, path: Path) -> None:
+    if not isinstance(state, dict):
+        problems = [f"it holds a {type(state).__name__}, not a dict"]
+    else:
+        problems = [
+            f"{key!r} missing" if key not in state else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
+            for key, kind in STATE_FIELDS.items()
+            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+        ]
+    if problems:
+        raise CheckpointError(
+            f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
+            "another checkpoint of the run, or start a new run from these weights with "
+            "init_from=checkpoint"
+        )
+
 
 LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
 LINKS = ("latest", "best")  # the checkpoints they lead to are never deleted
@@ -60,8 +311,15 @@ class Checkpoints:
         self.keep_last, self.keep_state = keep_last, keep_state
 
     def latest(self) -> Path | None:
-        """The checkpoint a resume of the run continues from; None before the first."""
-        return last_good_checkpoint(self.run_dir)
+        """The checkpoint a resume of the run continues from: where `latest` leads, else (the
+        link lost, dangling or a loop) the newest complete one; None before the first."""
+        if (self.root / "latest" / WEIGHTS).is_file():
+            return (self.root / "latest").resolve()
+        return _newest_complete(self.root) if self.root.is_dir() else None
+
+    def steps(self) -> list[Path]:
+        """The step checkpoints, oldest first (by step number: step_1000000 is newer than step_999999)."""
+        return step_dirs(self.root) if self.root.is_dir() else []
 
     def save(
         self,
@@ -92,7 +350,7 @@ class Checkpoints:
         except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
             raise self._save_failed(err, tmp, final) from err
         if self.keep_state == "latest":
-            for older in step_dirs(self.root):
+            for older in self.steps():
                 if older != final and (older / STATE).exists():
                     drop_state(older)
         return final
@@ -101,7 +359,7 @@ class Checkpoints:
         """Delete all but the newest keep_last step checkpoints and leftovers of interrupted
         saves, never what `latest` or `best` leads to."""
         protected = self._linked()
-        steps = step_dirs(self.root)
+        steps = self.steps()
         for old in steps[: max(len(steps) - self.keep_last, 0)]:
             if old.resolve() not in protected:
                 shutil.rmtree(old)
@@ -177,13 +435,14 @@ class Checkpoints:
         links = [self.root / "latest"] + ([best] if is_best else [])
         if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
             leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
-            _replace_keeping_links_valid(final, tmp, links + leads_here)
+            stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
+            replace_keeping_links_valid(final, tmp, links + leads_here, stale)
         else:
             tmp.rename(final)
-            _fsync(self.root)
+            fsync(self.root)
         for link in links:
-            _point(link, final)
-        _fsync(self.root)
+            point_link(link, final)
+        fsync(self.root)
 
     def _save_failed(self, err: Exception, tmp: Path, final: Path) -> CheckpointError:
         """The error of a save that failed, saying which checkpoint is intact, once its
@@ -200,23 +459,6 @@ class Checkpoints:
         return {(self.root / name).resolve() for name in LINKS if (self.root / name).exists()}
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    model: nn.Module,
-    config: dict[str, Any],
-    state: dict[str, Any],
-    keep_last: int = 3,
-    is_best: bool = False,
-    keep_state: str = "all",
-    files: dict[str, str] | None = None,
-) -> Path:
-    """One save into run_dir's checkpoints, for a writer that keeps no manager (a tool, a test)."""
-    return Checkpoints(run_dir, keep_last=keep_last, keep_state=keep_state).save(
-        step, model, config, state, is_best=is_best, files=files
-    )
-
-
 def _write_files(
     tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any], files: dict[str, str]
 ) -> None:
@@ -230,8 +472,8 @@ def _write_files(
         (tmp / name).write_text(content, encoding="utf-8")
     write_digests(tmp)
     for path in tmp.iterdir():
-        _fsync(path)
-    _fsync(tmp)
+        fsync(path)
+    fsync(tmp)
 
 
 def _write_failure(err: Exception, root: Path) -> str:
@@ -256,41 +498,3 @@ def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:
         raise CheckpointError(
             f"refusing to write {destination}: non-finite weights in {bad}; the earlier checkpoints are untouched"
         )
-
-
-def _replace_keeping_links_valid(final: Path, new: Path, links: list[Path]) -> None:
-    """Swap the complete checkpoint `new` in for `final` so that every link in `links`
-    always leads to a complete checkpoint: first to `new`, then to the new `final`
-    (hard links to new's files, so nothing is copied)."""
-    for link in links:
-        _point(link, new)
-    stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
-    final.rename(stale)
-    shutil.copytree(new, final, copy_function=_link_or_copy)
-    for path in final.iterdir():
-        _fsync(path)
-    _fsync(final.parent)
-    for link in links:
-        _point(link, final)
-    shutil.rmtree(stale)
-    shutil.rmtree(new)
-
-
-def _link_or_copy(source: str, destination: str) -> None:
-    try:
-        os.link(source, destination)
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(source, destination)
-
-
-def _point(link: Path, target: Path) -> None:
-    """Atomically make `link` a relative symlink to `target`."""
-    replace_atomically(link, lambda temp: temp.symlink_to(target.name))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -24,7 +24,7 @@ from data import Tokenizer
 from hf.files import HFError, hf_tokenizer, load_hf_pretrained, local_hf_dir, resolve_hf_dir
 from hf.gpt2 import crop_block_size, pool_kv_heads
 from model import GPTConfig
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from run.checkpoints import CheckpointError, find_checkpoint, load_checkpoint
 from run.run_dir import command_line_overrides
 
 # The model settings a run from existing weights chooses itself: fewer key/value heads (pooled),

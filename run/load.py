@@ -21,7 +21,7 @@ import torch
 from data import Tokenizer
 from hf.files import hf_tokenizer, load_hf_pretrained, resolve_hf_dir
 from model import GPT, WEIGHT_FORMATS, GPTConfig, to_decode_layout, to_weight_format
-from run.checkpoint import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from run.checkpoints import Checkpoint, CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from run.init_from import reading_hf
 
 # A transformers model may pad its embedding beyond its tokenizer for faster matmuls (GPT-2's

@@ -15,16 +15,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from conf import Config, one_line_errors
-from run.checkpoint import (
+from run.checkpoints import (
     WEIGHTS,
     Checkpoint,
     CheckpointError,
+    Checkpoints,
     find_checkpoint,
     has_checkpoint,
-    last_good_checkpoint,
     load_checkpoint,
 )
-from run.checkpoints import Checkpoints
 from run.metrics import METRICS, read_metrics
 from system import write_atomic
 
@@ -147,7 +146,7 @@ def interrupted(signal_name: str, run_dir: Path) -> str:
 
 def left_behind(run_dir: Path) -> str:
     """What a run that stopped before its end leaves, and how to go on."""
-    intact = last_good_checkpoint(run_dir)
+    intact = Checkpoints(run_dir).latest()
     if intact is None and logged_a_save(run_dir):  # its one save, at max_iters, cut short (or deleted since)
         return (
             f"no checkpoint is left, and its {METRICS} reads as a run that saved one, so resume={run_dir} "

@@ -26,8 +26,7 @@ from conf import Config, load_config
 from data import Gpt2Tokenizer, Tokenizer
 from data.tokenizer import GPT2_VOCAB_SIZE
 from model import GPT
-from run.checkpoint import Checkpoint, load_weights
-from run.checkpoints import Checkpoints
+from run.checkpoints import Checkpoint, Checkpoints, load_weights
 from run.distributed import Ranks, main_decides, peers_watched
 from run.init_from import initial_model, refuse_contradictions, scratch_config
 from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, run_lock, save_run_config

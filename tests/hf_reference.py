@@ -8,7 +8,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, GPTBigCodeConfig, GPTBigCodeForCausalLM
 
 from model import GPT, GPTConfig
-from run.checkpoint import load_weights
+from run.checkpoints import load_weights
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()

@@ -18,7 +18,7 @@ from scipy import stats
 from ablation.compare import EQUAL_FLOPS, EQUAL_TOKENS, baseline_of, results
 from ablation.runs import Arm, Run
 from conftest import tiny_config
-from run.checkpoint import Checkpoint
+from run.checkpoints import Checkpoint
 
 SEEDS = [1, 2, 3, 4]
 BASELINE = [3.00, 3.10, 2.95, 3.05]  # the MHA baseline's val loss at its end, 1000 tokens, per seed

@@ -19,7 +19,7 @@ from conf import CONF_DIR
 from conftest import training_overrides
 from data import DataError
 from data.bpe import TOKENIZER_FILE
-from run.checkpoint import DIGESTS, find_checkpoint, load_checkpoint
+from run.checkpoints import DIGESTS, find_checkpoint, load_checkpoint
 from run.load import checkpoint_model
 from test_generate import reference_greedy
 from test_sample import settings

@@ -10,7 +10,7 @@ import train
 from conf import CONF_DIR, Config
 from conftest import tiny_config, training_overrides
 from model import GPT
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
 from training.budget import training_budget
 

@@ -14,8 +14,7 @@ from safetensors import SafetensorError
 from conf import Config, OptimConfig
 from data.meta import file_sha256
 from run import checkpoints as manager
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
-from run.checkpoints import Checkpoints
+from run.checkpoints import CheckpointError, Checkpoints, find_checkpoint, load_checkpoint, load_weights
 from run.distributed import Ranks
 from run.metrics import read_metrics
 from run.runtime import Precision, resolve_precision, rng_state

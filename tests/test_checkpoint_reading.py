@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights
+from run.checkpoints import CheckpointError, find_checkpoint, load_checkpoint, load_weights
 from test_checkpoint import save
 
 
@@ -25,7 +25,8 @@ def test_weights_from_compiled_or_ddp_models_load(make_model, prefix):
 def test_different_model_shape_is_explained(tmp_path, make_model):
     path = save(tmp_path, 1, make_model(n_kv_head=1))
     with pytest.raises(
-        CheckpointError, match=r"different model shape.*c_attn.weight: checkpoint \(48, 32\) vs model \(96, 32\)"
+        CheckpointError,
+        match=r"different model shape.*c_attn.weight is \(48, 32\) in the checkpoint, \(96, 32\) by the model",
     ):
         load_weights(make_model(n_kv_head=4), load_checkpoint(path).model_state)
 

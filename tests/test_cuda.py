@@ -24,7 +24,7 @@ from conftest import tiny_config, training_overrides
 from devices import tolerance, true_fp32  # noqa: F401 (a fixture)
 from model import GPT, Sampling, generate
 from model.weight_formats import to_weight_format
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("true_fp32")]

@@ -15,8 +15,7 @@ import torch
 from conf import Config
 from conftest import tiny_config, training_overrides
 from model import GPT
-from run.checkpoint import find_checkpoint, load_checkpoint
-from run.checkpoints import Checkpoints, save_checkpoint
+from run.checkpoints import Checkpoints, find_checkpoint, load_checkpoint
 from run.distributed import Ranks
 from run.metrics import read_metrics
 from run.runtime import resolve_precision, rng_state, set_rng_state
@@ -123,7 +122,7 @@ def saved_by_processes(run_dir, processes):
         "optimizer": build_optimizer(model, Config().optim, "cpu").state_dict(),
     }
     config = {"model": asdict(model.config), "data": {"name": "test"}, "tokenizer": {"name": "char"}}
-    return load_checkpoint(save_checkpoint(run_dir, 5, model, config, state))
+    return load_checkpoint(Checkpoints(run_dir).save(5, model, config, state))
 
 
 def first_draws(checkpoint, rank, world_size, **settings):

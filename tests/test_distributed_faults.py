@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from run.checkpoint import last_good_checkpoint
+from run.checkpoints import Checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
@@ -83,7 +83,7 @@ def killed_while_training(overrides, tmp_path, victim):
 def test_ranks_whose_launcher_was_killed_save_at_the_next_boundary_and_stop(train_overrides, tmp_path):
     launcher, stdout, stderr = killed_while_training(train_overrides, tmp_path, "launcher")  # the ranks hear no signal
     run_dir = tmp_path / "run"
-    checkpoint = last_good_checkpoint(run_dir)
+    checkpoint = Checkpoints(run_dir).latest()
     step = int(checkpoint.name.split("_")[1])
     assert 3 <= step < 100000
     assert stdout.splitlines()[-4:] == [
@@ -101,7 +101,7 @@ def test_a_rank_killed_leaves_one_line_on_the_other_naming_it_and_the_intact_che
     ours = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert ours == [
         f"error: rank 0: lost rank 1 (killed, or failed with its own line), so this rank stopped too; "
-        f"the last good checkpoint {last_good_checkpoint(run_dir)} is intact, and resume={run_dir} "
+        f"the last good checkpoint {Checkpoints(run_dir).latest()} is intact, and resume={run_dir} "
         "continues from it"
     ], stderr
     assert "Connection closed by peer" not in stderr and 'train.py", line' not in stderr  # no gloo traceback

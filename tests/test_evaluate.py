@@ -16,7 +16,7 @@ from conf import CONF_DIR
 from conftest import training_overrides
 from data import BatchLoader
 from model import GPT
-from run.checkpoint import find_checkpoint, load_checkpoint, load_weights
+from run.checkpoints import find_checkpoint, load_checkpoint, load_weights
 from run.distributed import Ranks
 from run.metrics import read_metrics
 from run.runtime import resolve_precision

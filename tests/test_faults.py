@@ -19,9 +19,9 @@ from hydra import compose, initialize_config_dir
 import train
 from conf import CONF_DIR
 from data import DataError
-from run import checkpoint as ckpt
+from run import checkpoints as ckpt
 from run import checkpoints as manager
-from run.checkpoint import CheckpointError
+from run.checkpoints import CheckpointError
 from run.metrics import read_metrics
 from run.run_dir import resolve_resume
 from system import GracefulStop, Interrupted, interrupts_raise

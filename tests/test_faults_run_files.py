@@ -15,8 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 import train
 from conf import CONF_DIR
 from report import write_report
-from run import checkpoint as ckpt
-from run.checkpoint import CheckpointError
+from run import checkpoints as ckpt
+from run.checkpoints import CheckpointError
 from run.run_dir import resolve_resume
 from test_faults import composed, restore_signal_handlers  # noqa: F401 (an autouse fixture)
 

@@ -13,7 +13,7 @@ import pytest
 
 import train
 from run import checkpoints as manager
-from run.checkpoint import CheckpointError
+from run.checkpoints import CheckpointError
 from test_faults import REPO, composed, restore_signal_handlers, steps_logged, train_cli  # noqa: F401 (an autouse fixture)
 
 

@@ -13,7 +13,7 @@ from conf import CONF_DIR, load_config
 from conftest import training_overrides
 from hf_reference import hf_gpt2
 from model.config import BLOCKS
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
 from run.run_dir import RUN_CONFIG
 

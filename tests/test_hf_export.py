@@ -17,7 +17,7 @@ from data import load_tokenizer
 from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, hf_bigcode, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
-from run.checkpoints import save_checkpoint
+from run.checkpoints import Checkpoints
 
 CHAR_TOKENIZER = {"name": "char", "chars": "abcdefgh", "eot": True}  # eot id 8
 SAMPLE_TEXT = "Hello world! It's 2024: naïve café,   spaces\n\n\ttabs, émojis 🤖 and 1234567 numbers."
@@ -33,7 +33,7 @@ def save_run(run_dir, tokenizer, seed=0, **config) -> GPT:
     torch.manual_seed(seed)
     model = randomized(GPT(GPTConfig(dropout=0.0, **config)), seed)
     run_config = {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}
-    save_checkpoint(run_dir, 1, model, run_config, state={})
+    Checkpoints(run_dir).save(1, model, run_config, state={})
     return model
 
 

@@ -21,8 +21,7 @@ from hf.files import HFError, load_hf_pretrained, save_hf
 from hf_reference import assert_same_logits, build, edit_config, hf_gpt2, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from run import init_from
-from run.checkpoint import CheckpointError
-from run.checkpoints import save_checkpoint
+from run.checkpoints import CheckpointError, Checkpoints
 from run.init_from import initial_model
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, a 160-wide SwiGLU (2/3 of 240).
@@ -60,7 +59,7 @@ def ours(seed: int = 0, **config) -> GPT:
 
 
 def save_run(run_dir, model: GPT, tokenizer: dict) -> None:
-    save_checkpoint(run_dir, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
+    Checkpoints(run_dir).save(1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
 
 
 @KV_HEADS

@@ -34,8 +34,7 @@ from evaluation.lm import GptlabLM  # noqa: E402
 from hf.gpt2 import pool_kv_heads  # noqa: E402
 from hf_reference import randomized  # noqa: E402
 from model import GPT, GPTConfig, Sampling, generate  # noqa: E402
-from run.checkpoint import load_checkpoint  # noqa: E402
-from run.checkpoints import save_checkpoint  # noqa: E402
+from run.checkpoints import Checkpoints, load_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "tests" / "lm_eval_tasks"
@@ -53,7 +52,7 @@ def choice_pairs():
 
 
 def save_run(run_dir: Path, model: GPT, tokenizer: dict = GPT2) -> Path:
-    save_checkpoint(run_dir, 1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
+    Checkpoints(run_dir).save(1, model, {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer}, state={})
     return run_dir
 
 
@@ -125,8 +124,7 @@ def test_same_loglikelihoods_and_accuracy_as_transformers_through_the_harness(ru
 def test_a_checkpoint_trained_on_its_own_bpe_is_read_with_that_tokenizer(tmp_path):
     tokenizer = train_bpe([LONG_TEXT], 320)
     model = randomized(GPT(GPTConfig(**{**SHAPE, "vocab_size": 320})), seed=3)
-    save_checkpoint(
-        tmp_path,
+    Checkpoints(tmp_path).save(
         1,
         model,
         {"model": asdict(model.config), "data": {}, "tokenizer": tokenizer.describe()},

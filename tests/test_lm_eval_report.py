@@ -11,7 +11,7 @@ from ablation.downstream import downstream_section, task_rows
 from ablation.runs import Arm, Run
 from evaluation.results import write_results
 from model import GPTConfig
-from run.checkpoint import Checkpoint
+from run.checkpoints import Checkpoint
 from system import UserError
 
 MHA = [0.300, 0.310, 0.305]  # acc_norm of seeds 1, 2, 3

@@ -27,7 +27,7 @@ from model import GPT, GPTConfig, Sampling, generate
 from model import attention as attention_module
 from model.attention import CausalSelfAttention
 from model.rotary import apply_rotary, rotary_angles
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from run.load import checkpoint_model
 from run.metrics import read_metrics
 from test_generate import reference_greedy

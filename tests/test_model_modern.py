@@ -13,8 +13,7 @@ from attention_variants import BLOCKS
 from model import KVCache, Sampling, generate, to_weight_format
 from model.config import NORM_EPS
 from model.rotary import apply_rotary, rotary_angles
-from run.checkpoint import load_checkpoint, load_weights
-from run.checkpoints import save_checkpoint
+from run.checkpoints import Checkpoints, load_checkpoint, load_weights
 from test_generate import reference_sampled
 
 MODERN = dict(qk_norm=True, mlp="relu2", tie_embeddings=False, logit_softcap=5.0)  # zero_init_proj: its own test
@@ -148,7 +147,7 @@ def test_an_untied_head_survives_a_checkpoint_round_trip(tmp_path, make_model):
     model = make_model(tie_embeddings=False)
     config = {"model": model.config.__dict__, "data": {"name": "test"}, "tokenizer": {"name": "char"}}
     state = {"step": 1, "best_val_loss": 1.0, "optimizer": {}, "scaler": {}, "rng": []}
-    loaded = load_checkpoint(save_checkpoint(tmp_path, 1, model, config, state))
+    loaded = load_checkpoint(Checkpoints(tmp_path).save(1, model, config, state))
     assert "lm_head.weight" in loaded.model_state
     fresh = make_model(seed=2, tie_embeddings=False)
     load_weights(fresh, loaded.model_state)

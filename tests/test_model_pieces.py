@@ -17,7 +17,7 @@ from conf.sample_config import load_sample_config
 from conftest import tiny_config, training_overrides
 from hf.gpt2 import config_to_hf
 from model import GPT, GPTConfig, KVCache
-from run.checkpoint import find_checkpoint, load_checkpoint
+from run.checkpoints import find_checkpoint, load_checkpoint
 from run.load import checkpoint_model
 from test_generate import reference_greedy
 

@@ -17,7 +17,7 @@ from conftest import training_overrides
 from hf_reference import hf_gpt2
 from model import GPT, GPTConfig
 from model.config import BLOCKS
-from run.checkpoint import find_checkpoint, load_checkpoint, load_weights
+from run.checkpoints import find_checkpoint, load_checkpoint, load_weights
 from test_composition import RECIPES, recipe_block
 
 NAMED_BLOCKS = [None, *sorted(BLOCKS)]  # None: the recipe's

@@ -20,7 +20,7 @@ from conf.sample_config import load_sample_config
 from conftest import training_overrides
 from data import CharTokenizer
 from model.weight_formats import weight_format
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, write_digests
+from run.checkpoints import CheckpointError, find_checkpoint, load_checkpoint, write_digests
 from run.load import checkpoint_model
 from test_generate import reference_greedy
 

@@ -32,7 +32,7 @@ from data import Gpt2Tokenizer
 from data.bpe import train_bpe
 from data.tokenizer import GPT2_FILES_DIR, GPT2_VOCAB_SIZE
 from hf_reference import randomized
-from run.checkpoint import CheckpointError
+from run.checkpoints import CheckpointError
 from test_sample import REPO, settings
 
 EOT = GPT2_VOCAB_SIZE - 1

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 import train
 from conf import CONF_DIR
 from data import DataError
-from run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from run.checkpoints import CheckpointError, find_checkpoint, load_checkpoint
 from run.metrics import read_metrics
 from training.step import NonFiniteLoss
 
