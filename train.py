@@ -9,10 +9,11 @@
 
 The story of one run, top to bottom through train() and run_training(): validate the config,
 join the process group (under torchrun), start the run (its directory, new or resumed, held by
-one writer), prepare the data, build the model (fresh or from a checkpoint) and restore a
-resume's state, build the step (batch_size=auto: at the largest micro-batch that fits), loop,
-finish. A step (train_step): forward under autocast, backward with gradient accumulation, clip,
-update, all decided on the device. The host reads the step's results only at boundaries (every
+one writer), then set_up(): prepare the data, build the model (fresh or from a checkpoint) and
+restore a resume's state, build the step (batch_size=auto: at the largest micro-batch that
+fits); loop, finish. estimate=true and max_iters=0's evaluation are built by the same set_up().
+A step (train_step): forward under autocast, backward with gradient accumulation, clip, update,
+all decided on the device. The host reads the step's results only at boundaries (every
 log_interval steps, at evaluation and at a stop), where it logs; every eval_interval steps all
 ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
 """
