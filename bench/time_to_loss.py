@@ -91,7 +91,6 @@ CANDIDATES = {
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],
     "documents": ["model.document_masks=true"],  # issue 48's pieces
-    "value_embeds": ["model.value_embeds=1"],
     "unet": ["model.unet_skips=true"],
 }
 # The modern recipe's architecture as it was measured against GPT-2's, named whole, so the "modern"
@@ -116,7 +115,6 @@ TODAY = [
     "optim.warmup_iters=100",
     "optim.cooldown_frac=null",
     "model.document_masks=false",
-    "model.value_embeds=0",
     "model.unet_skips=false",
 ]
 # The speedrun's pieces, each the overrides that add it to today's default (leave-one-in).
@@ -124,7 +122,7 @@ SPEEDRUN_PIECES = {
     "bf16": ["precision=bf16"],  # what precision=auto now chooses on a CPU with avx512_bf16 or amx_bf16
     "compile": ["compile=true"],
     "wsd": ["optim.cooldown_frac=0.5"],
-    **{piece: CANDIDATES[piece] for piece in ("documents", "value_embeds", "unet")},
+    **{piece: CANDIDATES[piece] for piece in ("documents", "unet")},
 }
 CALIBRATION_STEPS = 30
 CALIBRATION_ROUNDS = 2

@@ -144,16 +144,13 @@ def _with_mlp_width(config: GPTConfig, width: int | None, key: str) -> GPTConfig
 def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json for `config`: LlamaForCausalLM for the Llama block, NanoChatForCausalLM for
     nanochat's; for GPT-2's, GPT2LMHeadModel for MHA and GPTBigCodeForCausalLM for MQA.
-    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id. Value
-    embeddings and U-net skips are refused: no transformers class computes them. Document masks
-    export: they change no weight, and generation reads one document."""
-    speedrun = [
-        f"model.{key}={getattr(config, key)!r}" for key in ("value_embeds", "unet_skips") if getattr(config, key)
-    ]
-    if speedrun:
+    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id. U-net skips
+    are refused: no transformers class computes them. Document masks export: they change no
+    weight, and generation reads one document."""
+    if config.unet_skips:
         raise ValueError(
-            f"{' and '.join(speedrun)}: no transformers class computes value embeddings or U-net skips, "
-            "so this model does not export; train one without them"
+            "model.unet_skips=True: no transformers class computes U-net skips, so this model does not export; "
+            "train one without them"
         )
     family = block_family(config)
     if family in ROTARY:

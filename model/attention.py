@@ -66,8 +66,6 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if config.value_table(layer_idx) is not None:
-            self.ve_gate = nn.Parameter(torch.full((1,), 0.5))  # the weight of the value embedding in v
 
     def forward(
         self,
@@ -75,17 +73,17 @@ class CausalSelfAttention(nn.Module):
         kv_cache: KVCache | None = None,
         mask: Tensor | BlockMask | None = None,
         rope: Rope | None = None,
-        ve: Tensor | None = None,
     ) -> Tensor:
         """x: (B, T, C). Returns the output (B, T, C).
 
         With a kv_cache, x holds the T positions after the cached ones; its keys and
         values are stored and the queries attend over all S = cached + T positions.
         mask is then the cache's attention_mask(T): None means plain causal attention.
-        Without one, mask may be a document mask (documents.py). rope, ve: see heads.
+        Without one, mask may be a document mask (documents.py). rope: the rotary angles of x's
+        positions (see heads).
         """
         B, T, C = x.shape
-        q, k, v = self.heads(x, rope, ve)
+        q, k, v = self.heads(x, rope)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
         if isinstance(mask, BlockMask):
@@ -98,16 +96,13 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def heads(self, x: Tensor, rope: Rope | None = None, ve: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def heads(self, x: Tensor, rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C).
         With qk_norm, q and k are RMS-normed per head (no weight) first. With rotary positions,
         q and k come rotated by rope (cos, sin from rotary_angles for x's positions) or,
-        without it, as at positions 0..T-1 (a whole sequence). A KV cache stores k as returned.
-        ve: the value embeddings of x's tokens (B, T, n_kv_head * hd), added to v times ve_gate."""
+        without it, as at positions 0..T-1 (a whole sequence). A KV cache stores k as returned."""
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
-        if ve is not None:
-            v = v + (self.ve_gate * ve).to(v.dtype)  # ve's table is not autocast: v's dtype
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)

@@ -117,9 +117,6 @@ class GPTConfig:
     its start, so each is computed as if alone (model/documents.py); generation is one document."""
     eot_id: int | None = setting(None, at_least(0))
     """The token that opens each document (the tokenizer's <|endoftext|>); train.py sets it for document_masks."""
-    value_embeds: int = setting(0, at_least(0))
-    """Value embeddings (modded-nanogpt): tables of n_kv_head * head_dim per token, table i added with a
-    learned weight (attn.ve_gate, from 0.5) to the values of layer i and of layer n_layer - value_embeds + i."""
     unet_skips: bool = False
     """U-net skips (modded-nanogpt): block i's output for i < n_layer // 2 is added, times a learned weight
     (skip_weights, from 1), to the input of block n_layer - 1 - i."""
@@ -140,11 +137,6 @@ class GPTConfig:
                 f"model.rope_base ({self.rope_base:g}) is read only when position is rope, and "
                 f"position is {self.position}: set model.position=rope too, or leave rope_base unset"
             )
-        if 2 * self.value_embeds > self.n_layer:
-            yield (
-                f"model.value_embeds ({self.value_embeds}) feeds 2 layers per table, and n_layer is {self.n_layer}: "
-                f"at most {self.n_layer // 2}"
-            )
         if self.eot_id is not None and self.eot_id >= self.vocab_size:
             yield f"model.eot_id ({self.eot_id}) must be a token id, below vocab_size ({self.vocab_size})"
         if self.position == "rope" and self.head_dim % 2:
@@ -152,12 +144,6 @@ class GPTConfig:
                 f"model.position=rope needs an even head_dim (n_embd / n_head = {self.head_dim}): "
                 "rotary turns channels in pairs"
             )
-
-    def value_table(self, layer: int) -> int | None:
-        """The value-embedding table layer reads: the first value_embeds layers read tables 0, 1, ...,
-        the last value_embeds layers the same again; None for the layers between."""
-        first_late = self.n_layer - self.value_embeds
-        return layer if layer < self.value_embeds else layer - first_late if layer >= first_late else None
 
     @property
     def kv_heads(self) -> int:

@@ -33,9 +33,8 @@ class Block(nn.Module):
         kv_cache: KVCache | None = None,
         mask: Tensor | BlockMask | None = None,
         rope: Rope | None = None,
-        ve: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope, ve)
+        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -47,9 +46,6 @@ class GPT(nn.Module):
         # Rotary positions (applied in attention) need no position table.
         table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
         table |= {"ln_e": make_norm(config)} if config.embed_norm else {}
-        kv_dim = config.kv_heads * config.head_dim
-        tables = (nn.Embedding(config.vocab_size, kv_dim) for _ in range(config.value_embeds))
-        table |= {"ve": nn.ModuleList(tables)} if config.value_embeds else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -112,7 +108,7 @@ class GPT(nn.Module):
         mask = kv_cache.attention_mask(T) if kv_cache is not None else None
         if docs is not None:  # FlexAttention has no dropout
             mask = document_mask(docs, flex=idx.device.type in FLEX_DEVICES and not self.config.dropout)
-        x = self._blocks(x, kv_cache, mask, self._rope(pos), self._value_embeds(idx))
+        x = self._blocks(x, kv_cache, mask, self._rope(pos))
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
@@ -131,7 +127,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def _blocks(
-        self, x: Tensor, kv_cache: KVCache | None, mask: Tensor | BlockMask | None, rope: Rope | None, ves: list
+        self, x: Tensor, kv_cache: KVCache | None, mask: Tensor | BlockMask | None, rope: Rope | None
     ) -> Tensor:
         """The residual stream through every block; with unet_skips, the first half's outputs
         are added (weighted) to the second half's inputs, the last block taking the first's."""
@@ -139,17 +135,10 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             if self.config.unet_skips and i >= n_layer - n_layer // 2:
                 x = x + self.skip_weights[n_layer - 1 - i] * skips.pop()
-            x = block(x, kv_cache=kv_cache, mask=mask, rope=rope, ve=ves[i])
+            x = block(x, kv_cache=kv_cache, mask=mask, rope=rope)
             if i < n_layer // 2:
                 skips.append(x)
         return x
-
-    def _value_embeds(self, idx: Tensor) -> list[Tensor | None]:
-        """Each layer's value embeddings of idx (B, T, n_kv_head * head_dim), or None."""
-        looked_up = (
-            [table(idx).to(self.activation_dtype) for table in self.transformer.ve] if "ve" in self.transformer else []
-        )
-        return [None if j is None else looked_up[j] for j in map(self.config.value_table, range(self.config.n_layer))]
 
     def _positions(self, idx: Tensor, kv_cache: KVCache | None) -> Tensor:
         """Position ids of idx's tokens: (T,), or (B, T) for a cache holding padded rows."""
@@ -177,30 +166,28 @@ class GPT(nn.Module):
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Distinct parameters (a tied head counted once). exclude_embeddings drops
-        the position table (if any), the value embeddings, the token table and an untied head, leaving
-        what scales with depth (untying the head leaves this count as it is)."""
+        the position table (if any), the token table and an untied head, leaving what
+        scales with depth (untying the head leaves this count as it is)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             vocab_matrices = 1 if self.config.tie_embeddings else 2
-            n -= self._lookup_params() + vocab_matrices * self.config.vocab_size * self.config.n_embd
+            n -= self._position_params() + vocab_matrices * self.config.vocab_size * self.config.n_embd
         return n
 
-    def _lookup_params(self) -> int:
-        """The tables read by lookup, not by matmul, besides the token table: the learned
-        position table (none with rotary positions) and the value embeddings."""
-        tables = [self.transformer[name] for name in ("wpe", "ve") if name in self.transformer]
-        return sum(p.numel() for table in tables for p in table.parameters())
+    def _position_params(self) -> int:
+        """The learned position table's size; 0 with rotary positions."""
+        return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         Every weight of a matmul costs 2 FLOPs per token forward and 4 backward
-        (the head counts, and SwiGLU's three matrices; the position and value-embedding lookups and an
-        untied token table's lookup do not, nor do rotary's and the norms' elementwise products). Attention adds
+        (the head counts, and SwiGLU's three matrices; the position lookup and an untied
+        token table's lookup do not, nor do rotary's and the norms' elementwise products). Attention adds
         QK^T and AV: 2 * 2 * T * n_embd forward per layer, times 3 with backward.
         """
         T = seq_len or self.config.block_size
-        matmul_params = self.num_params() - self._lookup_params()
+        matmul_params = self.num_params() - self._position_params()
         if not self.config.tie_embeddings:
             matmul_params -= self.transformer.wte.weight.numel()
         attention = 12 * self.config.n_layer * self.config.n_embd * T

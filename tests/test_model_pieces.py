@@ -1,4 +1,4 @@
-"""The speedrun's model pieces (issue 48): document masks, value embeddings and U-net skips,
+"""The speedrun's model pieces (issue 48): document masks and U-net skips,
 each against a reference written out here: a document alone, the model without the piece,
 the residual stream summed by hand."""
 
@@ -90,7 +90,7 @@ def test_on_cuda_document_masks_train_through_compiled_flex_attention():
 
 def test_cached_decoding_reads_one_document_with_every_piece(make_model):
     """Generation is one document: the cache path equals the full forward of a prompt without end-of-text."""
-    pieces = build(document_masks=True, eot_id=EOT, value_embeds=1, unet_skips=True, position="rope", n_layer=4)
+    pieces = build(document_masks=True, eot_id=EOT, unet_skips=True, position="rope", n_layer=4)
     idx = torch.stack(window(12, seed=3) + window(12, seed=4))
     cache = KVCache(pieces.config, batch_size=2)
     with torch.no_grad():
@@ -100,31 +100,14 @@ def test_cached_decoding_reads_one_document_with_every_piece(make_model):
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, **TOL)
 
 
-def test_value_embeddings_feed_the_first_and_last_layers_values_and_nothing_else():
-    model = build(value_embeds=2, n_layer=5, n_kv_head=2)
-    gated = [i for i, block in enumerate(model.transformer.h) if hasattr(block.attn, "ve_gate")]
-    assert gated == [0, 1, 3, 4] and [model.config.value_table(i) for i in gated] == [0, 1, 0, 1]
-    attn, x, ve = model.transformer.h[3].attn, torch.randn(2, 5, 32), torch.randn(2, 5, 16)
-    with torch.no_grad():
-        q, k, v = attn.heads(x, ve=ve)
-        q0, k0, v0 = attn.heads(x)
-    torch.testing.assert_close((q, k), (q0, k0))
-    torch.testing.assert_close(v, v0 + 0.5 * ve.view(2, 5, 2, 8).transpose(1, 2), **TOL)
-
-
-def test_zeroed_value_embeddings_or_skip_weights_leave_the_plain_model_and_its_other_weights():
-    plain = build(n_layer=4)
+def test_zeroed_skip_weights_leave_the_plain_model_and_its_other_weights():
+    plain, model = build(n_layer=4), build(n_layer=4, unet_skips=True)
     idx = torch.cat(window(16, seed=5))[None]
-    for piece in (dict(value_embeds=2), dict(unet_skips=True)):
-        model = build(n_layer=4, **piece)
-        shared = {name: w for name, w in model.state_dict().items() if name in plain.state_dict()}
-        torch.testing.assert_close(shared, plain.state_dict(), rtol=0, atol=0)  # no other weight's draw moved
-        with torch.no_grad():
-            for table in model.transformer["ve"] if "ve" in model.transformer else ():
-                table.weight.zero_()
-            if piece.get("unet_skips"):
-                model.skip_weights.zero_()
-            torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=0, atol=0)
+    shared = {name: w for name, w in model.state_dict().items() if name != "skip_weights"}
+    torch.testing.assert_close(shared, plain.state_dict(), rtol=0, atol=0)  # no other weight's draw moved
+    with torch.no_grad():
+        model.skip_weights.zero_()
+        torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=0, atol=0)
 
 
 def test_unet_skips_add_the_first_halfs_outputs_to_the_second_halfs_inputs_in_mirror_order():
@@ -141,28 +124,16 @@ def test_unet_skips_add_the_first_halfs_outputs_to_the_second_halfs_inputs_in_mi
         torch.testing.assert_close(model(idx)[0], model.lm_head(model.transformer.ln_f(x4)), **TOL)
 
 
-def test_value_embeddings_count_as_lookups_not_matmuls():
-    plain, model = build(n_layer=4, n_kv_head=2), build(n_layer=4, value_embeds=2, n_kv_head=2)
-    tables, gates = 2 * 97 * 16, 4  # two tables of n_kv_head * head_dim = 16 per token; a gate in 4 layers
-    assert model.num_params() == plain.num_params() + tables + gates
-    assert model.num_params(exclude_embeddings=True) == plain.num_params(exclude_embeddings=True) + gates
-    assert model.flops_per_token(16) == plain.flops_per_token(16) + 6 * gates
-
-
 def test_the_pieces_settings_are_checked_where_they_enter():
-    with pytest.raises(ValueError) as err:
-        tiny_config(n_layer=4, value_embeds=3, eot_id=97)
-    assert "model.value_embeds (3) feeds 2 layers per table, and n_layer is 4: at most 2" in str(err.value)
-    assert "model.eot_id (97) must be a token id, below vocab_size (97)" in str(err.value)
+    with pytest.raises(ValueError, match=r"model.eot_id \(97\) must be a token id, below vocab_size \(97\)"):
+        tiny_config(eot_id=97)
     with pytest.raises(ValueError, match="model.document_masks needs model.eot_id"):
         GPT(tiny_config(document_masks=True))
 
 
-@pytest.mark.parametrize("piece", [dict(value_embeds=1), dict(unet_skips=True)])
-def test_export_refuses_value_embeddings_and_unet_skips_naming_them(piece):
-    name, value = next(iter(piece.items()))
-    with pytest.raises(ValueError, match=f"^model.{name}={value!r}: no transformers class computes"):
-        config_to_hf(GPTConfig(n_layer=2, **piece), eos_token_id=None)
+def test_export_refuses_unet_skips_naming_them_and_takes_document_masks():
+    with pytest.raises(ValueError, match="^model.unet_skips=True: no transformers class computes U-net skips"):
+        config_to_hf(GPTConfig(n_layer=2, unet_skips=True), eos_token_id=None)
     config_to_hf(GPTConfig(n_layer=2, document_masks=True, eot_id=0), eos_token_id=None)  # masks change no weight
 
 
@@ -176,7 +147,6 @@ def test_a_run_with_every_piece_masks_its_corpuss_documents_and_samples_as_one_d
         *training_overrides(tmp_path),
         "data.document_separator=famish",
         "model.document_masks=true",
-        "model.value_embeds=1",
         "model.unet_skips=true",
         "max_iters=4",
         "eval_interval=4",
