@@ -138,7 +138,13 @@ class Setup:
     restored: tuple[int, float] = (0, math.inf)  # the step and best val loss a resume continues from
 
 
-def set_up(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan | None, restore=None) -> Setup:
+def set_up(
+    spec: RunSpec,
+    ranks: Ranks,
+    device: torch.device,
+    plan: Plan | None,
+    restore: Callable[..., tuple[int, float, str]] | None = None,
+) -> Setup:
     """The one path that builds a run (restore: its StartedRun.restore), an estimate
     (config.estimate) and max_iters=0's evaluation (plan None), phase by phase."""
     config = spec.config
