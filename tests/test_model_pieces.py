@@ -85,7 +85,9 @@ def test_on_cuda_document_masks_train_through_compiled_flex_attention():
     assert all(p.grad is not None and p.grad.isfinite().all() for p in masked.parameters())
     with torch.no_grad():
         expected = torch.cat([alone(d[None])[0][0] for d in docs])
-    torch.testing.assert_close(logits[0].detach(), expected, rtol=1e-4, atol=1e-4)
+    # Loose enough for TF32 matmuls (another test may have turned them on); a mask that let a document see
+    # another's tokens moves every later logit row by 0.02 or more (0.025 to 0.12 on the CPU).
+    torch.testing.assert_close(logits[0].detach(), expected, rtol=5e-3, atol=5e-3)
 
 
 def test_cached_decoding_reads_one_document_with_every_piece(make_model):
