@@ -97,7 +97,11 @@ CANDIDATES = {
 # arm stays comparable whichever block the recipe chooses.
 MODERN_PIN = ["model/block=modern"]
 # Blocks that could become the modern recipe's, each the overrides that choose it (--blocks).
-BLOCK_ARMS = {"nanochat": ["model/block=nanochat"]}
+BLOCK_ARMS = {
+    "nanochat": ["model/block=nanochat"],
+    "modern+embed_norm": ["model/block=modern", "model.embed_norm=true", "model.branch_scale=50"],
+    "nanochat+gains": ["model/block=nanochat", "model.norm_weight=true", "model.branch_scale=50"],
+}
 # --speedrun: today's default as it ran at gptlab 47275ab (issue 48's baseline: 600 steps, 1.82 bits per
 # byte), every setting a later default may change named, so that the arm "today" stays that run.
 TODAY = [

@@ -53,7 +53,8 @@ TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transform
 PLAIN = {"logit_softcap": (None,), "norm_eps": (NORM_EPS,)}
 FAMILY_BLOCKS = {
     "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2"), **PLAIN},
-    NANOCHAT: {key: (value,) for key, value in NANOCHAT_BLOCK.items()},  # before Llama: the nearer when equal
+    # before Llama: the nearer when equal; gains fold into the matrices after the norms (hf/nanochat.py)
+    NANOCHAT: {**{key: (value,) for key, value in NANOCHAT_BLOCK.items()}, "norm_weight": (False, True)},
     LLAMA: {**{key: (value,) for key, value in LLAMA_BLOCK.items()}, **PLAIN},
 }
 FAMILY_NAMES = {"gpt2": "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", NANOCHAT: "NanoChatForCausalLM"}

@@ -12,11 +12,17 @@ and each converts exactly:
   S times ours of q, and the dot products of queries with keys, both carrying S, are ours.
 - it norms q and k after rotary, we before: a rotation keeps each head's norm, so both give the same.
 
-No norm has a weight on either side, so no gain folds into a matrix. The names change, c_attn's
-rows [q | k | v] split into q_proj, k_proj and v_proj, and the MLP's c_fc and c_proj are fc1, fc2.
+- its norms have no gains. Ours may (norm_weight true; the embedding's norm never has one): a gain g
+  on the norm before a matrix W is W's columns times g, since W (g * n(x)) = (W diag g) n(x). So ln_1's
+  gain folds into c_attn, ln_2's into c_fc and ln_f's into the head, which a gain leaves untied.
+
+The names change, c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj, and the MLP's c_fc
+and c_proj are fc1, fc2. A NanoChat read back has weightless norms: the same function, as the file holds it.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -26,6 +32,7 @@ from model.config import NANOCHAT_BLOCK, GPTConfig
 from .llama import (
     NANOCHAT,
     SHAPE_KEYS,
+    TIED_HEAD,
     from_decoder,
     rotary_base,
     rotary_decoder_config,
@@ -56,6 +63,7 @@ EMBEDDING = {"transformer.wte.weight": "model.embed_tokens.weight"}
 
 def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a NanoChatForCausalLM computing our nanochat-block `config`."""
+    config = as_stored(config)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": NANOCHAT,
@@ -88,8 +96,35 @@ def config_from_nanochat(hf_config: dict) -> GPTConfig:
 
 
 def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names."""
-    return to_decoder(config, state, EMBEDDING, LAYER_NAMES, flip_rotary)
+    """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names,
+    its norms' gains folded into the matrices after them."""
+    return to_decoder(as_stored(config), fold_gains(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
+
+
+def as_stored(config: GPTConfig) -> GPTConfig:
+    """The config a NanoChat export of `config` holds: weightless norms, the head untied where a
+    final gain folds into it."""
+    if not config.norm_weight:
+        return config
+    return replace(config, norm_weight=False, tie_embeddings=False)
+
+
+def fold_gains(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """state with each norm's gain multiplied into the columns of the matrix that reads the norm
+    (in float32, stored back in each matrix's dtype) and the gains left out; as it is without gains."""
+    if not config.norm_weight:
+        return state
+    readers = {
+        f"transformer.h.{i}.{norm}.weight": f"transformer.h.{i}.{matrix}.weight"
+        for i in range(config.n_layer)
+        for norm, matrix in (("ln_1", "attn.c_attn"), ("ln_2", "mlp.c_fc"))
+    }
+    readers["transformer.ln_f.weight"] = TIED_HEAD
+    folded = {name: tensor for name, tensor in state.items() if name not in readers}
+    folded.setdefault(TIED_HEAD, state["transformer.wte.weight"])  # a tied head becomes a matrix of its own
+    for gain, matrix in readers.items():
+        folded[matrix] = (folded[matrix].float() * state[gain].float()).to(folded[matrix].dtype)
+    return folded
 
 
 def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:

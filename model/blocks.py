@@ -49,10 +49,10 @@ def make_mlp(config: GPTConfig) -> nn.Module:
     return MLP_CLASSES[config.mlp](config)
 
 
-def make_norm(config: GPTConfig) -> nn.Module:
+def make_norm(config: GPTConfig, gain: bool | None = None) -> nn.Module:
     """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only); with
-    norm_weight false, either without parameters (nanochat's weightless RMSNorm)."""
-    gain = config.norm_weight
+    gain false (default: norm_weight), either without parameters (nanochat's weightless RMSNorm)."""
+    gain = config.norm_weight if gain is None else gain
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=config.norm_eps, elementwise_affine=gain)
     return nn.LayerNorm(config.n_embd, eps=config.norm_eps, elementwise_affine=gain, bias=config.bias)

@@ -95,7 +95,12 @@ class GPTConfig:
     """The epsilon every norm adds to the mean square (or variance): the blocks', the final one,
     embed_norm's and qk_norm's; 1e-5 is GPT-2's and Llama's."""
     embed_norm: bool = False
-    """A norm (model.norm, as norm_weight says) of the embeddings before the first block, as in nanochat."""
+    """A norm (model.norm, without a gain) of the embeddings before the first block, as in nanochat."""
+    branch_scale: float = setting(1.0, between(0, math.inf, "()"))
+    """Multiplies what each attention and MLP adds to the residual stream. With embed_norm the embedding
+    enters at size 1, not at its table's 0.02; a branch_scale of 50 gives the blocks' writes back the weight
+    they have beside an unnormed embedding (under Adam, the same training as scaling the embedding by 1/50).
+    Exports fold it into the projections' weights."""
     mlp: str = setting("gelu", one_of(*MLPS))
     """gelu: GPT-2's two-matrix MLP; swiglu: gate, up and down matrices, as in Llama, about 2/3 as wide;
     relu2: GPT-2's two matrices with relu(x)**2 in place of GELU, as in modded-nanogpt."""

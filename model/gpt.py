@@ -26,6 +26,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = make_norm(config)
         self.mlp = make_mlp(config)
+        self.branch_scale = config.branch_scale
 
     def forward(
         self,
@@ -34,8 +35,8 @@ class Block(nn.Module):
         mask: Tensor | BlockMask | None = None,
         rope: Rope | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, mask, rope)
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.branch_scale * self.attn(self.ln_1(x), kv_cache, mask, rope)
+        return x + self.branch_scale * self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -45,7 +46,7 @@ class GPT(nn.Module):
         init_seed = draw_seed()
         # Rotary positions (applied in attention) need no position table.
         table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
-        table |= {"ln_e": make_norm(config)} if config.embed_norm else {}
+        table |= {"ln_e": make_norm(config, gain=False)} if config.embed_norm else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),

@@ -74,6 +74,28 @@ def test_exported_nanochat_block_loads_in_transformers_with_our_logits(tmp_path,
     assert_same_logits(model.eval(), reference, length=48)
 
 
+@pytest.mark.parametrize("n_kv_head, tie", [(2, True), (3, False)], ids=["GQA-tied", "GQA-untied"])
+def test_norm_gains_fold_into_the_matrices_after_them(tmp_path, n_kv_head, tie):
+    model = ours(n_kv_head=n_kv_head, tie_embeddings=tie, norm_weight=True, logit_softcap=15.0)
+    gains = [
+        param
+        for name, param in model.named_parameters()
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+    ]
+    assert len(gains) == 2 * model.config.n_layer + 1 and "transformer.ln_e.weight" not in model.state_dict()
+    with torch.no_grad():  # gains far from one, each its own, so a gain folded into the wrong matrix shows
+        for gain in gains:
+            gain.uniform_(0.3, 3.0)
+    save_run(tmp_path / "run", model, {"name": "char", "chars": "abcdefgh", "eot": True})
+    export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert reference.config.tie_word_embeddings is False  # the final gain made the head a matrix of its own
+    assert_same_logits(model.eval(), reference, length=48)
+    config, state = load_hf_pretrained(tmp_path / "hf")  # read back: the same function, weightless
+    assert (config.norm_weight, config.tie_embeddings) == (False, False)
+    assert_same_logits(build(config, state), reference, length=48)
+
+
 @pytest.mark.parametrize("n_kv_head, tie, cap", [(2, False, 15.0), (4, True, None)], ids=["GQA-untied-cap", "MHA-tied"])
 def test_auto_classes_load_the_export_and_generate_our_greedy_tokens(tmp_path, n_kv_head, tie, cap):
     model = ours(
@@ -163,9 +185,9 @@ def test_the_export_says_which_transformers_loads_it(tmp_path, capsys):
         # the modern recipe's block before nanochat's: GPT-2's norms, no embedding norm
         (
             dict(position="rope", mlp="relu2", qk_norm=True, bias=False),
-            "model.norm='layernorm', model.norm_weight=True, model.embed_norm=False with model.position='rope' "
+            "model.norm='layernorm', model.embed_norm=False with model.position='rope' "
             "is a block no transformers class computes: NanoChatForCausalLM needs norm='rmsnorm', "
-            "norm_weight=False, embed_norm=True (model/block=nanochat); the blocks that export are "
+            "embed_norm=True (model/block=nanochat); the blocks that export are "
             "model/block=gpt2, model/block=nanochat, model/block=llama$",
         ),
         (
@@ -173,7 +195,6 @@ def test_the_export_says_which_transformers_loads_it(tmp_path, capsys):
             "model.qk_norm=False with model.position='rope' is a block no transformers "
             "class computes: NanoChatForCausalLM needs qk_norm=True",
         ),
-        ({**NANOCHAT_BLOCK, "norm_weight": True}, "model.norm_weight=True with model.position='rope'"),
         (
             dict(norm_weight=False),
             "model.norm_weight=False with model.position='learned' is a block no transformers "
