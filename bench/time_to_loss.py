@@ -127,6 +127,8 @@ SPEEDRUN_PIECES = {
     "compile": ["compile=true"],
     "wsd": ["optim.cooldown_frac=0.5"],
     **{piece: CANDIDATES[piece] for piece in ("documents", "unet")},
+    # the embedding norm NanoChatForCausalLM has, the blocks' writes scaled to keep their weight beside it
+    "embed_norm": ["model.embed_norm=true", "model.branch_scale=50"],
 }
 CALIBRATION_STEPS = 30
 CALIBRATION_ROUNDS = 2

@@ -50,11 +50,15 @@ TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transform
 # GPT-2's classes take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU)
 # only. Neither has weightless norms, an embedding norm, QK-norm (their presets say so) or a soft-cap,
 # and gptlab writes their norms' eps as 1e-5; NanoChat's class has all four and takes any eps.
-PLAIN = {"logit_softcap": (None,), "norm_eps": (NORM_EPS,)}
+PLAIN = {"logit_softcap": (None,), "norm_eps": (NORM_EPS,), "branch_scale": (1.0,)}
 FAMILY_BLOCKS = {
     "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2"), **PLAIN},
-    # before Llama: the nearer when equal; gains fold into the matrices after the norms (hf/nanochat.py)
-    NANOCHAT: {**{key: (value,) for key, value in NANOCHAT_BLOCK.items()}, "norm_weight": (False, True)},
+    # before Llama: the nearer when equal; gains, LayerNorm and branch_scale fold into weights (hf/nanochat.py)
+    NANOCHAT: {
+        **{key: (value,) for key, value in NANOCHAT_BLOCK.items()},
+        "norm": ("rmsnorm", "layernorm"),
+        "norm_weight": (False, True),
+    },
     LLAMA: {**{key: (value,) for key, value in LLAMA_BLOCK.items()}, **PLAIN},
 }
 FAMILY_NAMES = {"gpt2": "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", NANOCHAT: "NanoChatForCausalLM"}

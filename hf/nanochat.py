@@ -12,12 +12,17 @@ and each converts exactly:
   S times ours of q, and the dot products of queries with keys, both carrying S, are ours.
 - it norms q and k after rotary, we before: a rotation keeps each head's norm, so both give the same.
 
-- its norms have no gains. Ours may (norm_weight true; the embedding's norm never has one): a gain g
-  on the norm before a matrix W is W's columns times g, since W (g * n(x)) = (W diag g) n(x). So ln_1's
-  gain folds into c_attn, ln_2's into c_fc and ln_f's into the head, which a gain leaves untied.
+- its norms are weightless RMSNorms; ours may have gains (norm_weight; never the embedding's norm), be
+  LayerNorms (without biases), and the blocks' writes may be scaled (branch_scale). Each folds into
+  the weights exactly. A gain g before a matrix W is W's columns times g: W (g * n(x)) = (W diag g) n(x),
+  so ln_1's folds into c_attn, ln_2's into c_fc and ln_f's into the head. A LayerNorm is an RMSNorm
+  of the centred vector, so with the embedding's rows centred (their LayerNorm, which has no gain, is
+  then NanoChat's first RMSNorm) and every write into the stream centred (c_proj's columns), NanoChat's
+  stream is ours centred, and each of its RMSNorms is our LayerNorm. branch_scale multiplies c_proj.
+  The head, where a gain or the centring changes the embedding, is a matrix of its own (untied).
 
 The names change, c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj, and the MLP's c_fc
-and c_proj are fc1, fc2. A NanoChat read back has weightless norms: the same function, as the file holds it.
+and c_proj are fc1, fc2. A NanoChat read back has weightless RMSNorms: the same function, as the file holds it.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ LAYER_NAMES = {
     "mlp.c_fc.weight": "mlp.fc1.weight",
     "mlp.c_proj.weight": "mlp.fc2.weight",
 }
-EMBEDDING = {"transformer.wte.weight": "model.embed_tokens.weight"}
+WTE = "transformer.wte.weight"
+EMBEDDING = {WTE: "model.embed_tokens.weight"}
 
 
 def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
@@ -96,35 +102,49 @@ def config_from_nanochat(hf_config: dict) -> GPTConfig:
 
 
 def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names,
-    its norms' gains folded into the matrices after them."""
-    return to_decoder(as_stored(config), fold_gains(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
+    """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names, folded."""
+    return to_decoder(as_stored(config), fold(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
 
 
 def as_stored(config: GPTConfig) -> GPTConfig:
-    """The config a NanoChat export of `config` holds: weightless norms, the head untied where a
-    final gain folds into it."""
-    if not config.norm_weight:
-        return config
-    return replace(config, norm_weight=False, tie_embeddings=False)
+    """The config a NanoChat export of `config` holds (see the docstring)."""
+    own_head = config.norm_weight or config.norm == "layernorm"
+    return replace(
+        config,
+        norm="rmsnorm",
+        norm_weight=False,
+        branch_scale=1.0,
+        tie_embeddings=config.tie_embeddings and not own_head,
+    )
 
 
-def fold_gains(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """state with each norm's gain multiplied into the columns of the matrix that reads the norm
-    (in float32, stored back in each matrix's dtype) and the gains left out; as it is without gains."""
-    if not config.norm_weight:
-        return state
-    readers = {
-        f"transformer.h.{i}.{norm}.weight": f"transformer.h.{i}.{matrix}.weight"
-        for i in range(config.n_layer)
-        for norm, matrix in (("ln_1", "attn.c_attn"), ("ln_2", "mlp.c_fc"))
+def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our state dict as as_stored(config)'s: gains, centring and branch_scale folded into the
+    matrices (see the docstring), computed in float32 and stored in each matrix's dtype."""
+    center = config.norm == "layernorm"
+    changed = {TIED_HEAD: state.get(TIED_HEAD, state[WTE]).float(), WTE: state[WTE].float()}
+    if center:
+        changed[WTE] = changed[WTE] - changed[WTE].mean(1, keepdim=True)  # each row: one token's vector
+    for i in range(config.n_layer):
+        block = f"transformer.h.{i}."
+        for proj in ("attn.c_proj.weight", "mlp.c_proj.weight"):  # (n_embd, inputs): a column is one write
+            weight = state[block + proj].float()
+            changed[block + proj] = config.branch_scale * (weight - weight.mean(0, keepdim=True) if center else weight)
+        if config.norm_weight:
+            for norm, matrix in (("ln_1", "attn.c_attn"), ("ln_2", "mlp.c_fc")):
+                changed[f"{block}{matrix}.weight"] = (
+                    state[f"{block}{matrix}.weight"] * state[f"{block}{norm}.weight"].float()
+                )
+    if config.norm_weight:
+        changed[TIED_HEAD] = changed[TIED_HEAD] * state["transformer.ln_f.weight"].float()
+    stored = as_stored(config)
+    folded = {
+        name: tensor
+        for name, tensor in state.items()
+        if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
     }
-    readers["transformer.ln_f.weight"] = TIED_HEAD
-    folded = {name: tensor for name, tensor in state.items() if name not in readers}
-    folded.setdefault(TIED_HEAD, state["transformer.wte.weight"])  # a tied head becomes a matrix of its own
-    for gain, matrix in readers.items():
-        folded[matrix] = (folded[matrix].float() * state[gain].float()).to(folded[matrix].dtype)
-    return folded
+    folded |= {name: tensor.to(state[name if name in state else WTE].dtype) for name, tensor in changed.items()}
+    return folded if not stored.tie_embeddings else {name: t for name, t in folded.items() if name != TIED_HEAD}
 
 
 def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -54,9 +54,9 @@ def random_tokens(vocab_size: int, length: int = 32, seed: int = 0) -> torch.Ten
 
 
 @torch.no_grad()
-def assert_same_logits(ours: GPT, reference: torch.nn.Module, length: int = 32) -> None:
+def assert_same_logits(ours: GPT, reference: torch.nn.Module, length: int = 32, atol: float = LOGITS_ATOL) -> None:
     tokens = random_tokens(ours.config.vocab_size, length)
     expected = reference(tokens).logits  # (2, length, vocab)
     actual, _ = ours(tokens)
     assert actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, atol=LOGITS_ATOL, rtol=0)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, NanoChatConfig, Na
 import export
 from hf.files import HFError, load_hf_pretrained, save_hf
 from hf.llama import shared_names
-from hf_reference import assert_same_logits, build, edit_config, randomized
+from hf_reference import LOGITS_ATOL, assert_same_logits, build, edit_config, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from model.config import NANOCHAT_BLOCK
 from test_hf_llama import save_run
@@ -74,25 +74,40 @@ def test_exported_nanochat_block_loads_in_transformers_with_our_logits(tmp_path,
     assert_same_logits(model.eval(), reference, length=48)
 
 
-@pytest.mark.parametrize("n_kv_head, tie", [(2, True), (3, False)], ids=["GQA-tied", "GQA-untied"])
-def test_norm_gains_fold_into_the_matrices_after_them(tmp_path, n_kv_head, tie):
-    model = ours(n_kv_head=n_kv_head, tie_embeddings=tie, norm_weight=True, logit_softcap=15.0)
+@pytest.mark.parametrize(
+    "n_kv_head, tie, settings",
+    [
+        (2, True, dict(norm_weight=True)),
+        (3, False, dict(norm_weight=True, branch_scale=50.0)),
+        (2, True, dict(norm="layernorm", norm_weight=False)),
+        (6, True, dict(norm="layernorm", branch_scale=7.0)),  # the modern recipe's block
+    ],
+    ids=["gains-tied", "gains-untied-scaled", "layernorm-weightless", "layernorm-gains-scaled"],
+)
+def test_gains_layernorm_and_branch_scale_fold_into_the_weights(tmp_path, n_kv_head, tie, settings):
+    model = ours(n_kv_head=n_kv_head, tie_embeddings=tie, logit_softcap=15.0, **settings)
     gains = [
         param
         for name, param in model.named_parameters()
         if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
     ]
-    assert len(gains) == 2 * model.config.n_layer + 1 and "transformer.ln_e.weight" not in model.state_dict()
+    assert len(gains) == (2 * model.config.n_layer + 1) * model.config.norm_weight
+    assert "transformer.ln_e.weight" not in model.state_dict()  # the embedding's norm has no gain
     with torch.no_grad():  # gains far from one, each its own, so a gain folded into the wrong matrix shows
         for gain in gains:
             gain.uniform_(0.3, 3.0)
+        model.transformer.wte.weight.add_(0.5)  # rows far from centred, so a missed centring shows
     save_run(tmp_path / "run", model, {"name": "char", "chars": "abcdefgh", "eot": True})
     export.main([str(tmp_path / "run"), str(tmp_path / "hf")])
     reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert reference.config.tie_word_embeddings is False  # the final gain made the head a matrix of its own
-    assert_same_logits(model.eval(), reference, length=48)
-    config, state = load_hf_pretrained(tmp_path / "hf")  # read back: the same function, weightless
-    assert (config.norm_weight, config.tie_embeddings) == (False, False)
+    assert reference.config.tie_word_embeddings is False  # a gain or the centring gave the head its own matrix
+    # LayerNorm's variance and RMSNorm's mean square of the centred vector round apart: 1e-4, the
+    # bound the export promises, where RMSNorm to RMSNorm holds 1e-5
+    atol = 1e-4 if model.config.norm == "layernorm" else LOGITS_ATOL
+    assert_same_logits(model.eval(), reference, length=48, atol=atol)
+    config, state = load_hf_pretrained(tmp_path / "hf")  # read back: the same function, weightless RMSNorms
+    stored = (config.norm, config.norm_weight, config.branch_scale, config.tie_embeddings)
+    assert stored == ("rmsnorm", False, 1.0, False)
     assert_same_logits(build(config, state), reference, length=48)
 
 
@@ -185,8 +200,8 @@ def test_the_export_says_which_transformers_loads_it(tmp_path, capsys):
         # the modern recipe's block before nanochat's: GPT-2's norms, no embedding norm
         (
             dict(position="rope", mlp="relu2", qk_norm=True, bias=False),
-            "model.norm='layernorm', model.embed_norm=False with model.position='rope' "
-            "is a block no transformers class computes: NanoChatForCausalLM needs norm='rmsnorm', "
+            "model.embed_norm=False with model.position='rope' "
+            "is a block no transformers class computes: NanoChatForCausalLM needs "
             "embed_norm=True (model/block=nanochat); the blocks that export are "
             "model/block=gpt2, model/block=nanochat, model/block=llama$",
         ),
