@@ -57,6 +57,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from bench.time_to_loss_table import Run, markdown, plot, summarise  # noqa: E402
 from conf import CONF_DIR  # noqa: E402
+from hf.llama import NANOCHAT_MODERN  # noqa: E402
 from training.provenance import provenance  # noqa: E402
 
 # What each corpus needs on top of the recipes, and whether the modern arms train a BPE on it
@@ -97,11 +98,7 @@ CANDIDATES = {
 # arm stays comparable whichever block the recipe chooses.
 MODERN_PIN = ["model/block=modern"]
 # Blocks that could become the modern recipe's, each the overrides that choose it (--blocks).
-BLOCK_ARMS = {
-    "nanochat": ["model/block=nanochat"],
-    "modern+embed_norm": ["model/block=modern", "model.embed_norm=true", "model.branch_scale=50"],
-    "nanochat+gains": ["model/block=nanochat", "model.norm_weight=true", "model.branch_scale=50"],
-}
+BLOCK_ARMS = {"nanochat": ["model/block=nanochat"]}
 # --speedrun: today's default as it ran at gptlab 47275ab (issue 48's baseline: 600 steps, 1.82 bits per
 # byte), every setting a later default may change named, so that the arm "today" stays that run.
 TODAY = [
@@ -128,7 +125,7 @@ SPEEDRUN_PIECES = {
     "wsd": ["optim.cooldown_frac=0.5"],
     **{piece: CANDIDATES[piece] for piece in ("documents", "unet")},
     # the embedding norm NanoChatForCausalLM has, the blocks' writes scaled to keep their weight beside it
-    "embed_norm": ["model.embed_norm=true", "model.branch_scale=50"],
+    "embed_norm": list(NANOCHAT_MODERN),
 }
 CALIBRATION_STEPS = 30
 CALIBRATION_ROUNDS = 2

@@ -55,12 +55,14 @@ FAMILY_BLOCKS = {
     "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2"), **PLAIN},
     # before Llama: the nearer when equal; gains, LayerNorm and branch_scale fold into weights (hf/nanochat.py)
     NANOCHAT: {
-        **{key: (value,) for key, value in NANOCHAT_BLOCK.items()},
+        **{key: (value,) for key, value in NANOCHAT_BLOCK.items() if key != "branch_scale"},  # any folds
         "norm": ("rmsnorm", "layernorm"),
         "norm_weight": (False, True),
     },
     LLAMA: {**{key: (value,) for key, value in LLAMA_BLOCK.items()}, **PLAIN},
 }
+# What turns the modern recipe's block into one NanoChatForCausalLM computes (docs/huggingface.md).
+NANOCHAT_MODERN = ("model.embed_norm=true", "model.branch_scale=50")
 FAMILY_NAMES = {"gpt2": "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", NANOCHAT: "NanoChatForCausalLM"}
 
 
@@ -85,7 +87,8 @@ def block_family(config: GPTConfig) -> str:
             f"model.position={config.position!r} is a block no transformers class computes: "
             f"{FAMILY_NAMES[nearest]} needs {', '.join(f'{key}={_either(allowed[key])}' for key in off[nearest])} "
             f"(model/block={nearest}); the blocks that export are "
-            f"{', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}"
+            f"{', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}, and the default block trained with "
+            f"{' '.join(NANOCHAT_MODERN)} (NanoChatForCausalLM)"
         )
     return nearest
 

@@ -29,8 +29,8 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 NORM_EPS = 1e-5  # GPT-2's LayerNorm and Llama's rms_norm_eps: norm_eps's default
 # The block presets (see the module's docstring); GPT-2's and the modern one leave bias to the size preset.
-BLOCK_SETTINGS = ("position", "norm", "norm_weight", "embed_norm", "mlp", "qk_norm")  # what every block preset sets
-PLAIN_NORMS = {"norm_weight": True, "embed_norm": False}  # norms with gains, none after the embedding
+BLOCK_SETTINGS = ("position", "norm", "norm_weight", "embed_norm", "branch_scale", "mlp", "qk_norm")  # every preset's
+PLAIN_NORMS = {"norm_weight": True, "embed_norm": False, "branch_scale": 1.0}  # gains, no embedding norm
 GPT2_BLOCK = {"position": "learned", "norm": "layernorm", **PLAIN_NORMS, "mlp": "gelu", "qk_norm": False}
 LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", **PLAIN_NORMS, "mlp": "swiglu", "qk_norm": False, "bias": False}
 # nanochat's (transformers' NanoChatForCausalLM): every norm a weightless RMSNorm, one more after
@@ -40,6 +40,7 @@ NANOCHAT_BLOCK = {
     "norm": "rmsnorm",
     "norm_weight": False,
     "embed_norm": True,
+    "branch_scale": 1.0,
     "mlp": "relu2",
     "qk_norm": True,
     "bias": False,

@@ -67,7 +67,13 @@ def test_a_recipe_chooses_a_block_and_sets_nothing_of_a_blocks(recipe):
 def test_the_default_recipe_is_modern_with_its_block():
     assert asdict(composed_model()) == expected_model("modern", "modern")
     assert {key: getattr(composed_model(), key) for key in BLOCKS["modern"]} == dict(
-        position="rope", norm="layernorm", norm_weight=True, embed_norm=False, mlp="relu2", qk_norm=True
+        position="rope",
+        norm="layernorm",
+        norm_weight=True,
+        embed_norm=False,
+        branch_scale=1.0,
+        mlp="relu2",
+        qk_norm=True,
     )  # today's modern architecture
 
 

@@ -203,7 +203,8 @@ def test_the_export_says_which_transformers_loads_it(tmp_path, capsys):
             "model.embed_norm=False with model.position='rope' "
             "is a block no transformers class computes: NanoChatForCausalLM needs "
             "embed_norm=True (model/block=nanochat); the blocks that export are "
-            "model/block=gpt2, model/block=nanochat, model/block=llama$",
+            "model/block=gpt2, model/block=nanochat, model/block=llama, and the default block trained with "
+            "model.embed_norm=true model.branch_scale=50 (NanoChatForCausalLM)$",
         ),
         (
             {**NANOCHAT_BLOCK, "qk_norm": False},
