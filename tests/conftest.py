@@ -78,6 +78,7 @@ def training_overrides(directory) -> list[str]:
         "logging.progress=false",
         "logging.peak_flops=1e12",
         "device=cpu",
+        "precision=fp32",  # the same numbers on every CPU: precision=auto picks bf16 where the CPU computes it
         "recipe=gpt2",
     ]
 
