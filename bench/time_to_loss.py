@@ -122,7 +122,7 @@ TODAY = [
 SPEEDRUN_PIECES = {
     "bf16": ["precision=bf16"],  # what precision=auto now chooses on a CPU with avx512_bf16 or amx_bf16
     "compile": ["compile=true"],
-    "wsd": ["optim.cooldown_frac=0.5"],
+    "wsd": ["optim.cooldown_frac=0.5", "optim.learning_rate=0.003", "optim.min_lr=0.0003"],  # the schedule and its peak
     **{piece: CANDIDATES[piece] for piece in ("documents", "unet")},
     # the embedding norm NanoChatForCausalLM has, the blocks' writes scaled to keep their weight beside it
     "embed_norm": list(NANOCHAT_MODERN),

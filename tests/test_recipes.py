@@ -122,6 +122,7 @@ def test_an_experiment_on_gpt2s_recipe_has_no_modern_piece(name):
         None,
         "adamw",
     )
+    assert config.optim.cooldown_frac is None  # nanoGPT's cosine, not the modern recipe's warmup-stable-decay
 
 
 def test_the_attention_ablation_follows_the_default_recipe():
