@@ -195,6 +195,9 @@ def train(
 
 def read_run(arm: str, seed: int, max_iters: int, records: list[dict], startup_seconds: float = 0.0) -> Run:
     """Training seconds, tokens and the val curve of one run's records."""
+    last = max(r["step"] for r in records if r["kind"] == "eval")
+    if last != max_iters:  # a signal stops train.py cleanly, exit status 0: its curve would end early
+        raise SystemExit(f"error: {arm} seed {seed} stopped at step {last} of {max_iters}: measure it again")
     run = Run(arm, seed, max_iters, startup_seconds=startup_seconds)
     for seconds, record in zip(_train_seconds(records), records):
         if record["kind"] == "eval" and record.get("val_bpb") is not None:

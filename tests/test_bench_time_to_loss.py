@@ -77,6 +77,8 @@ def records(windows, evals):
 def test_training_seconds_add_each_windows_tokens_over_its_rate_and_skip_evaluation():
     recs = records([(1000, 100.0), (3000, 400.0)], [(1000, 3.0), (3000, 2.0)])
     assert _train_seconds(recs) == [0.0, 10.0, 10.0, 15.0, 15.0]
+    with pytest.raises(SystemExit, match="modern seed 1 stopped at step 10 of 30"):  # stopped by a signal
+        read_run("modern", 1, 30, recs[:-2])
     run = read_run("modern", 1, 30, recs)
     assert run.curve == [(0.0, 0, 4.0), (10.0, 1000, 3.0), (15.0, 3000, 2.0)]
     assert (run.train_seconds, run.tokens, run.final_bpb) == (15.0, 3000, 2.0)
