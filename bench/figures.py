@@ -95,7 +95,7 @@ def plot_default_run(path: Path) -> None:
     ax.set(
         xlabel="step (8 x 128 tokens)",
         ylabel="loss (bits per byte)",
-        title="The default run, python train.py: mini model, stdlib corpus, 600 steps",
+        title="The default run, python train.py: mini model, stdlib corpus (modern: 500 steps, bf16)",
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -103,7 +103,7 @@ def plot_default_run(path: Path) -> None:
         fig,
         path,
         "bench/results/default_run/{modern,gpt2}_metrics.jsonl: 2-core AMD EPYC, 1 thread, "
-        "Python 3.11.7, torch 2.13.0+cpu, gptlab 95db353 (modern), 24b3d15 (gpt2)",
+        "Python 3.11.7, torch 2.13.0+cpu, gptlab 417d834 (modern), 24b3d15 (gpt2)",
     )
 
 

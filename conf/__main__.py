@@ -113,10 +113,18 @@ def recipes() -> str:
             for entry in values.pop("defaults")
             if isinstance(entry, dict) and "override /model/block" in entry
         )
-        flat = [(f"{section}.{key}", value) for section, settings in values.items() for key, value in settings.items()]
-        said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in flat) or "nothing: the defaults"
+        said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in _leaves(values)) or "nothing: the defaults"
         rows.append(f"| `{path.stem}` | `{block}` | {_cell(said)} |")
     return "\n".join(rows) + "\n"
+
+
+def _leaves(values: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """Each setting a YAML file sets (`optim.learning_rate`, `max_iters`) and its value, in the file's order."""
+    return [
+        leaf
+        for key, value in values.items()
+        for leaf in (_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)])
+    ]
 
 
 def attribute_docs(schema: type) -> dict[str, str]:

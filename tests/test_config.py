@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from conf import CONF_DIR, DEVICE, DTYPES, PRECISION, Config, load_config, model_preset
+from conf import CONF_DIR, DEVICE, DTYPES, PRECISION, Config, OptimConfig, load_config, model_preset
 from conf.downstream_config import DownstreamConfig
 from conf.sample_config import SampleConfig
 from data import DataConfig
@@ -144,7 +144,7 @@ def test_rules_come_first_and_cross_field_checks_run_where_the_rules_held():
         "data.val_fraction must be in (0, 1), got 2.0",
         "max_iters must be >= 0, got -1",
         "model.n_embd (128) must be divisible by n_head (3)",
-        "optim.min_lr (1.0) must not exceed optim.learning_rate (0.002)",
+        "optim.min_lr (1.0) must not exceed optim.learning_rate (0.003)",
     ]
     with pytest.raises(SettingsError, match=r"^2 settings are wrong:\n  model.n_layer .*\n  model.n_head "):
         GPTConfig(n_layer=0, n_head=0)  # built in code, it says every problem too
@@ -158,15 +158,19 @@ def test_the_committed_reference_is_the_generated_one():
 
 def test_the_default_run_is_the_dataclasses_defaults_with_the_chosen_presets():
     config = load_config(compose_train())
+    speedrun = OptimConfig(learning_rate=3e-3, min_lr=3e-4, cooldown_frac=0.5)  # the modern recipe's schedule
     assert config == Config(
-        model=model_preset("mini", "recipe=modern"), data=DataConfig(tokenizer="bpe", vocab_size=4096)
+        model=model_preset("mini", "recipe=modern"),
+        data=DataConfig(tokenizer="bpe", vocab_size=4096),
+        optim=speedrun,
+        max_iters=500,
     )
     assert model_preset("mini", "recipe=modern") == replace(
         model_preset("mini"), position="rope", mlp="relu2", qk_norm=True, zero_init_proj=True
     )
-    # what train.yaml ran with before the dataclasses held its values
-    assert (config.max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
-    assert (config.optim.learning_rate, config.optim.min_lr) == (2e-3, 2e-4)
+    # what train.yaml ran with before the dataclasses held its values (GPT-2's recipe still does)
+    assert (Config().max_iters, config.batch_size, config.eval_interval, config.eval_iters) == (600, 8, 200, 10)
+    assert (Config().optim.learning_rate, Config().optim.min_lr) == (2e-3, 2e-4)
 
 
 @pytest.mark.parametrize("root", ["train", "sample"])

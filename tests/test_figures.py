@@ -27,8 +27,8 @@ def test_loss_curves_are_in_bits_per_byte_of_their_own_split():
     records = [json.loads(line) for line in (figures.RESULTS / "default_run" / "modern_metrics.jsonl").open()]
     curves = figures.loss_curves(records)
     last_eval, last_step = records[-1], records[-2]
-    assert (last_eval["kind"], last_step["kind"], last_step["step"]) == ("eval", "train", 600)
-    assert curves["val"] == ([0, 200, 400, 600], [r["val_bpb"] for r in records if r["kind"] == "eval"])
+    assert (last_eval["kind"], last_step["kind"], last_step["step"]) == ("eval", "train", 500)
+    assert curves["val"] == ([0, 200, 400, 500], [r["val_bpb"] for r in records if r["kind"] == "eval"])
     # a logged step's nats per token, at the train split's bytes per token
     assert curves["train"][1][-1] == pytest.approx(last_step["loss"] * last_eval["train_bpb"] / last_eval["train_loss"])
     assert round(curves["val"][1][-1], 2) == 1.82  # docs/training.md's table
