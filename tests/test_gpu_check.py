@@ -172,7 +172,7 @@ def test_the_time_to_loss_stage_runs_the_benchmark_at_its_sizes_and_reports_its_
     assert "model=gpt2" in gpu_check.Sizes(smoke=False).time_to_loss_overrides  # GPT-2 small's shape on the GPU
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert "## The GPT-2 recipe against the modern one, 3 s of training each" in markdown
-    assert "| modern | 30 | 3 | 4.0000 |  | 1/1 |" in markdown
+    assert "| modern | 30 | 0 + 3 | 4.0000 |  | 1/1 |" in markdown
 
 
 def test_a_report_that_cannot_be_rendered_still_leaves_its_json(tmp_path):
