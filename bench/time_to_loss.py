@@ -9,8 +9,8 @@
     python bench/time_to_loss.py --from-json bench/results/time_to_loss_stdlib.json --plot docs/images/time_to_loss.png
 
 How it is measured. Every arm is `python train.py <its overrides>` run as a child process on
-the same corpus, one after another, seeds outermost and arms interleaved within a seed, so a
-change in the machine's load hits every arm alike. First each arm trains a few calibration
+the same corpus, one after another, seeds outermost and arms interleaved within a seed, in
+reverse order every other seed, so a change in the machine's load hits every arm alike. First each arm trains a few calibration
 steps, twice, in turn with the others; its faster seconds per step set its max_iters so that
 every arm gets the same training wall-clock budget, and each decays its own schedule to its own
 end (as a speedrun does). With --speedrun there is no budget: each arm trains its own configured
@@ -231,8 +231,8 @@ def measure(args: argparse.Namespace, scratch: Path) -> list[Run]:
     table = chosen_arms(args)
     steps = configured_steps(table) if args.speedrun else calibrated_steps(table, args.budget_s, scratch)
     runs = []
-    for seed in args.seeds:
-        for arm, overrides in table.items():
+    for turn, seed in enumerate(args.seeds):
+        for arm, overrides in list(table.items())[:: -1 if turn % 2 else 1]:  # no arm always first
             records, startup = train(
                 overrides,
                 scratch / _slug(arm, seed),

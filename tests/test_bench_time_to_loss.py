@@ -164,3 +164,22 @@ def test_the_speedrun_counts_start_up_and_shares_today_s_whole_run_by_seed():
     assert "| fast | 10 | 10 + 20 |" in markdown(list(rows.values()))
     recs = records([(1000, 100.0)], [(1000, 3.0)])
     assert read_run("today", 1, 10, recs, startup_seconds=4.0).startup_seconds == 4.0
+
+
+def test_arms_take_turns_going_first_seed_by_seed(monkeypatch, tmp_path):
+    import argparse
+
+    from bench import time_to_loss
+
+    order = []
+
+    def fake_train(overrides, out_dir, seed, max_iters, eval_interval, eval_iters):
+        order.append((seed, overrides[0]))
+        return [{"kind": "eval", "step": max_iters, "tokens": 1, "val_bpb": 2.0, "tok_per_s": 1.0}], 0.0
+
+    monkeypatch.setattr(time_to_loss, "train", fake_train)
+    monkeypatch.setattr(time_to_loss, "chosen_arms", lambda args: {"a": ["a=1"], "b": ["b=1"]})
+    monkeypatch.setattr(time_to_loss, "configured_steps", lambda table: dict.fromkeys(table, 10))
+    args = argparse.Namespace(speedrun=True, seeds=[1, 2, 3], evaluations=2, eval_iters=1)
+    time_to_loss.measure(args, tmp_path)
+    assert order == [(1, "a=1"), (1, "b=1"), (2, "b=1"), (2, "a=1"), (3, "a=1"), (3, "b=1")]
