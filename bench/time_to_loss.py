@@ -8,20 +8,20 @@
     python bench/time_to_loss.py --seeds 1 --budget-s 60 --overrides model=gpt2 device=cuda precision=bf16
     python bench/time_to_loss.py --from-json bench/results/time_to_loss_stdlib.json --plot docs/images/time_to_loss.png
 
-How it is measured. Every arm is `python train.py <its overrides>` run as a child process on
-the same corpus, one after another, seeds outermost and arms interleaved within a seed, in
-reverse order every other seed, so a change in the machine's load hits every arm alike. First each arm trains a few calibration
-steps, twice, in turn with the others; its faster seconds per step set its max_iters so that
-every arm gets the same training wall-clock budget, and each decays its own schedule to its own
-end (as a speedrun does). With --speedrun there is no budget: each arm trains its own configured
-max_iters, as `python train.py` would. A run's seconds are what its user waits for: its
-start-up, from the child's launch to the end of its step-0 evaluation (the time metrics.jsonl
-records it; imports, data, model, torch.compile's first graphs and that evaluation), plus its
-training seconds, read from metrics.jsonl: each train record's window of steps took tokens /
-tok_per_s seconds (the first window holds the first step, and the training graph's compiling).
-Later evaluations and saves are not counted: how many there are is the benchmark's choice.
-Losses are compared in bits per byte of validation text, the one unit that stays fair across
-tokenizers.
+How it is measured. Every arm is `python train.py <its overrides>` run as a child process on the
+same corpus, one after another, seeds outermost and arms interleaved within a seed, in reverse
+order every other seed, so a change in the machine's load hits every arm alike. First each arm
+trains a few calibration steps, twice, in turn with the others; its faster seconds per step set
+its max_iters so that every arm gets the same training wall-clock budget, and each decays its
+own schedule to its own end (as a speedrun does). With --speedrun there is no budget: each arm
+trains its own configured max_iters, as `python train.py` would. A run's seconds are what its
+user waits for: its start-up, from the child's launch to the end of its step-0 evaluation (the
+time metrics.jsonl records it; imports, data, model, torch.compile's first graphs and that
+evaluation), plus its training seconds, read from metrics.jsonl: each train record's window of
+steps took tokens / tok_per_s seconds (the first window holds the first step, and the training
+graph's compiling). Later evaluations and saves are not counted: how many there are is the
+benchmark's choice. Losses are compared in bits per byte of validation text, the one unit that
+stays fair across tokenizers.
 
 The target is the GPT-2 recipe's final validation bits per byte (mean over seeds), or with
 --speedrun that of "today", the default as it was at gptlab 47275ab, every setting a later
