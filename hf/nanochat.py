@@ -122,14 +122,16 @@ def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our state dict as as_stored(config)'s: gains, centring and branch_scale folded into the
     matrices (see the docstring), computed in float32 and stored in each matrix's dtype."""
     center = config.norm == "layernorm"
-    changed = {TIED_HEAD: state.get(TIED_HEAD, state[WTE]).float(), WTE: state[WTE].float()}
-    if center:
-        changed[WTE] = changed[WTE] - changed[WTE].mean(1, keepdim=True)  # each row: one token's vector
+
+    def centred(weight: Tensor, dim: int) -> Tensor:
+        weight = weight.float()
+        return weight - weight.mean(dim, keepdim=True) if center else weight
+
+    changed = {TIED_HEAD: state.get(TIED_HEAD, state[WTE]).float(), WTE: centred(state[WTE], 1)}  # a row: a token
     for i in range(config.n_layer):
         block = f"transformer.h.{i}."
         for proj in ("attn.c_proj.weight", "mlp.c_proj.weight"):  # (n_embd, inputs): a column is one write
-            weight = state[block + proj].float()
-            changed[block + proj] = config.branch_scale * (weight - weight.mean(0, keepdim=True) if center else weight)
+            changed[block + proj] = config.branch_scale * centred(state[block + proj], 0)
         if config.norm_weight:
             for norm, matrix in (("ln_1", "attn.c_attn"), ("ln_2", "mlp.c_fc")):
                 changed[f"{block}{matrix}.weight"] = (
@@ -137,14 +139,13 @@ def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
                 )
     if config.norm_weight:
         changed[TIED_HEAD] = changed[TIED_HEAD] * state["transformer.ln_f.weight"].float()
-    stored = as_stored(config)
     folded = {
         name: tensor
         for name, tensor in state.items()
         if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
     }
     folded |= {name: tensor.to(state[name if name in state else WTE].dtype) for name, tensor in changed.items()}
-    return folded if not stored.tie_embeddings else {name: t for name, t in folded.items() if name != TIED_HEAD}
+    return folded  # a head still tied stays out of the export: to_decoder writes lm_head only untied
 
 
 def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -35,8 +35,12 @@ class Block(nn.Module):
         mask: Tensor | BlockMask | None = None,
         rope: Rope | None = None,
     ) -> Tensor:
-        x = x + self.branch_scale * self.attn(self.ln_1(x), kv_cache, mask, rope)
-        return x + self.branch_scale * self.mlp(self.ln_2(x))
+        x = x + self._scaled(self.attn(self.ln_1(x), kv_cache, mask, rope))
+        return x + self._scaled(self.mlp(self.ln_2(x)))
+
+    def _scaled(self, branch: Tensor) -> Tensor:
+        # at 1.0 (every preset) no multiply: a tensor-wide op per branch on every step, for nothing
+        return branch if self.branch_scale == 1.0 else self.branch_scale * branch
 
 
 class GPT(nn.Module):
