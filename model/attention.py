@@ -1,9 +1,6 @@
-"""Causal self-attention with n_head query heads sharing n_kv_head key/value heads.
-
-n_kv_head == n_head is multi-head attention (MHA), n_kv_head == 1 is multi-query
-attention (MQA), and anything in between is grouped-query attention (GQA):
-query head h reads key/value head h // (n_head // n_kv_head).
-"""
+"""Causal self-attention with n_head query heads sharing n_kv_head key/value heads: n_kv_head == n_head is
+multi-head attention (MHA), 1 is multi-query (MQA), anything between is grouped-query (GQA), query head h
+reading key/value head h // (n_head // n_kv_head)."""
 
 from __future__ import annotations
 
@@ -21,27 +18,21 @@ from .rotary import apply_rotary, rotary_angles
 Rope = tuple[Tensor, Tensor]  # cos and sin of rotary's angles (rotary_angles)
 
 
-def manual_attention(
-    q: Tensor, k: Tensor, v: Tensor, dropout: nn.Module, allowed: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """Explicit attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with S >= T, the
-    queries being the last T positions. allowed: a boolean mask broadcastable to
-    (B, nh, T, S), True where a query may attend; causal when None.
+Mask = Tensor | BlockMask | None  # a KV cache's attention_mask, or a document mask (documents.py)
 
-    Returns the output (B, nh, T, hd) and the attention weights (B, nh, T, S),
-    the latter before dropout so they sum to one over keys.
-    """
+
+def manual_attention(q: Tensor, k: Tensor, v: Tensor, dropout: nn.Module, allowed: Tensor | None = None):
+    """Explicit attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd), the queries being the last T of S positions;
+    allowed: a boolean mask broadcastable to (B, nh, T, S), True where a query may attend; causal when None.
+    Returns the output (B, nh, T, hd) and the attention weights (B, nh, T, S), before dropout (summing to one)."""
     group = q.size(1) // k.size(1)
     # Give each query head its key/value head: (B, nkv, S, hd) -> (B, nh, S, hd).
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     T, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, S)
-    if allowed is None:
-        # Query i sits at absolute position S - T + i and may look at keys 0..S - T + i.
+    if allowed is None:  # query i sits at absolute position S - T + i and may look at keys 0..S - T + i
         allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = F.softmax(scores.float(), dim=-1).to(q.dtype)
+    weights = F.softmax(scores.masked_fill(~allowed, float("-inf")).float(), dim=-1).to(q.dtype)
     return dropout(weights) @ v, weights
 
 
@@ -49,14 +40,10 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # which of a KVCache's layers is this one's
-        self.n_head = config.n_head
-        self.n_kv_head = config.kv_heads
-        self.head_dim = config.head_dim
-        self.impl = config.attn_impl
-        self.dropout = config.dropout
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.impl, self.dropout = config.attn_impl, config.dropout
+        self.qk_norm, self.norm_eps = config.qk_norm, config.norm_eps
         self.rope_base = config.rope_base if config.position == "rope" else None  # None: no rotary
-        self.qk_norm = config.qk_norm
-        self.norm_eps = config.norm_eps
         # One fused projection, laid out [q | k | v]: q is n_head heads wide, k and v
         # are n_kv_head heads wide each, so MQA/GQA really have fewer parameters.
         # With n_kv_head == n_head this is exactly GPT-2's c_attn.
@@ -68,24 +55,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self,
-        x: Tensor,
-        kv_cache: KVCache | None = None,
-        mask: Tensor | BlockMask | None = None,
-        rope: Rope | None = None,
+        self, x: Tensor, kv_cache: KVCache | None = None, mask: Mask = None, rope: Rope | None = None
     ) -> Tensor:
-        """x: (B, T, C). Returns the output (B, T, C).
-
-        With a kv_cache, x holds the T positions after the cached ones; its keys and
-        values are stored and the queries attend over all S = cached + T positions.
-        mask is then the cache's attention_mask(T): None means plain causal attention.
-        Without one, mask may be a document mask (documents.py). rope: the rotary angles of x's
-        positions (see heads).
-        """
+        """x: (B, T, C) -> (B, T, C). With a kv_cache, x holds the T positions after the cached ones, and mask is the
+        cache's attention_mask(T) (None: plain causal); without, mask may be a document mask. rope: see heads."""
         B, T, C = x.shape
         q, k, v = self.heads(x, rope)
         if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd)
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nkv, S, hd), S = cached + T
         if isinstance(mask, BlockMask):
             y = flex_attend(q, k, v, mask)
         elif self.impl == "manual":
@@ -97,16 +74,12 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def heads(self, x: Tensor, rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C).
-        With qk_norm, q and k are RMS-normed per head (no weight) first. With rotary positions,
-        q and k come rotated by rope (cos, sin from rotary_angles for x's positions) or,
-        without it, as at positions 0..T-1 (a whole sequence). A KV cache stores k as returned."""
+        """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C), q and k RMS-normed
+        per head with qk_norm, then rotated by rope (cos, sin: rotary_angles of x's positions; without it, those of
+        0..T-1). A KV cache stores k as returned."""
         B, T, _ = x.shape
-        q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)
         # Split channels into heads and move heads before time: (B, T, h*hd) -> (B, h, T, hd).
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(self.split_sizes, 2))
         if self.qk_norm:
             q, k = (F.rms_norm(t, (self.head_dim,), eps=self.norm_eps) for t in (q, k))
         if self.rope_base is not None:
@@ -118,25 +91,14 @@ class CausalSelfAttention(nn.Module):
         """torch's fused attention. q: (B, nh, T, hd); k, v: (B, nkv, S, hd)."""
         B, _, T, hd = q.shape
         group = self.n_head // self.n_kv_head
-        dropout_p = self.dropout if self.training else 0.0
+        options = dict(attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         if T == 1 and group > 1:
-            # One new token: each key/value head answers its group of query heads as
-            # `group` queries, (B, nh, 1, hd) -> (B, nkv, group, hd), so the cache is read
-            # once per kv head (enable_gqa reads it once per query head).
-            y = F.scaled_dot_product_attention(
-                q.reshape(B, self.n_kv_head, group, hd), k, v, attn_mask=mask, dropout_p=dropout_p
-            )
+            # One new token: each key/value head answers its group of query heads as `group` queries,
+            # (B, nh, 1, hd) -> (B, nkv, group, hd), so the cache is read once per kv head, not per query head.
+            y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv_head, group, hd), k, v, **options)
             return y.reshape(B, self.n_head, 1, hd)
-        # is_causal aligns its mask top-left, which is right only when T == S; a
-        # single query needs no mask, and other cases come with an explicit mask. A branch,
-        # not an expression: under torch.compile's dynamic shapes T > 1 is symbolic, and the
-        # kernel takes a plain bool (the branch becomes a guard).
-        return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=True if mask is None and T > 1 else False,
-            enable_gqa=group > 1,
-        )
+        # is_causal aligns its mask top-left, which is right only when T == S; a single query needs no mask, and
+        # other cases come with an explicit mask. A branch, not an expression: under torch.compile's dynamic
+        # shapes T > 1 is symbolic, and the kernel takes a plain bool (the branch becomes a guard).
+        causal = True if mask is None and T > 1 else False
+        return F.scaled_dot_product_attention(q, k, v, **options, is_causal=causal, enable_gqa=group > 1)

@@ -1,18 +1,9 @@
 """GPTConfig: the shape of a model, validated the moment it is built; and the block presets.
 
-BLOCKS defines each block preset's settings, by name: GPT-2's (what its transformers
-classes compute), Llama's (what LlamaForCausalLM does), the modern recipe's (GPT-2's
-with rotary positions, ReLU² and QK-norm) and nanochat's (what NanoChatForCausalLM does).
-Every preset sets each of BLOCK_SETTINGS (and bias
-where its family fixes it), so a block means the same whatever else chose settings before it.
-hf/llama.py decides from them which family a model exports as, and the ablation report names
-a run's block by them. The command line's `model/block=llama` is a Hydra config group, which
-Hydra composes from files, so conf/model/block/<name>.yaml says the same settings in YAML,
-where conf/cli.py checks a preset's name and `python -m conf` lists what it sets;
-tests/test_config.py checks that the files and BLOCKS hold the same presets with the same
-settings. The files stay files (not generated into Hydra's ConfigStore from here) so that
-conf/ keeps every preset a user can choose in one place, as YAML, and model/ stays free of Hydra.
-A new block is an entry here and its YAML file.
+BLOCKS sets each of BLOCK_SETTINGS (and bias where its family fixes it) by preset name: GPT-2's, Llama's, the
+modern recipe's (GPT-2's with rotary, ReLU² and QK-norm) and nanochat's, each what its transformers class computes.
+hf/llama.py picks an export family from them. Hydra composes `model/block=<name>` from conf/model/block/<name>.yaml,
+which says the same in YAML (tests/test_config.py checks both agree), so model/ stays free of Hydra.
 """
 
 from __future__ import annotations
@@ -33,30 +24,11 @@ BLOCK_SETTINGS = ("position", "norm", "norm_weight", "embed_norm", "branch_scale
 PLAIN_NORMS = {"norm_weight": True, "embed_norm": False, "branch_scale": 1.0}  # gains, no embedding norm
 GPT2_BLOCK = {"position": "learned", "norm": "layernorm", **PLAIN_NORMS, "mlp": "gelu", "qk_norm": False}
 LLAMA_BLOCK = {"position": "rope", "norm": "rmsnorm", **PLAIN_NORMS, "mlp": "swiglu", "qk_norm": False, "bias": False}
+MODERN_BLOCK = {"position": "rope", "norm": "layernorm", **PLAIN_NORMS, "mlp": "relu2", "qk_norm": True}
 # nanochat's (transformers' NanoChatForCausalLM): every norm a weightless RMSNorm, one more after
 # the embedding, per-head QK-norm, relu2, no biases. The head's tying and soft-cap are left open.
-NANOCHAT_BLOCK = {
-    "position": "rope",
-    "norm": "rmsnorm",
-    "norm_weight": False,
-    "embed_norm": True,
-    "branch_scale": 1.0,
-    "mlp": "relu2",
-    "qk_norm": True,
-    "bias": False,
-}
-BLOCKS = {  # by preset name: model/block=<name>
-    "gpt2": GPT2_BLOCK,
-    "llama": LLAMA_BLOCK,
-    "modern": {
-        "position": "rope",
-        "norm": "layernorm",
-        **PLAIN_NORMS,
-        "mlp": "relu2",
-        "qk_norm": True,
-    },  # recipe=modern's
-    "nanochat": NANOCHAT_BLOCK,
-}
+NANOCHAT_BLOCK = {**LLAMA_BLOCK, "norm_weight": False, "embed_norm": True, "mlp": "relu2", "qk_norm": True}
+BLOCKS = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK, "modern": MODERN_BLOCK, "nanochat": NANOCHAT_BLOCK}  # model/block=
 
 
 @dataclass
@@ -153,7 +125,7 @@ class GPTConfig:
 
     @property
     def kv_heads(self) -> int:
-        """The key/value heads the model has: n_kv_head, or n_head when that is None."""
+        """n_kv_head, or n_head when that is None."""
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
@@ -162,30 +134,22 @@ class GPTConfig:
 
     @property
     def mlp_base_hidden(self) -> int:
-        """Width of the MLP's hidden layer before match_mha_params: 4 * n_embd for gelu; for
-        swiglu 2/3 of that rounded up to a multiple of 8, so that its three matrices hold
-        about the parameters of GELU's two (3 * n_embd * 2048 = 2 * n_embd * 3072 at n_embd 768)."""
-        width = 4 * self.n_embd
-        if self.mlp == "swiglu":
-            return 8 * -(-2 * width // (3 * 8))  # ceil(2/3 * width / 8) * 8
-        return width
+        """The MLP's hidden width before match_mha_params: 4 * n_embd; for swiglu 2/3 of that rounded up to
+        a multiple of 8, so its three matrices hold about GELU's two's parameters."""
+        return 8 * -(-8 * self.n_embd // 24) if self.mlp == "swiglu" else 4 * self.n_embd
 
     @property
     def mlp_hidden(self) -> int:
-        """Width of the MLP's hidden layer: mlp_base_hidden, widened when match_mha_params."""
-        width = self.mlp_base_hidden
+        """The MLP's hidden width: mlp_base_hidden, widened when match_mha_params."""
         if not self.match_mha_params:
-            return width
-        bias = int(self.bias)
-        # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V.
-        saved = 2 * (self.n_head - self.kv_heads) * self.head_dim * (self.n_embd + bias)
-        # Each hidden unit costs a row (and bias) of c_fc, and of c_gate for swiglu, and a column of c_proj.
-        inputs = 2 if self.mlp == "swiglu" else 1
-        return width + round(saved / (inputs * (self.n_embd + bias) + self.n_embd))
+            return self.mlp_base_hidden
+        row = self.n_embd + self.bias
+        # Per layer, each key/value head fewer saves a head_dim-wide slice of K and of V; each hidden unit
+        # costs a row (and bias) of c_fc, and of c_gate for swiglu, and a column of c_proj.
+        saved = 2 * (self.n_head - self.kv_heads) * self.head_dim * row
+        return self.mlp_base_hidden + round(saved / ((2 if self.mlp == "swiglu" else 1) * row + self.n_embd))
 
     @property
     def attention_kind(self) -> str:
         """'MHA', 'MQA' or 'GQA', as the head counts make it."""
-        if self.kv_heads == self.n_head:
-            return "MHA"
-        return "MQA" if self.kv_heads == 1 else "GQA"
+        return "MHA" if self.kv_heads == self.n_head else "MQA" if self.kv_heads == 1 else "GQA"

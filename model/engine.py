@@ -1,11 +1,9 @@
-"""The inference engine: the sampling of each next token, and generation that prefills
-the prompts in one forward pass, then decodes one token per step against a KV cache
-(kv_cache.py).
+"""The inference engine: the sampling of each next token, and generation that prefills the prompts in one
+forward pass, then decodes one token per step against a KV cache (kv_cache.py).
 
-Prompts of different lengths share one batch by left padding, which the cache masks.
-Past block_size the window slides: the cache is refilled with the last block_size
-tokens, exactly the context of a model that crops its input to block_size (each such
-step costs a prefill of block_size).
+Prompts of different lengths share one batch by left padding, which the cache masks. Past block_size the window
+slides: the cache is refilled with the last block_size tokens, exactly the context of a model that crops its input
+to block_size (each such step costs a prefill of block_size).
 """
 
 from __future__ import annotations
@@ -44,9 +42,7 @@ class Sampling:
 
     def generator(self, device: torch.device | str) -> torch.Generator | None:
         """A random generator seeded with `seed` on device, or None for torch's global one."""
-        if self.seed is None:
-            return None
-        return torch.Generator(device=device).manual_seed(self.seed)
+        return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:
@@ -102,17 +98,20 @@ def stream(
     vocab_size: int | None = None,
     decode: str = "eager",
 ) -> Iterator[dict[int, int]]:
-    """Generate continuations of prompts (lists of token ids) as one batch, yielding
-    after every step {row: new token} for the rows still generating.
-
-    A row ends when it samples one of stop_tokens (such as <|endoftext|>, which is not
-    yielded), when stop(its generated tokens) is true (the token that made it true is
-    yielded; sample.py maps stop strings to this), or after max_new_tokens. Only ids
-    below vocab_size are sampled: pass the tokenizer's when the model's vocabulary is
-    padded (the padding rows are never trained). decode is one of DECODE_MODES. Rows
-    with the same prompt share one prefill. Put the model in eval mode first.
-    """
-    _check_request(model, prompts, max_new_tokens, decode)
+    """Generate continuations of prompts (lists of token ids) as one batch, yielding {row: new token} after every
+    step for the rows still generating. A row ends when it samples one of stop_tokens (such as <|endoftext|>, not
+    yielded), when stop(its generated tokens) is true (that token is yielded; sample.py maps stop strings to this),
+    or after max_new_tokens. Only ids below vocab_size are sampled: pass the tokenizer's when the model's vocabulary
+    is padded (the padding rows are never trained). decode: one of DECODE_MODES. Rows with the same prompt share one
+    prefill. Put the model in eval mode first."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+    assert max_new_tokens >= 1, max_new_tokens
+    if not prompts or any(len(prompt) == 0 for prompt in prompts):
+        raise ValueError("every prompt needs at least one token (start from <|endoftext|>)")
+    outside = sorted({t for prompt in prompts for t in prompt if not 0 <= t < model.config.vocab_size})
+    if outside:
+        raise ValueError(f"token ids {outside[:5]} are outside the model's vocabulary [0, {model.config.vocab_size})")
     # Room for the tokens grows as they come, not all up front: max_new_tokens may be huge.
     room = min(max_new_tokens, model.config.block_size)
     history, pad = _left_pad(prompts, room, model.device)  # (B, n + room), (B,)
@@ -123,7 +122,8 @@ def stream(
     cache = cache_type(model.config, len(prompts), max_len, device=model.device, dtype=model.activation_dtype)
     step = GraphedDecodeStep(model, cache) if decode == "graph" else partial(_decode_step, model, cache)
     generator = sampling.generator(model.device)
-    rows = _Rows(len(prompts), stop_tokens, stop)
+    generated: list[list[int]] = [[] for _ in prompts]
+    ended = [False] * len(prompts)
     logits = _prefill(model, cache, history[:, :n], pad)
     while True:
         tokens = sample_next(logits[:, :vocab_size], sampling, generator)  # (B,)
@@ -131,10 +131,17 @@ def stream(
             history = torch.cat([history, torch.zeros_like(history[:, : end - n])], dim=1)
         history[:, n] = tokens
         n += 1
-        new = rows.accept(tokens.tolist())
+        new = {}
+        for row, token in enumerate(tokens.tolist()):
+            if ended[row] or token in stop_tokens:  # a stop token ends its row, unyielded
+                ended[row] = True
+                continue
+            generated[row].append(token)
+            new[row] = token
+            ended[row] = stop is not None and stop(generated[row])
         if new:
             yield new
-        if n == end or all(rows.ended):
+        if n == end or all(ended):
             return
         if cache.length == cache.max_len:  # past block_size: slide the window
             logits = _prefill(model, cache, history[:, :n], pad)
@@ -143,79 +150,23 @@ def stream(
 
 
 def generate(
-    model: GPT,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampling: Sampling = Sampling(),
-    *,
-    stop_tokens: Collection[int] = (),
-    stop: StopCheck | None = None,
-    vocab_size: int | None = None,
-    decode: str = "eager",
+    model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: Sampling = Sampling(), **options
 ) -> list[list[int]]:
-    """The generated tokens of every prompt: everything stream() yields, per row."""
+    """The generated tokens of every prompt: everything stream() (with the same options) yields, per row."""
     outputs: list[list[int]] = [[] for _ in prompts]
-    steps = stream(
-        model,
-        prompts,
-        max_new_tokens,
-        sampling,
-        stop_tokens=stop_tokens,
-        stop=stop,
-        vocab_size=vocab_size,
-        decode=decode,
-    )
-    for new in steps:
+    for new in stream(model, prompts, max_new_tokens, sampling, **options):
         for row, token in new.items():
             outputs[row].append(token)
     return outputs
 
 
-class _Rows:
-    """Each row's generated tokens and whether it has ended."""
-
-    def __init__(self, batch_size: int, stop_tokens: Collection[int], stop: StopCheck | None) -> None:
-        self.generated: list[list[int]] = [[] for _ in range(batch_size)]
-        self.ended = [False] * batch_size
-        self.stop_tokens = stop_tokens
-        self.stop = stop
-
-    def accept(self, tokens: list[int]) -> dict[int, int]:
-        """Take one sampled token per row; returns {row: token} for the rows it extends."""
-        new = {}
-        for row, token in enumerate(tokens):
-            if self.ended[row]:
-                continue
-            if token in self.stop_tokens:
-                self.ended[row] = True
-                continue
-            self.generated[row].append(token)
-            new[row] = token
-            self.ended[row] = self.stop is not None and self.stop(self.generated[row])
-        return new
-
-
-def _check_request(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, decode: str) -> None:
-    if decode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    assert max_new_tokens >= 1, max_new_tokens
-    if not prompts or any(len(prompt) == 0 for prompt in prompts):
-        raise ValueError("every prompt needs at least one token (start from <|endoftext|>)")
-    vocab_size = model.config.vocab_size
-    outside = sorted({t for prompt in prompts for t in prompt if not 0 <= t < vocab_size})
-    if outside:
-        raise ValueError(f"token ids {outside[:5]} are outside the model's vocabulary [0, {vocab_size})")
-
-
 def _left_pad(prompts: Sequence[Sequence[int]], extra_columns: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The prompts right-aligned in a (B, longest + extra_columns) tensor with room for
-    extra_columns more tokens, and how many padding columns each row starts with: (B,)."""
+    """The prompts right-aligned in a (B, longest + extra_columns) tensor, and each row's padding columns (B,)."""
     longest = max(len(prompt) for prompt in prompts)
     history = torch.zeros(len(prompts), longest + extra_columns, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         history[row, longest - len(prompt) : longest] = torch.tensor(prompt, dtype=torch.long)
-    pad = torch.tensor([longest - len(prompt) for prompt in prompts], device=device)
-    return history, pad
+    return history, torch.tensor([longest - len(prompt) for prompt in prompts], device=device)
 
 
 def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:

@@ -1,12 +1,10 @@
-"""The KV cache: the keys and values of past positions, kept so that decoding one more
-token costs one position of work instead of recomputing the whole sequence.
+"""The KV cache: the keys and values of past positions, kept so that decoding one more token costs one position of
+work instead of recomputing the whole sequence.
 
-Prompts of different lengths share one batch by left padding: the cache masks the
-padding and counts each row's positions from its first real token, so a row gets the
-tokens it would get alone. KVCache grows with what is filled; StaticKVCache keeps
-every step's shapes fixed, for a CUDA graph (cuda_graph.py). The model (gpt.py,
-attention.py) reads and writes a cache through positions, attention_mask, update and
-advance; this module needs nothing from it.
+Prompts of different lengths share one batch by left padding: the cache masks the padding and counts each row's
+positions from its first real token, so a row gets the tokens it would get alone. KVCache grows with what is filled;
+StaticKVCache keeps every step's shapes fixed, for a CUDA graph (cuda_graph.py). The model reads and writes a cache
+through positions, attention_mask, update and advance; this module needs nothing from it.
 """
 
 from __future__ import annotations
@@ -19,28 +17,19 @@ from .memory import huge_page_zeros
 
 
 class KVCache:
-    """Keys and values of every layer for a batch of left-padded sequences.
-
-    Preallocated once per layer with shape (batch, n_kv_head, max_len, head_dim), so an
-    MQA model's cache is n_head times smaller than an MHA model's. The first `length`
-    positions are filled. Row b starts with `pad[b]` padding positions that no real
-    query attends to, and its position ids count from its first real token.
-    """
+    """Keys and values of every layer for a batch of left-padded sequences, preallocated per layer as
+    (batch, n_kv_head, max_len, head_dim) (an MQA model's is n_head times smaller than MHA's; on a CPU, in huge
+    pages: a decode step streams it whole). The first `length` positions are filled. Row b starts with `pad[b]`
+    padding positions that no real query attends to, and its position ids count from its first real token."""
 
     def __init__(
-        self,
-        config: GPTConfig,
-        batch_size: int,
-        max_len: int | None = None,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
+        self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, device=None, dtype=torch.float32
+    ):
         self.max_len = max_len or config.block_size
         shape = (batch_size, config.kv_heads, self.max_len, config.head_dim)
         device = torch.device(device) if device is not None else torch.get_default_device()
-        self.keys = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
-        self.values = [_zeros(shape, dtype, device) for _ in range(config.n_layer)]
+        self.keys = [huge_page_zeros(shape, dtype, device) for _ in range(config.n_layer)]
+        self.values = [huge_page_zeros(shape, dtype, device) for _ in range(config.n_layer)]
         self.length = 0
         self.pad: Tensor | None = None  # (batch,) padding per row; None when no row is padded
 
@@ -63,27 +52,22 @@ class KVCache:
         self.pad = pad if pad is not None and bool(pad.any()) else None
 
     def positions(self, T: int) -> Tensor:
-        """Position ids of the next T tokens: (T,), or (batch, T) when rows are padded
-        (padding positions get id 0; no real query looks at them)."""
-        device = self.keys[0].device
-        pos = torch.arange(self.length, self.length + T, device=device)
-        if self.pad is None:
-            return pos
-        return (pos - self.pad[:, None]).clamp(min=0)
+        """Position ids of the next T tokens: (T,), or (batch, T) when rows are padded (padding gets 0)."""
+        pos = torch.arange(self.length, self.length + T, device=self.keys[0].device)
+        return pos if self.pad is None else (pos - self.pad[:, None]).clamp(min=0)
 
     def attention_mask(self, T: int) -> Tensor | None:
-        """Which keys each of the next T queries may attend to (see _allowed), or None
-        when plain causal attention is already exact: an empty cache (T == S) or a
-        single query, both without padding."""
+        """Which keys each of the next T queries may attend to (see _allowed), or None when plain causal attention
+        is already exact: an empty cache (T == S) or a single query, both without padding."""
         if self.pad is None and (self.length == 0 or T == 1):
             return None
         query_pos = torch.arange(self.length, self.length + T, device=self.keys[0].device)
         return _allowed(query_pos, self.length + T, self.pad)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store a layer's keys and values for the next T positions, k, v: (B, n_kv_head, T, hd),
-        B being the cache's batch or, in a prefill shared by several rows, its first B rows.
-        Returns that layer's keys and values for all positions so far: (B, n_kv_head, length + T, hd)."""
+        """Store a layer's keys and values k, v (B, n_kv_head, T, hd) at the next T positions, B being the cache's
+        batch or, in a prefill shared by several rows, its first B rows. Returns the layer's keys and values for all
+        positions so far: (B, n_kv_head, length + T, hd)."""
         B, end = k.size(0), self._check_room(k.size(2))
         self.keys[layer][:B, :, self.length : end] = k
         self.values[layer][:B, :, self.length : end] = v
@@ -91,14 +75,13 @@ class KVCache:
 
     def _check_room(self, T: int) -> int:
         """Where T more positions would end; ValueError past max_len."""
-        end = self.length + T
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        return end
+        if self.length + T > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {self.length + T} were asked for")
+        return self.length + T
 
     def spread(self, source_rows: Tensor, pad: Tensor) -> None:
-        """Give every row b the filled positions of row source_rows[b] and pad[b] padding
-        positions (both (batch,)): one prefill serves all the rows that share a prompt."""
+        """Give every row b the filled positions of row source_rows[b] and pad[b] padding positions (both (batch,)):
+        one prefill serves all the rows that share a prompt."""
         for buffer in self.keys + self.values:
             buffer[:, :, : self.length] = buffer[source_rows, :, : self.length]  # indexing copies first
         self.pad = pad if bool(pad.any()) else None
@@ -108,18 +91,10 @@ class KVCache:
         self.length += T
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A decode step streams the whole cache, so on a CPU it lives in huge pages."""
-    if device.type == "cpu":
-        return huge_page_zeros(shape, dtype)
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
 def _allowed(query_pos: Tensor, S: int, pad: Tensor | None) -> Tensor:
-    """Which of S key positions each query, at query_pos (T,), may attend to: a boolean
-    mask (1 or B, 1, T, S), causal and aligned bottom-right, hiding each row's pad[b]
-    leading padding positions. A padding query may see itself, so no softmax row is
-    empty (which gives NaN)."""
+    """Which of S key positions each query, at query_pos (T,), may attend to: a boolean mask (1 or B, 1, T, S),
+    causal and aligned bottom-right, hiding each row's pad[b] leading padding positions. A padding query may see
+    itself, so no softmax row is empty (which gives NaN)."""
     query_pos = query_pos[:, None]  # (T, 1)
     key_pos = torch.arange(S, device=query_pos.device)  # (S,)
     allowed = key_pos <= query_pos  # (T, S)
@@ -130,15 +105,12 @@ def _allowed(query_pos: Tensor, S: int, pad: Tensor | None) -> Tensor:
 
 
 class StaticKVCache(KVCache):
-    """A KVCache whose decode steps all have the same shapes and read how far the cache
-    is filled from a device tensor, not from Python: the step a CUDA graph can capture
-    once and replay (see cuda_graph.py). Every query attends over all max_len positions
-    through a mask that hides the unfilled ones, so a step costs a full-length attention.
-    """
+    """A KVCache whose decode steps all have the same shapes and read how far the cache is filled from a device
+    tensor, not from Python: the step a CUDA graph can capture once and replay (see cuda_graph.py). Every query
+    attends over all max_len positions through a mask that hides the unfilled ones (a full-length attention)."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, **placement) -> None:
-        """As KVCache; placement: its device= and dtype=."""
-        super().__init__(config, batch_size, max_len, **placement)
+        super().__init__(config, batch_size, max_len, **placement)  # placement: device= and dtype=
         device = self.keys[0].device
         self.filled = torch.zeros((), dtype=torch.long, device=device)  # `length` on the device
         self.pad_rows = torch.zeros(batch_size, dtype=torch.long, device=device)  # `pad`, always a tensor
@@ -169,8 +141,8 @@ class StaticKVCache(KVCache):
         return _allowed(self._query_positions(T), self.max_len, self.pad_rows[: self.rows])
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v (rows, n_kv_head, T, hd) at the next T positions; returns the whole
-        buffers (rows, n_kv_head, max_len, hd), which the mask limits to what is filled."""
+        """Store k, v (rows, n_kv_head, T, hd) at the next T positions; returns the whole buffers
+        (rows, n_kv_head, max_len, hd), which the mask limits to what is filled."""
         self._check_room(k.size(2))
         where = self._query_positions(k.size(2))
         keys, values = self.keys[layer][: self.rows], self.values[layer][: self.rows]
