@@ -1,23 +1,18 @@
-"""A run's checkpoints, kept by one manager, and how anyone finds and reads one.
+"""A run's checkpoints: `Checkpoints` keeps them as the run's one writer (save, prune, the links,
+`latest`, a resume's restore); anyone finds one (`find_checkpoint`) and reads it (`load_checkpoint`).
 
     <run_dir>/checkpoints/
         step_000250/  model.safetensors  weights only (safe to load from anyone)
                       config.yaml        model + data + tokenizer: enough to rebuild the model
                       tokenizer.json     a trained tokenizer (data.tokenizer=bpe), which config.yaml names
-                      state.pt           optimizer, scaler, step, RNG states (tensors and plain
-                                         containers only, loaded with weights_only=True)
-                      SHA256SUMS         the sha256 of each file above (`sha256sum -c` reads it),
-                                         checked whenever the checkpoint is read
+                      state.pt           optimizer, scaler, step, RNG states (loaded with weights_only=True)
+                      SHA256SUMS         each file's sha256 (`sha256sum -c` reads it), checked on every read
         latest -> step_000250            the newest complete checkpoint
         best   -> step_000250            the one with the lowest validation loss
 
-The run's one writer keeps them with `Checkpoints` (save, prune, the links, `latest`, the
-steps, a resume's restore); anyone finds one (`find_checkpoint`) and reads it (`load_checkpoint`).
-
-A checkpoint is written into a temporary directory, fsynced and renamed into
-place, and only then does `latest` move (an atomic symlink swap), so a crash or a
-kill at any moment leaves the previous good checkpoint where it was. A save that
-fails (a full disk) removes its temporary directory and says which checkpoint is intact.
+A save is written into a temporary directory, fsynced and renamed into place before `latest` moves (an
+atomic symlink swap): a kill at any moment leaves the previous good checkpoint; a failed save (a full disk)
+removes its temporary directory and says which checkpoint is intact.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +43,9 @@ from system import UserError, fsync, point_link, replace_keeping_links_valid
 
 WEIGHTS, CONFIG, STATE, DIGESTS = "model.safetensors", "config.yaml", "state.pt", "SHA256SUMS"
 CHECKPOINTS = "checkpoints"
-STEP_DIR = re.compile(r"^step_(\d+)$")
 # What state.pt holds, by key and type: anything else is not a training state of train.py.
 STATE_FIELDS = {"step": int, "best_val_loss": float, "optimizer": dict, "scaler": dict, "rng": list}
+LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
 
 
 class CheckpointError(UserError):
@@ -85,8 +80,7 @@ class Checkpoint:
 
     def check_finite(self) -> None:
         """Refuse weights holding inf or NaN (train.py never saves them; another tool might)."""
-        bad = non_finite(self.model_state)
-        if bad:
+        if bad := non_finite(self.model_state):
             raise CheckpointError(
                 f"{self.path} holds non-finite weights (inf or NaN) in {bad}: the run diverged "
                 "before this save; use an earlier checkpoint of the run (checkpoints/step_*)"
@@ -106,7 +100,21 @@ class Checkpoint:
                 f"corrupt training state {path}: {reason}; resume from another checkpoint of "
                 "the run (checkpoints/step_*)"
             ) from err
-        _check_state(state, path)
+        if not isinstance(state, dict):
+            problems = [f"it holds a {type(state).__name__}, not a dict"]
+        else:
+            problems = [
+                f"{key!r} missing"
+                if key not in state
+                else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
+                for key, kind in STATE_FIELDS.items()
+                if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+            ]
+        if problems:
+            raise CheckpointError(
+                f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
+                "another checkpoint of the run, or start a new run from these weights with init_from=checkpoint"
+            )
         return state
 
 
@@ -117,30 +125,28 @@ def write_digests(path: Path) -> None:
     (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
 
 
-def drop_state(path: Path) -> None:
-    """Delete checkpoint `path`'s state.pt and its line in SHA256SUMS, so that `sha256sum -c`
-    still checks what is left (the other lines stand as recorded: no file is read again)."""
-    listing = path / DIGESTS
-    if listing.exists():
-        kept = [
-            line
-            for line in listing.read_text(encoding="utf-8").splitlines(keepends=True)
-            if line.rstrip("\n").split("  ", 1)[-1] != STATE
-        ]
-        listing.write_text("".join(kept), encoding="utf-8")
-    (path / STATE).unlink(missing_ok=True)
-
-
 def verify_digests(path: Path, names: list[str]) -> None:
-    """Check files of checkpoint `path` against its SHA256SUMS (checkpoints saved before
-    digests were recorded have none, and are read unchecked)."""
+    """Check files of checkpoint `path` against its SHA256SUMS (older checkpoints have none, and are read unchecked)."""
     listing = path / DIGESTS
+
+    def damaged(why: str) -> CheckpointError:  # truncated, edited, not text
+        return CheckpointError(
+            f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
+            f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked"
+        )
+
     if not listing.exists():
         return
-    recorded = read_digests(listing)
+    try:
+        lines = [line.split("  ", 1) for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise damaged(getattr(err, "strerror", None) or str(err)) from err
+    if malformed := [" ".join(line) for line in lines if len(line) != 2 or not re.fullmatch(r"[0-9a-f]{64}", line[0])]:
+        raise damaged(f"{malformed[0]!r} is not '<sha256>  <file>'")
+    recorded = {name: digest for digest, name in lines}
     for name in names:
         if name not in recorded:
-            raise _damaged_digests(listing, f"{name} is not listed")
+            raise damaged(f"{name} is not listed")
         if file_sha256(path / name) != recorded[name]:
             raise CheckpointError(
                 f"{path / name} does not match the sha256 recorded when it was saved: the file is damaged; "
@@ -148,34 +154,10 @@ def verify_digests(path: Path, names: list[str]) -> None:
             )
 
 
-def read_digests(listing: Path) -> dict[str, str]:
-    """{file name: sha256} from a SHA256SUMS listing; CheckpointError naming it when it is
-    not one (truncated, edited, not text)."""
-    try:
-        lines = [line.split("  ", 1) for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as err:
-        raise _damaged_digests(listing, getattr(err, "strerror", None) or str(err)) from err
-    malformed = [" ".join(line) for line in lines if len(line) != 2 or not re.fullmatch(r"[0-9a-f]{64}", line[0])]
-    if malformed:
-        raise _damaged_digests(listing, f"{malformed[0]!r} is not '<sha256>  <file>'")
-    return {name: digest for digest, name in lines}
-
-
-def _damaged_digests(listing: Path, why: str) -> CheckpointError:
-    return CheckpointError(
-        f"{listing} is damaged ({why}): the checkpoint's files cannot be checked; use another "
-        f"checkpoint of the run (checkpoints/step_*), or delete {listing.name} to load them unchecked"
-    )
-
-
 def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
-    """Resolve what the user asked for to one checkpoint directory.
-
-    target may be a checkpoint directory, a run directory (its latest checkpoint), a
-    checkpoints/ directory, or None for the latest checkpoint of the run saved most
-    recently anywhere under runs_root (sweep members included). `setting` is what the
-    user would pass a path as, for the message when there is none.
-    """
+    """One checkpoint directory from a checkpoint, run or checkpoints/ directory, or (None) the latest
+    checkpoint of the run saved most recently under runs_root, sweep members included. `setting` is
+    what the user would pass a path as, for the message when there is none."""
     if target is None:
         links = (d / "latest" for d in Path(runs_root).glob(f"**/{CHECKPOINTS}"))  # a dangling one too
         runs = sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)
@@ -194,8 +176,7 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
         if link.is_symlink():
             return _follow_latest(link)
     for root in (path, path / CHECKPOINTS):  # a run whose `latest` link was lost
-        newest = _newest_complete(root) if root.is_dir() else None
-        if newest is not None:
+        if newest := _newest_complete(root):
             print(
                 f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}", file=sys.stderr
             )
@@ -206,49 +187,39 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
 
 
 def _follow_latest(link: Path) -> Path:
-    """Where a `latest` link leads; if its checkpoint is gone, the newest complete one
-    left, said on stderr."""
+    """Where a `latest` link leads; if its checkpoint is gone, the newest complete one left, said on stderr."""
     if (link / WEIGHTS).is_file():
         return link.resolve()
-    newest = _newest_complete(link.parent)
+    newest, gone = _newest_complete(link.parent), f"{link} leads to {os.readlink(link)}, which is gone"
     if newest is None:
-        raise CheckpointError(
-            f"{link} leads to {os.readlink(link)}, which is gone, and no other checkpoint is left in {link.parent}"
-        )
-    print(
-        f"warning: {link} leads to {os.readlink(link)}, which is gone or incomplete; using the newest complete "
-        f"checkpoint left, {newest}",
-        file=sys.stderr,
-    )
+        raise CheckpointError(f"{gone}, and no other checkpoint is left in {link.parent}")
+    print(f"warning: {gone} or incomplete; using the newest complete checkpoint left, {newest}", file=sys.stderr)
     return newest.resolve()
 
 
 def _newest_complete(root: Path) -> Path | None:
     """The newest step checkpoint under root that has its weights and config."""
-    complete = [p for p in step_dirs(root) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()]
-    return complete[-1] if complete else None
+    return next((p for p in reversed(step_dirs(root)) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()), None)
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    """Whether a run has saved a checkpoint: its `latest` link exists (even if what it led
-    to was deleted since) or a complete step directory does; the temporaries of
-    interrupted saves do not count."""
+    """Whether a run has saved a checkpoint: a `latest` link (even dangling) or a complete step directory."""
     root = Path(run_dir) / CHECKPOINTS
-    return root.is_dir() and ((root / "latest").is_symlink() or _newest_complete(root) is not None)
+    return (root / "latest").is_symlink() or _newest_complete(root) is not None
 
 
 def step_dirs(root: Path) -> list[Path]:
-    """The step checkpoints under root, oldest first (by step number, not by name:
-    step_1000000 is newer than step_999999)."""
-    steps = (p for p in root.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink())
-    return sorted(steps, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    """The step checkpoints under root, oldest first (by number: step_1000000 is newer than step_999999)."""
+    if not root.is_dir():
+        return []
+    steps = (p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and not p.is_symlink())
+    return sorted(steps, key=lambda p: int(p.name[5:]))
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint's config and weights (to CPU); raises CheckpointError on damage."""
     path = Path(path)
-    missing = [name for name in (WEIGHTS, CONFIG) if not (path / name).is_file()]
-    if missing:
+    if missing := [name for name in (WEIGHTS, CONFIG) if not (path / name).is_file()]:
         raise CheckpointError(f"incomplete checkpoint {path}: missing {', '.join(missing)}")
     verify_digests(path, [WEIGHTS, CONFIG])
     try:
@@ -268,46 +239,21 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load weights saved by Checkpoints.save (or from a compiled / DDP model's
-    state_dict) into `model`, explaining any mismatch in plain words."""
+    """Load weights saved by Checkpoints.save (or a compiled / DDP model's) into `model`, explaining any mismatch."""
     target = unwrap_model(model)
     state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
     expected = {name: tensor.shape for name, tensor in target.state_dict().items()}
-    problems = fit_problems(state, expected, "the checkpoint", "the model", optional=stored_once(target))
-    if problems:
+    if problems := fit_problems(state, expected, "the checkpoint", "the model", optional=stored_once(target)):
         raise CheckpointError(f"checkpoint does not fit this model (a different model shape?): {problems}")
     target.load_state_dict(state, strict=False)
 
 
-def _check_state(state: object, path: Path) -> None:
-    if not isinstance(state, dict):
-        problems = [f"it holds a {type(state).__name__}, not a dict"]
-    else:
-        problems = [
-            f"{key!r} missing" if key not in state else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
-            for key, kind in STATE_FIELDS.items()
-            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
-        ]
-    if problems:
-        raise CheckpointError(
-            f"{path} is not a training state of train.py ({'; '.join(problems)}): resume from "
-            "another checkpoint of the run, or start a new run from these weights with "
-            "init_from=checkpoint"
-        )
-
-
-LEFTOVERS = (".tmp_", ".stale_")  # directories of saves that were interrupted
-LINKS = ("latest", "best")  # the checkpoints they lead to are never deleted
-
-
 class Checkpoints:
-    """The checkpoints of the run in `run_dir`, as its one writer keeps them (train.py holds
-    the run's lock): every save keeps the newest `keep_last` and whatever `latest` and `best`
-    lead to; keep_state="latest" leaves state.pt in the newest only (the others keep weights)."""
+    """The checkpoints of the run in `run_dir`, as its one writer (train.py holds the lock) keeps them: a save
+    keeps the newest `keep_last` and what `latest` and `best` lead to; keep_state="latest" keeps state.pt in one."""
 
     def __init__(self, run_dir: str | Path, *, keep_last: int = 3, keep_state: str = "all") -> None:
-        self.run_dir = Path(run_dir)
-        self.root = self.run_dir / CHECKPOINTS
+        self.root = Path(run_dir) / CHECKPOINTS
         self.keep_last, self.keep_state = keep_last, keep_state
 
     def latest(self) -> Path | None:
@@ -315,51 +261,68 @@ class Checkpoints:
         link lost, dangling or a loop) the newest complete one; None before the first."""
         if (self.root / "latest" / WEIGHTS).is_file():
             return (self.root / "latest").resolve()
-        return _newest_complete(self.root) if self.root.is_dir() else None
-
-    def steps(self) -> list[Path]:
-        """The step checkpoints, oldest first (by step number: step_1000000 is newer than step_999999)."""
-        return step_dirs(self.root) if self.root.is_dir() else []
+        return _newest_complete(self.root)
 
     def save(
-        self,
-        step: int,
-        model: nn.Module,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        *,
-        is_best: bool = False,
-        files: dict[str, str] | None = None,
+        self, step: int, model: nn.Module, config: dict, state: dict, is_best: bool = False, files: dict | None = None
     ) -> Path:
-        """Write checkpoint `step`, point `latest` (and `best` if is_best) at it, then prune.
-        `config` is its config.yaml, `state` its state.pt; `files` are written beside
-        config.yaml by name (the tokenizer's, Tokenizer.files()). Returns its path."""
+        """Write checkpoint `step` (config.yaml, state.pt, and `files` by name: Tokenizer.files()), point
+        `latest` (and `best` if is_best) at it, then prune; returns its path."""
         final = self.root / f"step_{step:06d}"
-        weights = {
-            k: v.detach().contiguous()
-            for k, v in unwrap_model(model).state_dict().items()
-            if k not in stored_once(model)
-        }
-        _check_finite(weights, final)
+        shared = stored_once(model)
+        weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k not in shared}
+        if bad := non_finite(weights):
+            raise CheckpointError(
+                f"refusing to write {final}: non-finite weights in {bad}; the earlier checkpoints are untouched"
+            )
         tmp = self.root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            _write_files(tmp, weights, config, state, files or {})
-            self._move_into_place(tmp, final, is_best)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            save_file(weights, tmp / WEIGHTS)
+            OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
+            torch.save(state, tmp / STATE)
+            for name, content in (files or {}).items():
+                (tmp / name).write_text(content, encoding="utf-8")
+            write_digests(tmp)  # last: the digests of complete files
+            for path in [*tmp.iterdir(), tmp]:
+                fsync(path)
+            best = self.root / "best"
+            links = [self.root / "latest"] + ([best] if is_best else [])
+            if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
+                leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
+                stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
+                replace_keeping_links_valid(final, tmp, links + leads_here, stale)
+            else:
+                tmp.rename(final)
+                fsync(self.root)
+            for link in links:
+                point_link(link, final)
+            fsync(self.root)
             self.prune()
         except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
-            raise self._save_failed(err, tmp, final) from err
-        if self.keep_state == "latest":
-            for older in self.steps():
-                if older != final and (older / STATE).exists():
-                    drop_state(older)
+            low = self.root.is_dir() and shutil.disk_usage(self.root).free < 2**20
+            what = f"could not write the checkpoint ({type(err).__name__}: {err})"
+            if getattr(err, "errno", None) == errno.ENOSPC or low:  # a full disk, whichever library reported it
+                what = "no space left on device"
+            if tmp.resolve() not in self._linked():  # unless a re-save already pointed a link at it
+                shutil.rmtree(tmp, ignore_errors=True)
+            intact = self.latest()
+            intact = f"the last good checkpoint {intact} is intact" if intact else "there is no earlier checkpoint"
+            raise CheckpointError(f"{what} writing checkpoint {final}; {intact}") from err
+        if self.keep_state == "latest":  # the others' state.pt and its line in SHA256SUMS go; no file is read again
+            for listing in [p / DIGESTS for p in step_dirs(self.root) if p != final and (p / STATE).exists()]:
+                if listing.exists():
+                    lines = listing.read_text(encoding="utf-8").splitlines(keepends=True)
+                    kept = "".join(line for line in lines if line.rstrip("\n").split("  ", 1)[-1] != STATE)
+                    listing.write_text(kept, encoding="utf-8")
+                (listing.parent / STATE).unlink(missing_ok=True)
         return final
 
     def prune(self) -> None:
-        """Delete all but the newest keep_last step checkpoints and leftovers of interrupted
-        saves, never what `latest` or `best` leads to."""
-        protected = self._linked()
-        steps = self.steps()
+        """Delete all but the newest keep_last step checkpoints (not what `latest` or `best` leads to) and leftovers."""
+        protected, steps = self._linked(), step_dirs(self.root)
         for old in steps[: max(len(steps) - self.keep_last, 0)]:
             if old.resolve() not in protected:
                 shutil.rmtree(old)
@@ -370,12 +333,9 @@ class Checkpoints:
         still leads to; call it only as the run's one writer. Returns what it removed."""
         if not self.root.is_dir():
             return []
-        protected = self._linked()
-        leftovers = [
-            p
-            for p in self.root.iterdir()
-            if p.name.startswith(LEFTOVERS) and p.is_dir() and p.resolve() not in protected
-        ]
+        kept = self._linked()
+        leftovers = [p for p in self.root.iterdir() if p.name.startswith(LEFTOVERS) and p.is_dir()]
+        leftovers = [p for p in leftovers if p.resolve() not in kept]
         for leftover in leftovers:
             shutil.rmtree(leftover)
         return leftovers
@@ -392,10 +352,11 @@ class Checkpoints:
     ) -> tuple[int, float, str]:
         """Load a checkpoint's weights and training state; returns (step, best val loss, a line to print)."""
         if checkpoint.model_config != model.config:
+            saved, asked = asdict(checkpoint.model_config), asdict(model.config)
             raise CheckpointError(
                 f"checkpoint {checkpoint.path} holds a different model: "
-                f"{model_differences(checkpoint.model_config, model.config)}; "
-                "a resume continues the saved model: drop those overrides, or start a new run from it "
+                + "; ".join(f"model.{k}: {v!r} saved, {asked[k]!r} asked" for k, v in saved.items() if v != asked[k])
+                + "; a resume continues the saved model: drop those overrides, or start a new run from it "
                 "(init_from=checkpoint)"
             )
         checkpoint.check_finite()
@@ -412,8 +373,7 @@ class Checkpoints:
             scaler.load_state_dict(state["scaler"])
         step, rng_states = state["step"], state["rng"]
         note = f"resumed from {checkpoint.path} at step {step}; {max(config.max_iters - step, 0)} steps to go"
-        latest = self.latest()
-        if latest is not None and latest != checkpoint.path.resolve():
+        if (latest := self.latest()) not in (None, checkpoint.path.resolve()):
             note += f" (an older checkpoint than latest, {latest.name}: " + (
                 "the log after it is replaced as the run goes on)"
                 if step < config.max_iters
@@ -429,72 +389,6 @@ class Checkpoints:
             )
         return step, state["best_val_loss"], note
 
-    def _move_into_place(self, tmp: Path, final: Path, is_best: bool) -> None:
-        """Rename the complete checkpoint tmp to final, then point `latest` (and `best`) at it."""
-        best = self.root / "best"
-        links = [self.root / "latest"] + ([best] if is_best else [])
-        if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
-            leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
-            stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
-            replace_keeping_links_valid(final, tmp, links + leads_here, stale)
-        else:
-            tmp.rename(final)
-            fsync(self.root)
-        for link in links:
-            point_link(link, final)
-        fsync(self.root)
-
-    def _save_failed(self, err: Exception, tmp: Path, final: Path) -> CheckpointError:
-        """The error of a save that failed, saying which checkpoint is intact, once its
-        temporary directory is gone (unless a re-save already pointed a link at it)."""
-        what = f"{_write_failure(err, self.root)} writing checkpoint {final}"
-        if tmp.resolve() not in self._linked():
-            shutil.rmtree(tmp, ignore_errors=True)
-        intact = self.latest()
-        intact = f"the last good checkpoint {intact} is intact" if intact else "there is no earlier checkpoint"
-        return CheckpointError(f"{what}; {intact}")
-
     def _linked(self) -> set[Path]:
         """The checkpoints `latest` and `best` lead to."""
-        return {(self.root / name).resolve() for name in LINKS if (self.root / name).exists()}
-
-
-def _write_files(
-    tmp: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], state: dict[str, Any], files: dict[str, str]
-) -> None:
-    """The checkpoint's files in `tmp`, fsynced, with their digests written last."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(weights, tmp / WEIGHTS)
-    OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
-    torch.save(state, tmp / STATE)
-    for name, content in files.items():
-        (tmp / name).write_text(content, encoding="utf-8")
-    write_digests(tmp)
-    for path in tmp.iterdir():
-        fsync(path)
-    fsync(tmp)
-
-
-def _write_failure(err: Exception, root: Path) -> str:
-    """A full disk in plain words, whichever library reported it (torch's message names no errno)."""
-    if getattr(err, "errno", None) == errno.ENOSPC or (root.is_dir() and shutil.disk_usage(root).free < 2**20):
-        return "no space left on device"
-    return f"could not write the checkpoint ({type(err).__name__}: {err})"
-
-
-def model_differences(saved: GPTConfig, asked: GPTConfig) -> str:
-    """'model.<field>: <saved> saved, <asked> asked' for each setting the two configs differ in."""
-    return "; ".join(
-        f"model.{f.name}: {getattr(saved, f.name)!r} saved, {getattr(asked, f.name)!r} asked"
-        for f in fields(GPTConfig)
-        if getattr(saved, f.name) != getattr(asked, f.name)
-    )
-
-
-def _check_finite(weights: dict[str, torch.Tensor], destination: Path) -> None:
-    bad = non_finite(weights)
-    if bad:
-        raise CheckpointError(
-            f"refusing to write {destination}: non-finite weights in {bad}; the earlier checkpoints are untouched"
-        )
+        return {(self.root / name).resolve() for name in ("latest", "best") if (self.root / name).exists()}
