@@ -8,12 +8,9 @@
     python sample.py "def main(" weights=int8               # int8 weights: fewer bytes per token on a CPU
     python sample.py init_from=hf model_path=gpt2 "Hello, I'm a language model,"   # OpenAI's GPT-2
 
-The story: check the settings, load a checkpoint (weights through safetensors only,
-nothing unpickled) and the tokenizer it was trained with, or import a Hugging Face model
-as train.py's init_from=hf does, with GPT-2's tokenizer; rebuild the model (its Linear weights
-in the `weights` format), encode the prompt, then generate every sample in one batch
-with the KV-cached engine (one prefill for all of them), printing the first sample as it
-grows and the others at the end.
+The story: check the settings, load a checkpoint (safetensors only) and its tokenizer, or import a Hugging Face
+model as train.py's init_from=hf does; rebuild the model (its Linear weights in the `weights` format), encode the
+prompt, then generate every sample in one batch with the KV-cached engine, printing the first as it grows.
 """
 
 from __future__ import annotations
@@ -90,37 +87,22 @@ def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
             live.add(tokenizer.decode_bytes([new[0]]))
     if live:
         live.finish(completions[0].text())
-        for completion in completions[1:]:
-            out.write(SEPARATOR + prompt + completion.text())
-        out.write("\n")
+        out.write("".join(SEPARATOR + prompt + completion.text() for completion in completions[1:]) + "\n")
         out.flush()
-    return {
-        "checkpoint": str(source),  # init_from=hf: the transformers directory read
-        "prompt": prompt,
-        "settings": {
-            **{
-                name: getattr(config, name)
-                for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")
-            },
-            "stop": stops,
-        },  # as matched: a typed \n is a newline
-        "samples": [c.summary(config.max_new_tokens) for c in completions],
-    }
+    names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "weights", "decode")
+    settings = {name: getattr(config, name) for name in names} | {"stop": stops}  # as matched: a typed \n is a newline
+    samples = [c.summary(config.max_new_tokens) for c in completions]
+    # checkpoint: with init_from=hf, the transformers directory read
+    return {"checkpoint": str(source), "prompt": prompt, "settings": settings, "samples": samples}
 
 
 def load_sampled_model(config: SampleConfig, device: torch.device, dtype: torch.dtype) -> tuple[Path, Tokenizer, GPT]:
-    """Where the weights were read from, their tokenizer and the model ready to generate:
-    a gptlab checkpoint, or (init_from=hf) a Hugging Face model imported as train.py imports it.
-    The checkpoint's own copy of the weights is let go here: the model holds them."""
+    """Where the weights were read from, their tokenizer and the model ready to generate (a gptlab checkpoint, or a
+    Hugging Face model with init_from=hf); the checkpoint's own copy of the weights is let go here."""
     hf = config.init_from == "hf"
+    target = config.model_path if hf else config.checkpoint
     model, tokenizer, checkpoint = load_model(
-        config.model_path if hf else config.checkpoint,
-        config.runs_root,
-        device,
-        dtype,
-        weights=config.weights,
-        decode=config.decode,
-        hf=hf,
+        target, config.runs_root, device, dtype, weights=config.weights, decode=config.decode, hf=hf
     )
     if not hf and config.checkpoint is None:
         print(f"sampling from {checkpoint.path} (saved most recently under {config.runs_root}/)", file=sys.stderr)
@@ -187,18 +169,14 @@ class Completion:
         self.tokenizer, self.stops = tokenizer, stops
         self.tokens: list[int] = []
 
-    def raw_text(self) -> str:
-        return self.tokenizer.decode(self.tokens)
-
     def text(self) -> str:
-        return cut_at_stop(self.raw_text(), self.stops)[0]
+        return cut_at_stop(self.tokenizer.decode(self.tokens), self.stops)[0]
 
     def summary(self, max_new_tokens: int) -> dict[str, Any]:
-        if cut_at_stop(self.raw_text(), self.stops)[1]:
-            reason = "stop"
-        else:  # only <|endoftext|> ends a sample early besides a stop string
-            reason = "length" if len(self.tokens) == max_new_tokens else "eot"
-        return {"text": self.text(), "new_tokens": len(self.tokens), "finish_reason": reason}
+        text, stopped = cut_at_stop(self.tokenizer.decode(self.tokens), self.stops)
+        # only <|endoftext|> ends a sample early besides a stop string
+        reason = "stop" if stopped else "length" if len(self.tokens) == max_new_tokens else "eot"
+        return {"text": text, "new_tokens": len(self.tokens), "finish_reason": reason}
 
 
 class LiveText:

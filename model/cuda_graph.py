@@ -1,10 +1,8 @@
 """A decode step captured once as a CUDA graph and replayed for every later token.
 
-At batch 1 a GPU decode step is a few hundred small kernels, and launching them from
-Python takes longer than running them. A CUDA graph records the launches of one step
-against fixed input and output tensors; replaying it launches them all at once. That
-needs a step whose shapes never change and whose state lives on the device: a
-StaticKVCache (kv_cache.py) gives both.
+At batch 1 a GPU decode step is a few hundred small kernels, which Python launches slower than they run; a CUDA
+graph replays one step's launches at once, against fixed tensors. That needs a step whose shapes never change and
+whose state lives on the device: a StaticKVCache (kv_cache.py) gives both.
 """
 
 from __future__ import annotations
@@ -19,13 +17,9 @@ WARMUP_STEPS = 2  # eager runs on a side stream before capture, as torch asks fo
 
 
 class GraphedDecodeStep:
-    """model(tokens (B, 1), kv_cache=cache, last_only=True) as a replayable CUDA graph.
-
-    Captured at the first call, from wherever the cache then stands; every call writes
-    the tokens into the graph's input, replays it (storing keys and values and moving
-    the cache on by one position) and returns the next-token logits (B, vocab) in the
-    graph's output tensor, which the next call overwrites.
-    """
+    """model(tokens (B, 1), kv_cache=cache, last_only=True) as a CUDA graph, captured at the first call from
+    wherever the cache then stands. Each call replays it (storing keys and values, moving the cache on by one) and
+    returns the next-token logits (B, vocab) in the graph's output tensor, which the next call overwrites."""
 
     def __init__(self, model: GPT, cache: StaticKVCache) -> None:
         device = cache.keys[0].device
@@ -55,13 +49,10 @@ class GraphedDecodeStep:
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 self._step()
-                self._rewind()
+                self.cache.length -= 1
+                self.cache.filled -= 1
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = self._step()
         self.cache.length -= 1  # capture records the kernels without running them
-
-    def _rewind(self) -> None:
-        self.cache.length -= 1
-        self.cache.filled -= 1

@@ -1,13 +1,7 @@
-"""Weights laid out for decoding on a CPU.
-
-Decoding one token multiplies every weight matrix by a vector, so a batch-1 decode
-step streams all the weights from memory once and its speed is how fast they arrive.
-Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset):
-- orientation: BLAS streams a matrix faster along its longer dimension, so a weight
-  with at least as many outputs as inputs is stored column-major (about 1.4x faster
-  than PyTorch's row-major default);
-- pages: all weights share one buffer of huge pages (see memory.py; 1.01-1.11x faster
-  decode in side-by-side runs, and every matrix streams 5-15% faster).
+"""Weights laid out for decoding on a CPU, where a batch-1 decode step streams every weight once and runs as fast
+as they arrive. Two choices make CPU BLAS read them faster (bench/decode.py, gpt2 preset): a weight with at least
+as many outputs as inputs stored column-major (BLAS streams along the longer dimension; about 1.4x faster), and all
+weights in one buffer of huge pages (memory.py; 1.01-1.11x faster decode, each matrix streaming 5-15% faster).
 """
 
 from __future__ import annotations
@@ -22,21 +16,11 @@ _ALIGN = 64  # bytes: every packed weight starts on a cache line
 
 
 def to_decode_layout(model: GPT, huge_pages: bool = True) -> GPT:
-    """Repack every Linear weight on the CPU for matrix-vector products, keeping its
-    shape, values and Parameter (tied weights stay tied): column-major when it has at
-    least as many outputs as inputs, row-major otherwise, all in one buffer of huge
-    pages (huge_pages=False: ordinary memory, for comparison). Weights on other devices
-    are left as they are. Returns the model, repacked in place.
-
-    The last step of preparing a model for inference, after its device, dtype and weight
-    format: the layout belongs to the weights' memory, and a later .to(dtype), .half() or
-    move puts each converted weight in memory of its own. torch keeps the strides of a
-    dense tensor it converts, so the values and the orientation survive and only the
-    shared buffer is lost; calling to_decode_layout again restores it. Every weight is a
-    view of the shared buffer, so torch.save of a single weight would carry all of them
-    (clone it first).
-    """
-    assert isinstance(model, GPT), type(model)
+    """Repack every Linear weight on the CPU in place, keeping its shape, values and Parameter (tied weights stay
+    tied): column-major when it has at least as many outputs as inputs, all in one buffer of huge pages
+    (huge_pages=False: ordinary memory). The last step of preparing a model for inference, after device, dtype and
+    weight format: a later .to(dtype) or move keeps values and orientation but loses the shared buffer (call this
+    again). Every weight is a view of the buffer, so torch.save of one weight would carry all (clone it first)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     weights = [w for w in weights.values() if w.device.type == "cpu"]
     starts = [0]

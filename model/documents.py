@@ -1,15 +1,10 @@
 """Document masks: attention that stays inside each document of a training window.
 
-A window drawn from the token stream can span several documents: the shards put the
-end-of-text token before every document but the first (data/shards.py), so that token
-opens a document. With GPTConfig.document_masks a query attends only to earlier keys of
-its own document (a block-causal mask) and positions restart at each document's opening,
-so every document of a window is computed exactly as if it were alone (rotary positions
-would give the same scores without the restart, which changes only what learned
-positions see). On CUDA the mask is a FlexAttention block mask and the attention its
-compiled kernel, which skips the blocks the mask empties; elsewhere (and with dropout,
-which FlexAttention lacks) it is a boolean mask for scaled_dot_product_attention or
-manual attention. Generation is one document: the KV-cache path never masks documents.
+The shards put the end-of-text token before every document but the first (data/shards.py), so it opens one. With
+GPTConfig.document_masks a query attends only to earlier keys of its own document and positions restart at each
+opening, so every document of a window is computed as if alone. On CUDA the mask is a FlexAttention block mask (its
+compiled kernel skips the blocks the mask empties); elsewhere, and with dropout, a boolean mask for SDPA or manual
+attention. Generation is one document: the KV-cache path never masks documents.
 """
 
 from __future__ import annotations

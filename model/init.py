@@ -1,13 +1,9 @@
-"""GPT-2's initialisation, drawn so that models of different attention layouts share
-every weight their shapes allow.
+"""GPT-2's initialisation, drawn so that models of different attention layouts share every weight their shapes allow.
 
-Each block of weights draws from its own generator, seeded from a single number taken
-from torch's global generator and the block's name. After the same torch.manual_seed,
-MHA, GQA and MQA models therefore start with identical embeddings, MLPs, output
-projections and query weights, and the key/value heads a model has equal the MHA
-model's first ones; a model widened by match_mha_params shares MHA's 4 * n_embd MLP
-units and draws only the extra ones afresh. Ablation arms paired by seed then differ
-where the attention layout makes them differ, and nowhere else.
+Each block of weights draws from its own generator, seeded from one number taken from torch's global generator and
+the block's name. After the same torch.manual_seed, MHA, GQA and MQA models start with identical embeddings, MLPs,
+output and query weights, and the key/value heads a model has equal the MHA model's first ones (match_mha_params
+draws only its extra MLP units afresh): ablation arms paired by seed differ only where the layout makes them.
 """
 
 from __future__ import annotations
@@ -22,21 +18,16 @@ STD = 0.02  # GPT-2's
 
 
 def draw_seed() -> int:
-    """The one number a model's initialisation takes from torch's global generator. Drawn
-    before any layer is built: building them draws a shape-dependent amount. A model built
-    on the meta device (shapes only) draws nothing, so counting parameters never moves
-    the random streams of a run."""
+    """The one number a model's initialisation takes from torch's global generator, before building any layer
+    draws a shape-dependent amount; on the meta device (shapes only) none, so counting never moves a run's streams."""
     if torch.empty(0).is_meta:
         return 0
     return int(torch.randint(0, 2**62, (), device="cpu").item())
 
 
 def init_weights(model: nn.Module, seed: int) -> None:
-    """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, norms as
-    built (gains of one, LayerNorm's biases zero); the projections that write into the
-    residual stream get 0.02 / sqrt(2 * n_layer),
-    because each block adds two of them to the stream; with zero_init_proj those two
-    (attn.c_proj, mlp.c_proj) start at zero instead."""
+    """Normal(0, 0.02) weights for every Linear and Embedding, zero biases, norms as built; the projections into the
+    residual stream get 0.02 / sqrt(2 * n_layer), as each block adds two (zero with zero_init_proj)."""
     config = model.config
     residual_std = STD / math.sqrt(2 * config.n_layer)
     seen: set[int] = set()  # a tied head is the token table: initialise it once
@@ -78,7 +69,5 @@ def _draw(weight: Tensor, index: tuple, std: float, seed: int) -> None:
     if target.numel() == 0:
         return
     generator = torch.Generator().manual_seed(seed)  # a CPU generator uses 32 bits of its seed
-    values = torch.empty(target.shape, device="cpu").normal_(
-        0.0, std, generator=generator
-    )  # on the CPU: one stream anywhere
-    target.copy_(values)
+    # On the CPU: one stream anywhere.
+    target.copy_(torch.empty(target.shape, device="cpu").normal_(0.0, std, generator=generator))

@@ -1,14 +1,10 @@
 """Weights in fewer bytes for decoding: bf16, or int8 with one scale per output channel.
 
-A batch-1 decode step reads every weight once, so it runs as fast as the weights
-arrive from memory: bf16 halves the bytes of fp32 and int8 quarters them. Only the
-Linear weights change format (and a tied token table, which is the LM head's weight; an
-untied one stays as it is, a lookup reading only its rows); the norms, biases, the
-position table, the residual stream and the KV cache keep the activation dtype. Each
-product rounds its input to bf16 and accumulates in fp32, as torch's CPU kernels for
-these formats do, and returns to the activation dtype.
-
-The stored weights are integer tensors (int8 values, and bf16 bit patterns kept as
+A batch-1 decode step reads every weight once, so it runs as fast as the weights arrive from memory: bf16 halves
+the bytes of fp32 and int8 quarters them. Only the Linear weights change format (and a tied token table, the LM
+head's weight; an untied one stays, a lookup reading only its rows); norms, biases, the position table, the residual
+stream and the KV cache keep the activation dtype. Each product rounds its input to bf16 and accumulates in fp32, as
+torch's CPU kernels for these formats do. The stored weights are integer tensors (int8 values, bf16 bit patterns as
 int16), so a later .to(dtype) or .half() changes the activations but never the format.
 """
 
@@ -25,22 +21,18 @@ from .memory import huge_page_zeros
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 INT8_MAX = 127  # symmetric: -127..127, so a channel's scale is its largest |weight| / 127
-# torch's CPU int8 kernel (_weight_int8pack_mm) steps through a row one vector of fp32 lanes
-# at a time, with aligned loads, and so reads past the end of a row that is not a whole number
-# of vectors: wrong products or a segfault, with no error. Its vectors hold 16 lanes on
-# AVX-512 CPUs and 8 on AVX2 and ARM (NEON). Int8Linear pads its rows (and inputs) with zeros
-# to a multiple of every one, so one layout is right on any CPU: GPT-2's widths need none; an
-# n_embd of 40 (padded to 48) or a SwiGLU width such as mini's 344 (to 352) does.
+# torch's CPU int8 kernel (_weight_int8pack_mm) steps through a row one vector of fp32 lanes at a time, with
+# aligned loads, and so reads past the end of a row that is not a whole number of vectors: wrong products or a
+# segfault, with no error. Int8Linear pads rows (and inputs) with zeros to a multiple of every CPU's lanes, so one
+# layout is right on any CPU: GPT-2's widths need none; an n_embd of 40 (to 48) or mini's SwiGLU 344 (to 352) do.
 INT8_KERNEL_LANES = {"AVX512": 16, "AVX2": 8, "NEON": 8}
 INT8_ROW_MULTIPLE = math.lcm(*INT8_KERNEL_LANES.values())
 
 
 def to_weight_format(model: GPT, weights: str) -> GPT:
-    """The model with every Linear weight (a tied token table with them) stored as
-    `weights`: fp32 leaves the model as it is; bf16 and int8 replace each nn.Linear by
-    a BF16Linear or Int8Linear holding the converted weight. Converts in place, for
-    inference; call it after moving the model to its device (int8: the CPU, where torch's
-    int8 kernel runs; run/load.py refuses it elsewhere)."""
+    """The model with every Linear weight (a tied token table with them) stored as `weights`: fp32 leaves it as it
+    is; bf16 and int8 replace each nn.Linear by a BF16Linear or Int8Linear. Converts in place, for inference, after
+    the move to the model's device (int8: the CPU, where torch's int8 kernel runs; run/load.py refuses it elsewhere)."""
     assert weights in WEIGHT_FORMATS, weights
     if weights == "fp32":
         return model
@@ -63,12 +55,10 @@ def weight_format(model: GPT) -> str:
 
 
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """weight (out, in) as int8 values and one bf16 scale per output row, weight ~ values * scale.
-
-    Each scale is the row's largest |weight| / 127 rounded to the nearest bf16, which
-    moves that weight to within 0.25 of 127 * scale: it becomes exactly -127 or 127, and
-    nothing is clipped. So values * scale quantizes again to the same values and scales.
-    A row of zeros gets scale 1."""
+    """weight (out, in) as int8 values and one bf16 scale per output row, weight ~ values * scale. Each scale is the
+    row's largest |weight| / 127 rounded to the nearest bf16, which moves that weight within 0.25 of 127 * scale: it
+    becomes exactly -127 or 127, and nothing is clipped, so values * scale quantizes again to the same values and
+    scales. A row of zeros gets scale 1."""
     amax = weight.detach().float().abs().amax(dim=1)
     scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(torch.bfloat16)
     values = (weight.detach().float() / scale.float()[:, None]).round().clamp(-INT8_MAX, INT8_MAX)
@@ -76,26 +66,39 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_per_channel(values: Tensor, scale: Tensor) -> Tensor:
-    """The fp32 weights that int8 values (..., in) and bf16 scales (...,) stand for: a matrix
-    (out, in) with its rows' scales, or the rows an embedding lookup picked."""
+    """The fp32 weights that int8 values (..., in) and bf16 scales (...,) stand for."""
     return values.float() * scale.float()[..., None]
 
 
-class BF16Linear(nn.Module):
-    """A Linear whose weight is stored in bf16.
+def _stored(tensor: Tensor) -> Tensor:
+    """A copy of tensor, in huge pages on a CPU (a decode step streams it whole)."""
+    return huge_page_zeros(tensor.shape, tensor.dtype, tensor.device).copy_(tensor)
 
-    On a CPU whose oneDNN computes in bf16 (AVX512 or newer), the product runs on a
-    copy of the weight in oneDNN's blocked layout, which one core streams about twice
-    as fast as torch's bf16 matrix-vector kernel (bench/decode.py); it costs a second
-    copy of the weight in memory, not in the bytes a decode step reads. Elsewhere, and
-    on other devices, it is F.linear on the bf16 weight."""
+
+class _PackedLinear(nn.Module):
+    """A Linear whose weight is stored in fewer bytes: its product takes x in bf16 and returns x's dtype."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
+        y = self._product(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)  # (M, out) -> (..., out)
+        return y if self.bias is None else y + self.bias
+
+
+class BF16Linear(_PackedLinear):
+    """A Linear whose weight is stored in bf16. On a CPU whose oneDNN computes in bf16 (AVX512 or newer), the
+    product runs on a copy of the weight in oneDNN's blocked layout, which one core streams about twice as fast as
+    torch's bf16 matrix-vector kernel (bench/decode.py), at the cost of a second copy in memory (not in the bytes a
+    decode step reads). Elsewhere, and on other devices, it is F.linear on the bf16 weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
         weight = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight_bits", _stored(weight.view(torch.int16)))
-        self.bias = linear.bias
         # Not a buffer: .to() must not touch an opaque oneDNN tensor; CPU products only.
         self.onednn_weight = _onednn_packed(weight)
 
@@ -103,45 +106,34 @@ class BF16Linear(nn.Module):
     def weight(self) -> Tensor:
         return self.weight_bits.view(torch.bfloat16)  # (out, in)
 
-    def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
+    def _product(self, flat: Tensor) -> Tensor:
         if self.onednn_weight is not None and flat.device.type == "cpu":
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.onednn_weight, None, "none", [], "")
-        else:
-            y = F.linear(flat, self.weight)
-        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+            return torch.ops.mkldnn._linear_pointwise(flat, self.onednn_weight, None, "none", [], "")
+        return F.linear(flat, self.weight)
 
     def rows(self, idx: Tensor) -> Tensor:
         """Rows idx of the weight, in bf16: (*idx.shape, in)."""
         return self.weight[idx]
 
 
-class Int8Linear(nn.Module):
-    """A Linear whose weight is stored as int8 with one bf16 scale per output channel;
-    the product is torch's int8 weight-pack matmul (CPU), which takes bf16 inputs. Rows
-    are stored padded with zeros to a multiple of INT8_ROW_MULTIPLE, and inputs likewise."""
+class Int8Linear(_PackedLinear):
+    """A Linear whose weight is stored as int8 with one bf16 scale per output channel; the product is torch's int8
+    weight-pack matmul (CPU). Rows are stored padded with zeros to a multiple of INT8_ROW_MULTIPLE, inputs likewise."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         self.padding = -self.in_features % INT8_ROW_MULTIPLE
         values, scale = quantize_per_channel(linear.weight)
         self.register_buffer("weight", _stored(F.pad(values, (0, self.padding))))  # (out, in + padding) int8
         self.register_buffer("scale_bits", scale.view(torch.int16))  # (out,)
-        self.bias = linear.bias
 
     @property
     def scale(self) -> Tensor:
         return self.scale_bits.view(torch.bfloat16)
 
-    def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # the kernel takes (M, in)
-        if self.padding:
-            flat = F.pad(flat, (0, self.padding))
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)  # (M, out)
-        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+    def _product(self, flat: Tensor) -> Tensor:
+        flat = F.pad(flat, (0, self.padding)) if self.padding else flat
+        return torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
 
     def rows(self, idx: Tensor) -> Tensor:
         """Rows idx of the dequantized weight, in fp32 (exact): (*idx.shape, in)."""
@@ -171,10 +163,3 @@ def _onednn_packed(weight: Tensor) -> Tensor | None:
         and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
     )
     return torch.ops.mkldnn._reorder_linear_weight(weight, 1) if usable else None
-
-
-def _stored(tensor: Tensor) -> Tensor:
-    """tensor copied into huge pages on a CPU (a decode step streams it whole)."""
-    if tensor.device.type != "cpu":
-        return tensor.contiguous()
-    return huge_page_zeros(tensor.shape, tensor.dtype).copy_(tensor)
