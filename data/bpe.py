@@ -1,24 +1,18 @@
 """A byte-level BPE trained on the corpus (data.tokenizer=bpe), trained and run by `tokenizers`.
 
-Ids: 0-255 are the 256 bytes (ordered by the characters GPT-2's byte alphabet spells them
-with), then one id per merge in the order they were learned, and <|endoftext|> last
-(vocab_size - 1). Text is first split about as GPT-2 splits it (words with their leading
-space, runs of digits, of punctuation, of whitespace), so no token spans two words; every
-byte sequence encodes, since each byte has its own id.
-
-The trained tokenizer is tokenizers' own JSON (tokenizer.json): data, never code. It lives
-as a file beside meta.json and in every checkpoint, and `describe()` names that file with its
-sha256, so config.yaml stays short and a damaged or swapped file is refused.
-
-`load_tokenizer` rebuilds any of the three tokenizers from its description: it lives here,
-above data/tokenizer.py, as the one module that knows them all.
+Ids: 0-255 are the 256 bytes (ordered by the characters GPT-2's byte alphabet spells them with),
+then one id per merge in the order learned, and <|endoftext|> last (vocab_size - 1). Text is first
+split about as GPT-2 splits it, so no token spans two words; every byte sequence encodes. The
+trained tokenizer is tokenizers' own JSON (tokenizer.json, data, never code), a file beside
+meta.json and in every checkpoint, named with its sha256 by `describe()`: a damaged or swapped
+file is refused. `load_tokenizer` rebuilds any of the three tokenizers: it lives here, above
+data/tokenizer.py, as the one module that knows them all.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,7 +24,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from data.config import BPE_MIN_PAIR_COUNT, BPE_SAMPLE_BYTES, MIN_BPE_VOCAB
 from data.errors import DataError
 from data.meta import META_FILE, read_meta
-from data.tokenizer import EOT_TEXT, Tokenizer, gpt2_byte_alphabet, tokenizer_from_json
+from data.tokenizer import EOT_TEXT, CharTokenizer, Gpt2Tokenizer, Tokenizer, gpt2_byte_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +50,16 @@ class BpeTokenizer(Tokenizer):
         self._tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" is text (see Tokenizer.encode)
         self.vocab_size = self._tokenizer.get_vocab_size()
         self.eot_id = self._tokenizer.token_to_id(EOT_TEXT)
-        self._bytes = _bytes_of_ids(self._tokenizer, self.vocab_size, self.eot_id)  # (vocab_size,) list of bytes
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
+        byte_of_char = gpt2_byte_alphabet()
+        pieces = [self._tokenizer.id_to_token(i) for i in range(self.vocab_size)]
+        if self.eot_id is None or any(
+            p is None or (i != self.eot_id and set(p) - byte_of_char.keys()) for i, p in enumerate(pieces)
+        ):
+            raise DataError(f"not a byte-level BPE with {EOT_TEXT}, as data.tokenizer=bpe trains: train it again")
+        # the bytes each id stands for (<|endoftext|>'s own text for it)
+        self._bytes = [
+            EOT_TEXT.encode() if i == self.eot_id else bytes(byte_of_char[c] for c in p) for i, p in enumerate(pieces)
+        ]
 
     def encode_array(self, text: str) -> np.ndarray:
         try:  # the batch call lets go of the GIL: prepare's threads encode in parallel
@@ -68,9 +68,6 @@ class BpeTokenizer(Tokenizer):
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
             encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0]
         return np.asarray(encoded.ids, dtype=np.uint32)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self._bytes[i] for i in ids)
@@ -84,16 +81,6 @@ class BpeTokenizer(Tokenizer):
 
     def token_bytes(self) -> list[int]:
         return [0 if i == self.eot_id else len(piece) for i, piece in enumerate(self._bytes)]
-
-
-def _bytes_of_ids(tokenizer: HfTokenizer, vocab_size: int, eot_id: int | None) -> list[bytes]:
-    """The bytes each id stands for (<|endoftext|>'s own text for it); DataError unless the
-    tokenizer is a byte-level BPE with an end-of-text token."""
-    byte_of_char = gpt2_byte_alphabet()
-    pieces = [tokenizer.id_to_token(i) for i in range(vocab_size)]
-    if eot_id is None or any(p is None or (i != eot_id and set(p) - byte_of_char.keys()) for i, p in enumerate(pieces)):
-        raise DataError(f"not a byte-level BPE with {EOT_TEXT}, as data.tokenizer=bpe trains: train it again")
-    return [EOT_TEXT.encode() if i == eot_id else bytes(byte_of_char[c] for c in p) for i, p in enumerate(pieces)]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
@@ -111,11 +98,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()  # for transformers' decode; BpeTokenizer decodes by its own table
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - 1,
-        min_frequency=MIN_PAIR_COUNT,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size - 1, min_frequency=MIN_PAIR_COUNT, show_progress=False, initial_alphabet=alphabet
     )
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.add_special_tokens([EOT_TEXT])  # after training: the last id, as in GPT-2
@@ -127,11 +112,8 @@ def train_on_sample(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     tokenizer = train_bpe(_leading_bytes(texts, TRAINING_SAMPLE_BYTES), vocab_size)
     if tokenizer.vocab_size < vocab_size:
         log.warning(
-            "the tokenizer's training stopped at %d ids, short of data.vocab_size=%d: a small training text "
-            "runs out of pairs seen %d times or more",
-            tokenizer.vocab_size,
-            vocab_size,
-            MIN_PAIR_COUNT,
+            f"the tokenizer's training stopped at {tokenizer.vocab_size} ids, short of data.vocab_size={vocab_size}: "
+            f"a small training text runs out of pairs seen {MIN_PAIR_COUNT} times or more"
         )
     return tokenizer
 
@@ -146,9 +128,35 @@ def _leading_bytes(texts: Iterable[str], limit: int) -> Iterator[str]:
         yield text
 
 
-def load_bpe(description: dict, directory: Path | None) -> BpeTokenizer:
-    """The trained tokenizer that `description` names, read from `directory` (a data or
-    checkpoint directory) and checked against the sha256 the description records."""
+@functools.lru_cache(maxsize=4)
+def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
+    try:
+        return BpeTokenizer(tokenizer_json)
+    except DataError:
+        raise
+    except Exception as err:  # tokenizers raises its own exception for JSON it cannot read
+        raise DataError(f"{TOKENIZER_FILE} is not a tokenizers JSON file ({err}): prepare the data again") from err
+
+
+def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a data or run directory was made with. `source` is a directory holding
+    meta.json, a meta.json path, a parsed meta.json, or a tokenizer description (`describe()`).
+    `directory` holds the files the description names (a data or checkpoint directory); a path
+    `source` is its own."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        directory = path.parent if path.name == META_FILE else path
+        source = read_meta(directory)
+    description = source.get("tokenizer", source)
+    if description.get("name") == "gpt2":
+        return Gpt2Tokenizer()
+    if description.get("name") == "char" and isinstance(description.get("chars"), str):
+        return CharTokenizer(description["chars"], with_eot=bool(description.get("eot")))
+    if description.get("name") != "bpe":
+        raise DataError(
+            f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot'), "
+            "bpe (with 'file', 'sha256')"
+        )
     if description.get("file") != TOKENIZER_FILE or not isinstance(description.get("sha256"), str):
         raise DataError(f"a bpe tokenizer's description names its {TOKENIZER_FILE} and sha256; got {description!r}")
     if directory is None:
@@ -169,30 +177,3 @@ def load_bpe(description: dict, directory: Path | None) -> BpeTokenizer:
             "use a copy of the directory it came from, or prepare the data again"
         )
     return _bpe_from_json(content.decode("utf-8"))
-
-
-@functools.lru_cache(maxsize=4)
-def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
-    try:
-        return BpeTokenizer(tokenizer_json)
-    except DataError:
-        raise
-    except Exception as err:  # tokenizers raises its own exception for JSON it cannot read
-        raise DataError(f"{TOKENIZER_FILE} is not a tokenizers JSON file ({err}): prepare the data again") from err
-
-
-def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
-    """The tokenizer a data or run directory was made with.
-
-    `source` is a directory holding meta.json, a meta.json path, a parsed meta.json, or
-    a tokenizer description (`Tokenizer.describe()`). `directory` holds the files the
-    description names (a data or checkpoint directory); a path `source` is its own.
-    """
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        directory = path.parent if path.name == META_FILE else path
-        source = read_meta(directory)
-    description = source.get("tokenizer", source)
-    if isinstance(description, dict) and description.get("name") == "bpe":
-        return load_bpe(description, Path(directory) if directory is not None else None)
-    return tokenizer_from_json(json.dumps(description, sort_keys=True))

@@ -1,16 +1,13 @@
 """What a data directory holds, and whether a run may use it: prepared data is never silently rebuilt.
 
-A data directory (data_cache/<data.name>, or data.data_dir) holds the tokens of one set of
-*token settings*: every DataConfig field except those that only say where, how fast or how
-carefully (RUN_ONLY_FIELDS). meta.json records them (and progress.json, while preparing).
-A run whose token settings differ from the recorded ones is refused, naming each setting
-that differs with both values, and both ways out: a directory of its own, or deleting the
-old one. Only what no setting says may still rebuild the shards, each time with a warning:
-the source's files changed (their sizes or modification times), the shard format or the
-bpe training sample changed with gptlab, or the shards are damaged.
-
-The fingerprint (sha256 in meta.json) covers the token settings, the source's file stats,
-the shard format and the bpe sample size: equal fingerprints, and intact shards, are reused.
+A data directory (data_cache/<data.name>, or data.data_dir) holds the tokens of one set of *token
+settings*: every DataConfig field but those that only say where, how fast or how carefully
+(RUN_ONLY_FIELDS), recorded in meta.json (and progress.json, while preparing). A run whose token
+settings differ is refused, naming each setting with both values and both ways out: a directory of
+its own, or deleting the old one. Only what no setting says rebuilds the shards, with a warning:
+the source's files changed, the shard format or the bpe sample changed with gptlab, or the shards
+are damaged. The fingerprint (sha256 in meta.json) covers the token settings, the source's file
+stats, the shard format and the bpe sample size: equal fingerprints, and intact shards, are reused.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ SUFFIX_WORD = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # a value short and plain eno
 
 def token_settings(cfg: DataConfig) -> dict:
     """The settings that decide the tokens, as JSON would hold them (what meta.json records)."""
-    settings = {key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}
-    return json.loads(json.dumps(settings))
+    return json.loads(json.dumps({key: value for key, value in asdict(cfg).items() if key not in RUN_ONLY_FIELDS}))
 
 
 def fingerprint_of(cfg: DataConfig) -> str:
@@ -51,51 +47,36 @@ def refuse_other_settings(cfg: DataConfig, data_dir: Path) -> None:
     """DataError when data_dir's meta.json, or the progress.json of an unfinished prepare, records
     token settings other than cfg's. Read as plain JSON: a meta.json that fails its own digest
     still tells whose data it is (prepare rebuilds it only when that is this run's)."""
-    for file, what in ((META_FILE, "holds data prepared"), (PROGRESS_FILE, "holds an unfinished prepare")):
-        _refuse_if_other(cfg, data_dir, _recorded_settings(data_dir / file), what)
-
-
-def _recorded_settings(path: Path) -> dict | None:
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing or unreadable: nothing recorded, nothing to protect
-        return None
-    settings = recorded.get("settings") if isinstance(recorded, dict) else None
-    return settings if isinstance(settings, dict) else None
-
-
-def _refuse_if_other(cfg: DataConfig, data_dir: Path, recorded: dict | None, what: str) -> None:
-    if recorded is None:
-        return
     wanted = token_settings(cfg)
-    differing = sorted(key for key in wanted.keys() | recorded.keys() if wanted.get(key) != recorded.get(key))
-    if not differing:
-        return
-    changes = ", ".join(
-        f"data.{key}={_shown(wanted.get(key))} (it holds {_shown(recorded.get(key))})" for key in differing
-    )
-    if cfg.data_dir is None:
-        own = f"data.name={cfg.name}_{_suffix({key: wanted.get(key) for key in differing})}"
-    else:
-        own = "another data.data_dir"
-    raise DataError(
-        f"{data_dir} {what} with other settings than this run's {changes}: give this data a "
-        f"directory of its own ({own}), or delete {data_dir} to prepare it again with these settings"
-    )
-
-
-def _shown(value: object) -> str:
-    return json.dumps(value)
-
-
-def _plain(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    for file, what in ((META_FILE, "holds data prepared"), (PROGRESS_FILE, "holds an unfinished prepare")):
+        try:
+            recorded = json.loads((data_dir / file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # missing or unreadable: nothing recorded, nothing to protect
+            continue
+        recorded = recorded.get("settings") if isinstance(recorded, dict) else None
+        if not isinstance(recorded, dict):
+            continue
+        differing = sorted(key for key in wanted.keys() | recorded.keys() if wanted.get(key) != recorded.get(key))
+        if not differing:
+            continue
+        changes = ", ".join(
+            f"data.{key}={json.dumps(wanted.get(key))} (it holds {json.dumps(recorded.get(key))})" for key in differing
+        )
+        if cfg.data_dir is None:
+            own = f"data.name={cfg.name}_{_suffix({key: wanted.get(key) for key in differing})}"
+        else:
+            own = "another data.data_dir"
+        raise DataError(
+            f"{data_dir} {what} with other settings than this run's {changes}: give this data a "
+            f"directory of its own ({own}), or delete {data_dir} to prepare it again with these settings"
+        )
 
 
 def _suffix(settings: dict) -> str:
     """A readable name part for the settings that differ (max_documents2), or, when a value is
     long or not plain (a path), 8 hex digits of their sha256."""
-    words = [f"{key}{_plain(value)}" for key, value in settings.items()]
-    if all(SUFFIX_WORD.fullmatch(_plain(value)) for value in settings.values()) and len("_".join(words)) <= 48:
-        return "_".join(words)
+    plain = {key: value if isinstance(value, str) else json.dumps(value) for key, value in settings.items()}
+    words = "_".join(f"{key}{value}" for key, value in plain.items())
+    if all(SUFFIX_WORD.fullmatch(value) for value in plain.values()) and len(words) <= 48:
+        return words
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]

@@ -80,18 +80,6 @@ class DataConfig:
         check_rules(self, "data.", self._conflicts)
 
     def _conflicts(self) -> Iterator[str]:
-        yield from self._source_conflicts()
-        if self.tokenizer == "bpe" and self.vocab_size is None:
-            yield _problem("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
-        if self.tokenizer != "bpe" and self.vocab_size is not None:
-            yield _problem(
-                "vocab_size",
-                f"is read only when tokenizer is 'bpe', and this tokenizer is "
-                f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
-                self.vocab_size,
-            )
-
-    def _source_conflicts(self) -> Iterator[str]:
         # A setting another source reads would be ignored, yet change the fingerprint (a rebuild).
         for source, used in (
             ("files", {"path": None, "url": None, "document_separator": None}),
@@ -110,23 +98,28 @@ class DataConfig:
             yield _problem("path", "must name a file, directory or glob when source is 'files'", None)
         if self.source == "hub" and self.dataset is None:
             yield _problem("dataset", "must name a Hub dataset or a local dataset directory when source is 'hub'", None)
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            yield _problem("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
+        if self.tokenizer != "bpe" and self.vocab_size is not None:
+            yield _problem(
+                "vocab_size",
+                f"is read only when tokenizer is 'bpe', and this tokenizer is "
+                f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
+                self.vocab_size,
+            )
 
     def resolved_data_dir(self) -> Path:
         return Path(self.data_dir or Path(DEFAULT_DATA_ROOT) / self.name).expanduser()
 
     def resolved_num_proc(self) -> int:
-        return self.num_proc or _usable_cores()
+        """num_proc, or the cores this process may run on (a job's CPU mask, not the machine's core count)."""
+        try:
+            return self.num_proc or len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
 
     def resolved_hf_cache_dir(self) -> Path:
         return Path(self.hf_cache_dir).expanduser() if self.hf_cache_dir else self.resolved_data_dir() / "hf_cache"
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (a job's CPU mask, not the machine's core count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _problem(field: str, rule: str, value: object) -> str:

@@ -1,16 +1,13 @@
 """Is a source UTF-8 text? Judged from all of it as it is read, and named when it is not.
 
-Text in another encoding does not fail to decode as UTF-8: UTF-16 and UTF-32 become NULs
-and other control characters, Shift-JIS or a random file mostly U+FFFD, and prepare would
-train on that. So each file (each table's texts, for parquet and datasets) is watched as
-it is read, and refused once too much of what was read so far is not text: after its
-first SAMPLE_BYTES, after every later read, and at its end, always before its tokens can
-reach finished shards. A little that is not UTF-8 passes (readers count it as replaced bytes).
-
-Where it can tell, the refusal names what the file is: a byte-order mark or a compressor's
-magic bytes at its start, or a sample that decodes as UTF-16 or UTF-32 into readable text
-with spaces or line breaks (which UTF-16/32 spell with NUL bytes, where a legacy encoding
-such as Shift-JIS has none).
+Text in another encoding does not fail to decode as UTF-8: UTF-16 and UTF-32 become NULs and
+other control characters, Shift-JIS or a random file mostly U+FFFD. So each file (each table's
+texts) is watched as it is read, and refused once too much of what was read is not text: after
+its first SAMPLE_BYTES, after every later read, and at its end, always before its tokens reach
+finished shards. A little that is not UTF-8 passes (readers count it as replaced bytes). Where
+it can tell, the refusal names what the file is: a byte-order mark or a compressor's magic bytes
+at its start, or a sample that decodes as UTF-16 or UTF-32 into readable text with spaces or
+line breaks (which UTF-16/32 spell with NUL bytes, a legacy encoding such as Shift-JIS never).
 """
 
 from __future__ import annotations
@@ -29,18 +26,9 @@ SUSPECT_MIN_BYTES = 256  # ... when it holds this much: a few NULs in a short te
 _CONTROLS = bytes([*range(0x09), *range(0x0E, 0x20), 0x7F])  # tab, line breaks, \v and \f are text
 _NOT_CONTROLS = bytes(b for b in range(256) if b not in _CONTROLS)  # deleted to count the controls
 # iconv's names; UTF-32-LE's mark begins with UTF-16-LE's, so it comes first
-_MARKS = (
-    (codecs.BOM_UTF32_LE, "UTF-32"),
-    (codecs.BOM_UTF32_BE, "UTF-32"),
-    (codecs.BOM_UTF16_LE, "UTF-16"),
-    (codecs.BOM_UTF16_BE, "UTF-16"),
-)
-_COMPRESSED = (
-    (b"\x1f\x8b", "gzip"),
-    (b"\xfd7zXZ\x00", "xz"),
-    (b"\x28\xb5\x2f\xfd", "zstd"),
-    (b"BZh", "bzip2"),
-)  # each tool's decompressing command: `<name> -dc`
+_MARKS = [(getattr(codecs, f"BOM_UTF{bits}_{order}"), f"UTF-{bits}") for bits in (32, 16) for order in ("LE", "BE")]
+# each tool's decompressing command is `<name> -dc`
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"))
 _WIDE = (("UTF-32LE", 4), ("UTF-32BE", 4), ("UTF-16LE", 2), ("UTF-16BE", 2))  # encoding, bytes per code unit
 _SPACES = frozenset(" \t\n\u3000\u3001\u3002\uff0c")  # ASCII and CJK spaces and separators
 

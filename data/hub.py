@@ -18,27 +18,23 @@ from data.readers import ROWS_PER_BATCH, Corpus, Rows, Stream, check_column
 def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     local = Path(cfg.dataset).expanduser()
     origin = f"data.dataset={cfg.dataset!r}"
-    if _is_saved_dataset(local):
+    if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():  # written by save_to_disk
         table = _text_column(_load_saved(local, cfg), cfg.text_column)
-        return Corpus(
-            Rows(_table_batches(table), cfg.text_column, origin, piece_chars),
-            f"{cfg.dataset} (saved dataset, split {cfg.split})",
-            origin,
-        )
+        description = f"{cfg.dataset} (saved dataset, split {cfg.split})"
+        return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description)
     # A local directory, or only the first documents, are read as a stream: no copy, no full download.
     streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
-    description = (
-        f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {'streaming' if streamed else 'map-style'})"
-    )
+    mode = "streaming" if streamed else "map-style"
+    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {mode})"
     if streamed:
         opened = [_open_stream(cfg)]  # fails here, before any work, if the source cannot be read
 
         def open_stream():  # the stream checked above serves the first read; later reads open anew
             return opened.pop() if opened else _open_stream(cfg)
 
-        return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description, origin)
+        return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description)
     table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
-    return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description, origin)
+    return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description)
 
 
 def _open_stream(cfg: DataConfig):
@@ -51,11 +47,6 @@ def _open_stream(cfg: DataConfig):
         raise DataError(
             f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})"
         ) from err
-
-
-def _is_saved_dataset(path: Path) -> bool:
-    """A directory written by datasets' save_to_disk (a Dataset or a DatasetDict)."""
-    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
 
 
 def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
@@ -73,65 +64,47 @@ def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
 
 
 def _load_hub(cfg: DataConfig, streaming: bool):
+    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
+    A local directory loads without datasets' progress bars: they would say "Downloading data"."""
     options = dict(name=cfg.subset, split=cfg.split, revision=cfg.revision, streaming=streaming)
     if not streaming:
         options["num_proc"] = cfg.resolved_num_proc()
-    return _load(cfg.dataset, f"data.dataset={cfg.dataset!r}", cfg, hint=_local_hint(cfg), **options)
-
-
-def _local_hint(cfg: DataConfig) -> str:
-    """For a local directory standing in for a Hub id: the Hub-only settings a preset may carry."""
-    if not Path(cfg.dataset).expanduser().is_dir():
-        return ""
-    hints = (
-        [f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"]
-        if cfg.subset
-        else []
-    )
-    hints.append(f"data.split={cfg.split!r} must be a split the directory has")
-    return "; a local directory replaces the Hub id here: " + ", and ".join(hints)
-
-
-def _load(path: str, what: str, cfg: DataConfig, hint: str = "", **options):
-    """datasets.load_dataset, with its failures (offline, missing, malformed) explained.
-    A local directory loads without datasets' progress bars: they would say "Downloading data"."""
+    local = Path(cfg.dataset).expanduser().is_dir()
     try:
-        with _no_usage_ping(), _quiet(local=Path(path).expanduser().is_dir()):
-            return datasets.load_dataset(path, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
+        with _quiet(local):
+            return datasets.load_dataset(cfg.dataset, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
     except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
-        raise DataError(f"could not load {what} through datasets ({describe_error(err)}){hint}") from err
+        hint = ""
+        if local:  # a local directory standing in for a Hub id: the Hub-only settings a preset may carry
+            subset = f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"
+            hints = [subset] * bool(cfg.subset) + [f"data.split={cfg.split!r} must be a split the directory has"]
+            hint = "; a local directory replaces the Hub id here: " + ", and ".join(hints)
+        raise DataError(
+            f"could not load data.dataset={cfg.dataset!r} through datasets ({describe_error(err)}){hint}"
+        ) from err
 
 
 @contextlib.contextmanager
 def _quiet(local: bool):
-    was_disabled = datasets.are_progress_bars_disabled()
+    """Loading local files with a packaged builder ("text", "json", ...) makes datasets ping
+    a server to count the builder's use, which costs up to 3 s with no network: skipped. A
+    local directory also loads without progress bars."""
+    saved, was_disabled = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS, datasets.are_progress_bars_disabled()
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     if local:
         datasets.disable_progress_bars()
     try:
         yield
     finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
         if local and not was_disabled:
             datasets.enable_progress_bars()
 
 
-@contextlib.contextmanager
-def _no_usage_ping():
-    """Loading local files with a packaged builder ("text", "json", ...) makes datasets ping
-    a server to count the builder's use, which costs up to 3 s with no network; skip it."""
-    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
-    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
-    try:
-        yield
-    finally:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
-
-
 def _table_batches(table: datasets.Dataset):
-    def batches(first_row: int):
-        for start in range(first_row, len(table), ROWS_PER_BATCH):
-            yield table[start : start + ROWS_PER_BATCH]["text"]
-
-    return batches
+    return lambda first_row: (
+        table[i : i + ROWS_PER_BATCH]["text"] for i in range(first_row, len(table), ROWS_PER_BATCH)
+    )
 
 
 def _text_column(documents, column: str):

@@ -36,14 +36,8 @@ class BatchLoader:
         device: str | torch.device = "cpu",
         accum_steps: int = 1,
     ):
-        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, (
-            block_size,
-            batch_size,
-            accum_steps,
-            seed,
-            rank,
-            world_size,
-        )  # train.py's config checked them
+        checked = (block_size, batch_size, accum_steps, seed, rank, world_size)  # by train.py's config
+        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, checked
         self.split, self.block_size, self.batch_size = split, block_size, batch_size
         self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
         self.device = torch.device(device)
@@ -52,23 +46,23 @@ class BatchLoader:
         self.vocab_size = meta["vocab_size"]
         n_tokens = meta["tokens"][split]
         self.n_windows = n_tokens - block_size  # window starts 0 .. n_tokens - block_size - 1
-        self._check_room(n_tokens)
-        self.tokens = _open_shard(self.shard, meta["dtype"])  # (n_tokens,)
-        self._split_key = zlib.crc32(split.encode())  # a number for the split, stable across runs
-
-    def _check_room(self, n_tokens: int) -> None:
         if self.n_windows < 1:
             raise DataError(
-                f"the {self.split} split has {n_tokens} tokens, fewer than block_size + 1 = "
-                f"{self.block_size + 1}: use a smaller block_size or a larger corpus"
+                f"the {split} split has {n_tokens} tokens, fewer than block_size + 1 = "
+                f"{block_size + 1}: use a smaller block_size or a larger corpus"
             )
-        needed = self.batch_size * self.world_size * self.accum_steps
+        needed = batch_size * world_size * accum_steps
         if self.n_windows < needed:
             raise DataError(
-                f"the {self.split} split has {self.n_windows} distinct windows of {self.block_size + 1} "
+                f"the {split} split has {self.n_windows} distinct windows of {block_size + 1} "
                 f"tokens but a step needs batch_size * world_size * accum_steps = {needed}: "
                 "use a smaller batch or a larger corpus"
             )
+        try:
+            self.tokens = np.memmap(self.shard, dtype=meta["dtype"], mode="r")  # (n_tokens,)
+        except OSError as err:
+            raise DataError(f"cannot memory-map {self.shard}: {err}") from err
+        self._split_key = zlib.crc32(split.encode())  # a number for the split, stable across runs
 
     def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
         """(batch_size,) token offsets of this rank's windows at `step`, `micro_step`."""
@@ -81,25 +75,14 @@ class BatchLoader:
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and targets y, int64 (batch_size, block_size): y is x shifted left by one token."""
         windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.window_starts(step, micro_step)])
-        self._check_ids(windows)
-        windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
-        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-        if self.device.type == "cuda":  # page-locked host memory lets the copy overlap compute
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
-
-    def _check_ids(self, windows: np.ndarray) -> None:
-        """Only the drawn (B, T + 1) windows: a scan of the whole shard would cost a pass per run."""
-        top = int(windows.max())
+        top = int(windows.max())  # only the drawn (B, T + 1) windows: a scan of the shard would cost a pass per run
         if top >= self.vocab_size:
             raise DataError(
                 f"{self.shard} holds token id {top} but the vocabulary has {self.vocab_size} ids "
                 f"(meta.json's vocab_size): the shard is corrupt; {PREPARE_HINT}"
             )
-
-
-def _open_shard(path: Path, dtype: str) -> np.memmap:
-    try:
-        return np.memmap(path, dtype=dtype, mode="r")
-    except OSError as err:
-        raise DataError(f"cannot memory-map {path}: {err}") from err
+        windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
+        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        if self.device.type == "cuda":  # page-locked host memory lets the copy overlap compute
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)

@@ -1,13 +1,10 @@
 """meta.json and the shards it describes: reading, checking, writing atomically.
 
-A data directory holds train.bin and val.bin (flat token ids, dtype from meta.json)
-and meta.json, which is written last: shards without a matching meta.json are never
-taken as complete.
-
-Since format 2, meta.json records the sha256 of each shard ("sha256") and of its own
-other entries ("meta_sha256", checked by every read), so a damaged or hand-edited
-meta.json is refused instead of describing the wrong tokenizer. A format-1 data
-directory (from before the digests) still reads, with size checks only; prepare
+A data directory holds train.bin and val.bin (flat token ids, dtype from meta.json) and
+meta.json, which is written last: shards without a matching meta.json are never taken as
+complete. Since format 2, meta.json records the sha256 of each shard ("sha256") and of its
+own other entries ("meta_sha256", checked by every read), so a damaged or hand-edited
+meta.json is refused. A format-1 directory still reads, with size checks only; prepare
 rebuilds it, since the format is part of its fingerprint.
 """
 
@@ -15,22 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from data.errors import DataError
-from system import TEMP_MARK, write_atomic
+from system import write_atomic
 
 FORMAT_VERSION = 3  # bump when the shard layout or meta.json changes: prepare then rebuilds old data
 DIGESTS_SINCE = 2  # the first format whose meta.json records sha256 digests
 META_FILE = "meta.json"
 META_DIGEST = "meta_sha256"  # meta.json's entry holding the digest of its other entries
 SPLITS = ("train", "val")
-SHARD_DTYPES = ("uint16", "uint32")
 PREPARE_HINT = "run the prepare step again (python prepare.py, or train.py does it)"
-IO_CHUNK = 1 << 20  # bytes per read when hashing a shard
 
 
 def shard_path(data_dir: Path, split: str) -> Path:
@@ -48,46 +42,33 @@ def read_meta(data_dir: Path) -> dict:
         raise DataError(f"cannot read {path}: {err.strerror}") from err
     except ValueError as err:
         raise DataError(f"{path} is not valid JSON ({err}): {PREPARE_HINT}") from err
-    _check_meta_fields(meta, path)
-    _check_meta_digest(meta, path)
-    return meta
-
-
-def _check_meta_fields(meta: object, path: Path) -> None:
     tokens = meta.get("tokens") if isinstance(meta, dict) else None
-    well_formed = (
-        isinstance(tokens, dict)
-        and all(_is_count(tokens.get(split)) for split in SPLITS)
-        and _is_count(meta.get("format"))
-        and _is_count(meta.get("vocab_size"))
-        and meta.get("dtype") in SHARD_DTYPES
+    counts = (meta.get("format"), meta.get("vocab_size"), *map(tokens.get, SPLITS)) if isinstance(tokens, dict) else ()
+    if not (
+        counts
+        and all(type(count) is int and count >= 0 for count in counts)  # JSON's ints, not its booleans
+        and meta.get("dtype") in ("uint16", "uint32")
         and isinstance(meta.get("tokenizer"), dict)
-    )
-    if not well_formed:
+    ):
         raise DataError(
             f"{path} lacks valid 'format', 'tokens', 'dtype', 'tokenizer' or 'vocab_size' entries: {PREPARE_HINT}"
         )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_meta_digest(meta: dict, path: Path) -> None:
     if meta["format"] < DIGESTS_SINCE:
-        return  # written before digests existed: the shards' sizes are all there is to check
+        return meta  # written before digests existed: the shards' sizes are all there is to check
     if META_DIGEST not in meta:
         raise DataError(f"{path} has no {META_DIGEST}, which its format ({meta['format']}) records: {PREPARE_HINT}")
-    if meta[META_DIGEST] != meta_digest(meta):
+    if meta[META_DIGEST] != with_digest(meta)[META_DIGEST]:
         raise DataError(
             f"{path} does not match the {META_DIGEST} it records (it was edited or damaged): {PREPARE_HINT}"
         )
+    return meta
 
 
-def meta_digest(meta: dict) -> str:
-    """sha256 of meta.json's entries other than the digest itself, as canonical JSON (sorted keys)."""
+def with_digest(meta: dict) -> dict:
+    """meta.json's entries, then META_DIGEST: the sha256 of the others as canonical JSON (sorted keys)."""
     entries = {key: value for key, value in meta.items() if key != META_DIGEST}
-    return hashlib.sha256(json.dumps(entries, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return {**entries, META_DIGEST: digest}
 
 
 def file_sha256(path: Path) -> str:
@@ -95,7 +76,7 @@ def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(IO_CHUNK):
+            while chunk := f.read(1 << 20):
                 digest.update(chunk)
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror}") from err
@@ -122,12 +103,3 @@ def check_shard(data_dir: Path, meta: dict, split: str) -> Path:
 
 def write_json_atomic(path: Path, obj: dict) -> None:
     write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
-def remove_temp_files(data_dir: Path) -> None:
-    """Delete what an interrupted prepare left behind (never a complete-looking file)."""
-    for leftover in Path(data_dir).glob(f"*{TEMP_MARK}*"):
-        if leftover.is_dir():
-            shutil.rmtree(leftover)
-        else:
-            leftover.unlink()

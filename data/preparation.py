@@ -3,23 +3,17 @@
     python prepare.py                                    # the default: stdlib, gpt2
     python prepare.py data=shakespeare_char data.path=input.txt
 
-The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time
-by a pool of threads (tiktoken releases the GIL), and written block by block, each
-block shuffled and split (data/shards.py): memory holds a batch and a block, whatever
-the corpus size, and disk holds only the shards. A killed prepare resumes at its last
-complete block. Only one process prepares a data directory at a time (a lock file);
-another that wants the same data waits for it and then reuses its shards.
+The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time by a
+pool of threads (tiktoken releases the GIL) and written block by block, each block shuffled and
+split (data/shards.py): memory holds a batch and a block, whatever the corpus size. A killed
+prepare resumes at its last complete block. One process prepares a data directory at a time (a
+lock file); another that wants the same data waits, then reuses its shards.
 
-Re-running with the same settings and source reuses the shards (their fingerprint is
-in meta.json). Other token settings than the directory holds are refused by name
-(data/cache.py): prepared data is never silently rebuilt. A source whose files changed,
-or shards of an older format, are rebuilt with a warning. Before reuse, each shard's size
-is checked against meta.json and, unless data.verify=size, its content against the sha256
-that meta.json recorded, as are the local source files' contents (an edit that kept their
-sizes and times); a shard or source that fails is rebuilt, with a warning. (verify=size is for
-corpora too large to hash at every start: a shard damaged in place, at the same size, then
-goes unnoticed.) meta.json is written last, so an interrupted run never leaves shards that
-look complete.
+The same settings and source reuse the shards (their fingerprint is in meta.json); other token
+settings are refused by name (data/cache.py): prepared data is never silently rebuilt. A changed
+source, shards of an older format, or a shard that fails its size check or (unless
+data.verify=size) its sha256, as a local source file its own, is rebuilt with a warning.
+meta.json is written last, so an interrupted run never leaves shards that look complete.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import functools
 import json
 import logging
 import os
@@ -49,19 +42,17 @@ from data.config import DataConfig
 from data.errors import DataError
 from data.meta import (
     FORMAT_VERSION,
-    META_DIGEST,
     META_FILE,
     SPLITS,
     check_shard,
     file_sha256,
-    meta_digest,
     read_meta,
-    remove_temp_files,
     shard_path,
+    with_digest,
     write_json_atomic,
 )
 from data.readers import FORCED_CUT_CHARS, Piece
-from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path
+from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path, remove_temp_files
 from data.sources import Corpus, open_corpus, source_digests
 from data.tokenizer import CharTokenizer, Gpt2Tokenizer, Tokenizer
 from system import on_signals, write_atomic
@@ -70,6 +61,7 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = ".prepare.lock"
 TASK_CHARS = 1 << 16  # text per task handed to a tokenising thread
+NEW_COUNTERS = {"documents": 0, "nonempty": 0, "replaced_bytes": 0}
 
 
 @dataclass(frozen=True)
@@ -90,7 +82,15 @@ def prepare(cfg: DataConfig) -> PreparedData:
     data_dir = cfg.resolved_data_dir()
     fingerprint = fingerprint_of(cfg)
     with _only_preparer(data_dir):
-        _refuse_directories_in_the_way(data_dir)
+        for path in (
+            data_dir / META_FILE,
+            *(f(data_dir, split) for f in (shard_path, partial_path) for split in SPLITS),
+        ):
+            if path.is_dir():
+                raise DataError(
+                    f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
+                    "away (or delete it), or set another data.data_dir"
+                )
         refuse_other_settings(cfg, data_dir)
         meta = _reusable_meta(cfg, data_dir, fingerprint)
         if meta is not None:
@@ -100,30 +100,13 @@ def prepare(cfg: DataConfig) -> PreparedData:
             return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
 
 
-def _refuse_directories_in_the_way(data_dir: Path) -> None:
-    """A directory where prepare reads and writes meta.json or a shard, named before any work."""
-    for path in (
-        data_dir / META_FILE,
-        *(shard_path(data_dir, split) for split in SPLITS),
-        *(partial_path(data_dir, split) for split in SPLITS),
-    ):
-        if path.is_dir():
-            raise DataError(
-                f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
-                "away (or delete it), or set another data.data_dir"
-            )
-
-
 def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict | None:
     try:
         meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
         if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
             log.warning(
-                "%s holds data of the same settings, but its source's files changed since, or another "
-                "version of gptlab prepared it (shard format %s, now %s): rebuilding",
-                data_dir,
-                meta["format"],
-                FORMAT_VERSION,
+                f"{data_dir} holds data of the same settings, but its source's files changed since, or another "
+                f"version of gptlab prepared it (shard format {meta['format']}, now {FORMAT_VERSION}): rebuilding"
             )
             return None
         load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
@@ -135,9 +118,8 @@ def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict | 
         recorded = meta.get("source_sha256")  # absent from data prepared before it was recorded
         if cfg.verify == "sha256" and recorded and recorded != source_digests(cfg):
             log.warning(
-                "%s was prepared from source files whose content changed since, their sizes and "
-                "modification times kept (a copy with cp -p, rsync -t): rebuilding",
-                data_dir,
+                f"{data_dir} was prepared from source files whose content changed since, their sizes and "
+                "modification times kept (a copy with cp -p, rsync -t): rebuilding"
             )
             return None
     except DataError as err:  # nothing usable there: build afresh
@@ -168,9 +150,8 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
             lock.acquire()
     except OSError as err:  # a filesystem without locks (some network mounts)
         log.warning(
-            "cannot lock %s (%s): preparing without the lock; run one prepare at a time there",
-            data_dir / LOCK_FILE,
-            err.strerror or err,
+            f"cannot lock {data_dir / LOCK_FILE} ({err.strerror or err}): preparing without the lock; "
+            "run one prepare at a time there"
         )
     try:
         yield
@@ -181,8 +162,7 @@ def _only_preparer(data_dir: Path) -> Iterator[None]:
 def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
     (data_dir / META_FILE).unlink(missing_ok=True)  # from now on the old shards no longer look complete
     remove_temp_files(data_dir)
-    threads = cfg.resolved_num_proc()
-    batch_chars = int(cfg.batch_mb * (1 << 20))
+    threads, batch_chars = cfg.resolved_num_proc(), int(cfg.batch_mb * (1 << 20))
     corpus = open_corpus(cfg, piece_chars=max(1024, min(FORCED_CUT_CHARS, batch_chars // (4 * threads))))
     progress = _resumable_progress(data_dir, fingerprint)
     if progress is None:
@@ -190,7 +170,15 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
         tokenizer = _new_tokenizer(cfg, corpus)
         for name, content in tokenizer.files().items():  # before progress.json, which names them
             write_atomic(data_dir / name, content)
-        progress = _new_progress(fingerprint, token_settings(cfg), tokenizer)
+        progress = {
+            "fingerprint": fingerprint,
+            "settings": token_settings(cfg),
+            "tokenizer": tokenizer.describe(),
+            "dtype": "uint16" if tokenizer.vocab_size <= 65535 else "uint32",
+            "blocks": 0,
+            "bytes": {split: 0 for split in SPLITS},
+            "resume": None,
+        }
     else:
         tokenizer = load_tokenizer(progress["tokenizer"], data_dir)
         log.info("resuming the prepare of %s after block %d", data_dir, progress["blocks"])
@@ -201,18 +189,18 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
     except Exception:  # the corpus itself is at fault: nothing written is worth keeping
         _remove_partials(data_dir)
         raise
-    _remove_default_cache(cfg)
+    cache = cfg.resolved_hf_cache_dir()  # datasets' cache in its default place is gptlab's to remove
+    if cfg.hf_cache_dir is None and not cfg.keep_hf_cache and cache.is_dir():
+        shutil.rmtree(cache, ignore_errors=True)
     return meta
 
 
 def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> dict:
-    dtype = np.dtype(progress["dtype"])
-    resumed = progress["resume"] is not None
+    start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": NEW_COUNTERS}
+    counters = dict(start["counters"])
     settings = (cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed)
-    writer = ShardWriter(data_dir, dtype, tokenizer.eot_id, settings, progress, resumed)
+    writer = ShardWriter(data_dir, np.dtype(progress["dtype"]), tokenizer.eot_id, settings, progress)
     try:
-        start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": _new_counters()}
-        counters = dict(start["counters"])
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
             for index, (piece, document, before, tokens) in enumerate(
@@ -226,10 +214,6 @@ def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> 
         tokens = writer.finish()
     finally:
         writer.close()
-    return _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters)
-
-
-def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dict:
     total = sum(tokens.values())
     if total == 0:
         raise DataError("the corpus is empty: it holds no text (empty documents are skipped)")
@@ -240,43 +224,27 @@ def _finish(cfg, data_dir, corpus, tokenizer, progress, tokens, counters) -> dic
         os.replace(partial_path(data_dir, split), shard_path(data_dir, split))
     if counters["replaced_bytes"]:
         log.warning("%d bytes of the corpus were not valid UTF-8 and became U+FFFD", counters["replaced_bytes"])
-    meta = {
-        "format": FORMAT_VERSION,
-        "fingerprint": progress["fingerprint"],
-        "source": corpus.description,
-        "settings": token_settings(cfg),
-        "tokenizer": tokenizer.describe(),
-        "vocab_size": tokenizer.vocab_size,
-        "eot_id": tokenizer.eot_id,
-        "dtype": progress["dtype"],
-        "tokens": tokens,
-        "sha256": sha256,
-        "source_sha256": source_digests(cfg),
-        "documents": counters["documents"],
-        "blocks": progress["blocks"],
-        "replaced_bytes": counters["replaced_bytes"],
-    }
-    meta[META_DIGEST] = meta_digest(meta)
+    meta = with_digest(
+        {
+            "format": FORMAT_VERSION,
+            "fingerprint": progress["fingerprint"],
+            "source": corpus.description,
+            "settings": token_settings(cfg),
+            "tokenizer": tokenizer.describe(),
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id,
+            "dtype": progress["dtype"],
+            "tokens": tokens,
+            "sha256": sha256,
+            "source_sha256": source_digests(cfg),
+            "documents": counters["documents"],
+            "blocks": progress["blocks"],
+            "replaced_bytes": counters["replaced_bytes"],
+        }
+    )
     write_json_atomic(data_dir / META_FILE, meta)
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return meta
-
-
-def _new_counters() -> dict:
-    return {"documents": 0, "nonempty": 0, "replaced_bytes": 0}
-
-
-def _new_progress(fingerprint: str, settings: dict, tokenizer: Tokenizer) -> dict:
-    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32)
-    return {
-        "fingerprint": fingerprint,
-        "settings": settings,
-        "tokenizer": tokenizer.describe(),
-        "dtype": dtype.name,
-        "blocks": 0,
-        "bytes": {split: 0 for split in SPLITS},
-        "resume": None,
-    }
 
 
 def _resumable_progress(data_dir: Path, fingerprint: str) -> dict | None:
@@ -288,9 +256,8 @@ def _resumable_progress(data_dir: Path, fingerprint: str) -> dict | None:
         return None
     if not isinstance(progress, dict) or progress.get("fingerprint") != fingerprint:
         log.warning(
-            "%s holds an unfinished prepare of the same settings from files that changed since (or from "
-            "another version of gptlab): starting afresh",
-            data_dir,
+            f"{data_dir} holds an unfinished prepare of the same settings from files that changed since (or from "
+            "another version of gptlab): starting afresh"
         )
         return None
     if progress.get("resume") is None or any(sizes[s] < progress["bytes"][s] for s in SPLITS):
@@ -306,13 +273,6 @@ def _remove_partials(data_dir: Path) -> None:
     """What an unfinished prepare leaves: progress.json, the partial shards, a trained tokenizer."""
     for path in [data_dir / PROGRESS_FILE, data_dir / TOKENIZER_FILE, *(partial_path(data_dir, s) for s in SPLITS)]:
         path.unlink(missing_ok=True)
-
-
-def _remove_default_cache(cfg: DataConfig) -> None:
-    """datasets' cache in its default place, inside the data directory, is gptlab's to remove."""
-    cache = cfg.resolved_hf_cache_dir()
-    if cfg.hf_cache_dir is None and not cfg.keep_hf_cache and cache.is_dir():
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict):
@@ -336,7 +296,7 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
     `bpe` learns from its first TRAINING_SAMPLE_BYTES (memory and time bounded by that)."""
     if cfg.tokenizer == "gpt2":
         return Gpt2Tokenizer()
-    counters = _new_counters()
+    counters = dict(NEW_COUNTERS)
     texts = (piece.text for piece, _, _ in _numbered(corpus.reader.pieces(), cfg.max_documents, counters))
     if cfg.tokenizer == "bpe":
         return train_on_sample(tqdm(texts, desc="training the tokenizer", unit=" pieces"), cfg.vocab_size)
@@ -351,16 +311,20 @@ def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
     Pieces are grouped into small tasks for the threads while this thread reads on: about
     batch_chars of text is in flight at most."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
+
+    def encoded(task: list) -> list:
+        return [(*item, tokenizer.encode_array(item[0].text)) for item in task]
+
     with ThreadPoolExecutor(threads) as pool:
         in_flight, chars = collections.deque(), 0
         for task, size in _tasks(numbered, task_chars):
-            in_flight.append((task, size, pool.submit(_encode_task, tokenizer, task)))
+            in_flight.append((size, pool.submit(encoded, task)))
             chars += size
             while chars > batch_chars:
-                chars -= in_flight[0][1]
-                yield from _results(in_flight.popleft())
-        while in_flight:
-            yield from _results(in_flight.popleft())
+                chars -= in_flight[0][0]
+                yield from in_flight.popleft()[1].result()
+        for _, done in in_flight:
+            yield from done.result()
 
 
 def _tasks(numbered, task_chars: int):
@@ -374,16 +338,6 @@ def _tasks(numbered, task_chars: int):
             task, size = [], 0
     if task:
         yield task, size
-
-
-def _results(submitted):
-    task, _, encoded = submitted
-    for (piece, document, before), tokens in zip(task, encoded.result()):
-        yield piece, document, before, tokens
-
-
-def _encode_task(tokenizer: Tokenizer, task: list) -> list[np.ndarray]:
-    return [tokenizer.encode_array(piece.text) for piece, _, _ in task]
 
 
 # Processes forked while preparing (datasets' pool workers, and the manager process that
@@ -408,19 +362,19 @@ def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
     """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker
     pool can wait on busy workers for minutes. The workers die with this process (see
     below), and meta.json is written last, so nothing left behind looks complete."""
-    return on_signals(functools.partial(_stop_at_once, data_dir=data_dir))
 
+    def stop(signum: int, frame) -> None:
+        with contextlib.suppress(OSError):  # a worker may still be writing there
+            remove_temp_files(data_dir)
+        print(
+            f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
+            "resumes after the last complete block (shards left incomplete never look complete)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + signum)
 
-def _stop_at_once(signum: int, frame, data_dir: Path) -> None:
-    with contextlib.suppress(OSError):  # a worker may still be writing there
-        remove_temp_files(data_dir)
-    print(
-        f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
-        "resumes after the last complete block (shards left incomplete never look complete)",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(128 + signum)
+    return on_signals(stop)
 
 
 def _die_with_parent() -> None:

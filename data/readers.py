@@ -1,19 +1,17 @@
 """Readers: a corpus as a stream of text pieces, in bounded memory, resumable.
 
-Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is
-read as `Piece`s of at most about `piece_chars` characters, each marked with whether
-it starts a document and with the position a later reader can resume from.
-
-A document longer than a piece is cut only where GPT-2's pre-tokeniser would split
-anyway (see `cut_point`), so its pieces tokenise to exactly the tokens of the whole
-text; the tokens never depend on the piece size. Bytes that are not UTF-8 become
-U+FFFD, and are counted; a source that is not UTF-8 text at all is refused as it is read
-(data/encoding.py).
+Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is read as
+`Piece`s of about `piece_chars` characters at most, each marked with whether it starts a
+document and with the position a later reader can resume from. A document is cut only where
+GPT-2's pre-tokeniser would split anyway (`cut_point`), so the tokens never depend on the piece
+size. Bytes that are not UTF-8 become U+FFFD, and are counted; a source that is not UTF-8 text
+at all is refused as it is read (data/encoding.py).
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import json
 import logging
@@ -96,10 +94,7 @@ def _decoded(text: str) -> tuple[str, int, int]:
 
 def replace_escaped(text: str) -> tuple[str, int]:
     """`text` with each lone surrogate (an undecodable byte) as U+FFFD, and how many there were."""
-    if text.isascii():
-        return text, 0
-    count = len(_LONE_SURROGATE.findall(text))
-    return (_LONE_SURROGATE.sub("\ufffd", text), count) if count else (text, 0)
+    return (text, 0) if text.isascii() else _LONE_SURROGATE.subn("\ufffd", text)
 
 
 class TextFiles:
@@ -111,8 +106,8 @@ class TextFiles:
     def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         at = position or {"file": 0, "byte": 0, "new": True}
         for index in range(at["file"], len(self.files)):
-            resumed = index == at["file"]
-            yield from self._file_pieces(index, at["byte"] if resumed else 0, at["new"] if resumed else True)
+            yield from self._file_pieces(index, at["byte"], at["new"])
+            at = {"byte": 0, "new": True}
 
     def _file_pieces(self, index: int, offset: int, new_document: bool) -> Iterator[Piece]:
         path = self.files[index]
@@ -161,13 +156,15 @@ class JsonLines:
     def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         at = position or {"file": 0, "byte": 0, "char": 0, "line": 1}
         for index in range(at["file"], len(self.files)):
-            resumed = index == at["file"]
-            start = (at["byte"], at["char"], at["line"], at.get("element", 0)) if resumed else (0, 0, 1, 0)
+            start = (at["byte"], at["char"], at["line"], at.get("element", 0))
             yield from checked_texts(self._file_pieces(index, *start), str(self.files[index]))
+            at = {"byte": 0, "char": 0, "line": 1}
 
     def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, element: int) -> Iterator[Piece]:
         path = self.files[index]
-        if _is_json_array(path):
+        with _reading(path), open(path, "rb") as f:
+            is_array = f.read(4096).lstrip()[:1] == b"["
+        if is_array:
             yield from self._array_pieces(index, element, skip_chars)
             return
         for line, line_offset in _lines(path, offset):
@@ -194,16 +191,10 @@ class JsonLines:
             yield from row_pieces(text, position, skip_chars if element == first else 0, self.piece_chars)
 
 
-def _is_json_array(path: Path) -> bool:
-    with open_source(path) as f:
-        return f.read(4096).lstrip()[:1] == b"["
-
-
 @dataclass
 class Corpus:
     reader: object  # has .pieces(position) -> Iterator[Piece]
     description: str  # for people reading meta.json
-    origin: str  # what error messages call it: its file(s) or data.dataset
 
 
 def check_column(column: str, columns: list[str]) -> None:
@@ -212,11 +203,11 @@ def check_column(column: str, columns: list[str]) -> None:
 
 
 class Rows:
-    """Documents as rows of a table: a datasets.Dataset, a parquet file's batches, or a list."""
+    """Documents as rows of a table: a datasets.Dataset, a parquet file's batches, or a list.
+    `source(first_row)` yields lists of texts (None for a missing one) from that row on."""
 
-    def __init__(self, batches, column: str, origin: str, piece_chars: int):
-        """`batches(first_row)` yields lists of texts (None for a missing one) from that row on."""
-        self.batches, self.column, self.origin, self.piece_chars = batches, column, origin, piece_chars
+    def __init__(self, source, column: str, origin: str, piece_chars: int):
+        self.source, self.column, self.origin, self.piece_chars = source, column, origin, piece_chars
 
     def pieces(self, position: dict | None = None) -> Iterator[Piece]:
         return checked_texts(self._pieces(position), self.origin)
@@ -224,7 +215,7 @@ class Rows:
     def _pieces(self, position: dict | None) -> Iterator[Piece]:
         at = position or {"row": 0, "char": 0}
         row, skip_chars = at["row"], at["char"]
-        for texts in self.batches(row):
+        for texts in self.source(row):
             for text in texts:
                 checked = lambda: document_text(text, f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
                 yield from row_pieces(checked, {"row": row}, skip_chars, self.piece_chars)
@@ -232,21 +223,15 @@ class Rows:
                 row += 1
 
 
-class Stream:
-    """Documents as the rows of a datasets.IterableDataset, resumable through its state_dict."""
+class Stream(Rows):
+    """Documents as the rows of a datasets.IterableDataset, resumable through its state_dict.
+    `source()` returns the stream afresh, its rows dicts with a "text" entry."""
 
     STATE_EVERY = 1000  # rows between the stream states a position refers to
 
-    def __init__(self, open_stream, column: str, origin: str, piece_chars: int):
-        """`open_stream()` returns the stream afresh, its rows dicts with a "text" entry."""
-        self.open_stream, self.column, self.origin, self.piece_chars = open_stream, column, origin, piece_chars
-
-    def pieces(self, position: dict | None = None) -> Iterator[Piece]:
-        return checked_texts(self._pieces(position), self.origin)
-
     def _pieces(self, position: dict | None) -> Iterator[Piece]:
         at = position or {"state": None, "since": 0, "row": 0, "char": 0}
-        stream = self.open_stream()
+        stream = self.source()
         if at["state"] is not None:
             stream.load_state_dict(at["state"])
         state, row, skip_chars = at["state"], at["row"] - at["since"], at["char"]
@@ -341,8 +326,8 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
 def check_utf8(path: Path) -> None:
     """Refuse a file that is not UTF-8 text by its first SAMPLE_BYTES, before any work (the
     readers go on checking the rest as they read it)."""
-    with open_source(path) as f:
-        head = read_source(f, path, SAMPLE_BYTES)
+    with _reading(path), open(path, "rb") as f:
+        head = f.read(SAMPLE_BYTES)
     check = EncodingCheck(str(path), path)
     check.add(head, 0)
     check.finish()
@@ -352,9 +337,9 @@ def source_chunks(path: Path, offset: int) -> Iterator[bytes]:
     """The file's bytes from `offset` on, a read at a time, each checked before it is yielded:
     a file that is not UTF-8 text is refused before its text is used (data/encoding.py)."""
     check = EncodingCheck(str(path), path)
-    with open_source(path) as f:
+    with _reading(path), open(path, "rb") as f:
         f.seek(offset)
-        while chunk := read_source(f, path):
+        while chunk := f.read(_READ_BYTES):
             check.add(chunk, offset)
             offset += len(chunk)
             yield chunk
@@ -374,15 +359,9 @@ def checked_texts(pieces: Iterator[Piece], origin: str) -> Iterator[Piece]:
     check.finish()
 
 
-def open_source(path: Path):
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
     try:
-        return open(path, "rb")
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err
-
-
-def read_source(f, path: Path, size: int = _READ_BYTES) -> bytes:
-    try:
-        return f.read(size)
+        yield
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror}") from err

