@@ -1,21 +1,16 @@
-"""Hugging Face directories in and out of gptlab.
+"""Hugging Face directories in and out of gptlab; the conversions are in hf/gpt2.py, hf/llama.py and hf/nanochat.py.
 
-Import: `load_hf_pretrained` reads a transformers directory (config.json plus
-model.safetensors or pytorch_model.bin) or, when the network allows, a Hub name,
-into a GPTConfig and a state dict for GPT(config); `hf_tokenizer` gives the gptlab
-tokenizer that reads its text.
-
-Export: `save_hf` writes a GPTConfig and its state dict as a directory that
-transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer
-and a trained bpe one, the tokenizer's files. The conversions themselves are in hf/gpt2.py,
-hf/llama.py and hf/nanochat.py.
-
-Nothing here knows gptlab's runs or checkpoints: run/ reads these directories (init_from=hf,
-load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
+Import: `load_hf_pretrained` reads a transformers directory (config.json plus model.safetensors or
+pytorch_model.bin) or, when the network allows, a Hub name, into a GPTConfig and a state dict for GPT(config);
+`hf_tokenizer` gives the gptlab tokenizer that reads its text. Export: `save_hf` writes a GPTConfig and its state
+dict as a directory that transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer and a
+trained bpe one, the tokenizer's files. Nothing here knows gptlab's runs or checkpoints: run/ reads these
+directories (init_from=hf, load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -29,9 +24,8 @@ from torch import Tensor
 from data.bpe import BpeTokenizer
 from data.errors import DataError
 from data.tokenizer import EOT_TEXT, GPT2_FILES_DIR, Gpt2Tokenizer, Tokenizer
+from hf import nanochat
 from hf.gpt2 import ARCHITECTURE_CLASS, crop_block_size, from_hf, pool_kv_heads, to_hf
-from hf.nanochat import ARCHITECTURE as NANOCHAT_CLASS
-from hf.nanochat import transformers_line
 from model import GPTConfig
 from system import UserError, temp_path
 
@@ -49,18 +43,11 @@ def load_hf_pretrained(
     model_path: str | Path, n_kv_head: int | None = None, block_size: int | None = None
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
     """GPT-2-family, Llama or NanoChat weights from Hugging Face as (GPTConfig, state dict), ready for
-    `model = GPT(config); load_weights(model, state)`.
-
-    model_path: a local transformers directory, or a Hub name such as "gpt2" (fetched
-    through the Hugging Face cache; offline, only what is already cached).
-    n_kv_head: fewer key/value heads than the weights have (e.g. 1 for MQA from GPT-2's
-    MHA), made by mean-pooling heads (hf.gpt2.pool_kv_heads); None keeps the weights'.
-    block_size: a shorter context than the weights' n_positions or max_position_embeddings
-    (a position table is cropped); None keeps theirs.
-
-    The config has dropout 0.0 and attn_impl "sdpa"; change those with
-    dataclasses.replace. Raises HFError with the reason on any failure.
-    """
+    `model = GPT(config); load_weights(model, state)`. model_path: a local transformers directory, or a Hub name
+    such as "gpt2" (through the Hugging Face cache; offline, only what is already cached). n_kv_head: fewer key/value
+    heads than the weights have (e.g. 1 for MQA from GPT-2's MHA), mean-pooled (hf.gpt2.pool_kv_heads); block_size:
+    a shorter context (a position table is cropped); None keeps theirs. The config has dropout 0.0 and attn_impl
+    "sdpa" (dataclasses.replace changes them). Raises HFError with the reason on any failure."""
     directory = resolve_hf_dir(str(model_path))
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
     try:
@@ -93,37 +80,27 @@ def local_hf_dir(model_path: str) -> Path | None:
 
 
 def _download(repo_id: str) -> Path:
-    # huggingface_hub comes with datasets and transformers; imported here because
-    # only Hub names need it.
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
+    from huggingface_hub import errors, hf_hub_download  # with datasets and transformers; only Hub names need it
 
     where = f"{repo_id!r} is not a local directory, so it was looked up on the Hugging Face Hub"
     try:
         config_file = Path(hf_hub_download(repo_id, HF_CONFIG))
         try:
             hf_hub_download(repo_id, HF_SAFETENSORS)
-        except EntryNotFoundError:
+        except errors.EntryNotFoundError:
             hf_hub_download(repo_id, HF_PICKLE)
-        try:  # what hf_tokenizer reads; a model without one still imports
+        with contextlib.suppress(errors.EntryNotFoundError):  # what hf_tokenizer reads; a model without one imports
             hf_hub_download(repo_id, HF_TOKENIZER)
-        except EntryNotFoundError:
-            pass
-    except LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE or no network) and not cached
+    except errors.LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE or no network) and not cached
         raise HFError(
             f"{where}, which cannot be reached (offline), and it is not in the local cache: download it "
             f"where there is a network (e.g. `hf download {repo_id}`) and pass its local directory"
         ) from err
-    except RepositoryNotFoundError as err:
+    except errors.RepositoryNotFoundError as err:
         raise HFError(f"{where}: no such model there (or it is private or gated)") from err
-    except EntryNotFoundError as err:
+    except errors.EntryNotFoundError as err:
         raise HFError(f"{where}: it has no {HF_CONFIG}, or neither {HF_SAFETENSORS} nor {HF_PICKLE}") from err
-    except HfHubHTTPError as err:
+    except errors.HfHubHTTPError as err:
         raise HFError(f"{where}: the Hub answered {err}") from err
     return config_file.parent  # the files of one revision share a snapshot directory
 
@@ -215,7 +192,21 @@ def save_hf(
     try:
         shutil.rmtree(temp, ignore_errors=True)  # a leftover of a killed export whose process id was ours
         temp.mkdir(parents=True)
-        lines = _write_hf(temp, hf_config, hf_state, config.block_size, tokenizer, shown_as=out_dir)
+        (temp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(hf_state, temp / HF_SAFETENSORS, metadata={"format": "pt"})  # transformers expects "format"
+        lines = [f"{out_dir}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
+        if hf_config["architectures"][0] == nanochat.ARCHITECTURE:
+            lines.append(nanochat.transformers_line(str(out_dir)))
+        name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
+        if name == "gpt2":
+            lines.append(f"{out_dir}: gpt2 tokenizer ({', '.join(_save_gpt2_tokenizer(temp, config.block_size))})")
+        elif name == "bpe":
+            written = _save_trained_tokenizer(temp, tokenizer, config.block_size)
+            lines.append(f"{out_dir}: the trained bpe tokenizer ({', '.join(written)})")
+        else:
+            lines.append(
+                f"tokenizer ({name}) not exported: only gpt2 and bpe have a transformers equivalent; weights only"
+            )
         temp.rename(out_dir.resolve())
     except (OSError, SafetensorError) as err:  # a path under a file, no permission, a full disk
         raise HFError(f"cannot write the export to {out_dir}: {getattr(err, 'strerror', None) or err}") from err
@@ -224,66 +215,29 @@ def save_hf(
     return lines
 
 
-def _write_hf(
-    directory: Path,
-    hf_config: dict,
-    hf_state: dict[str, Tensor],
-    block_size: int,
-    tokenizer: Tokenizer | None,
-    shown_as: Path,
-) -> list[str]:
-    """The export's files in `directory`; returns one line per thing written, naming it `shown_as`."""
-    (directory / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
-    # transformers expects the "format" entry in the safetensors metadata.
-    save_file(hf_state, directory / HF_SAFETENSORS, metadata={"format": "pt"})
-    lines = [f"{shown_as}: {hf_config['architectures'][0]} ({HF_CONFIG}, {HF_SAFETENSORS})"]
-    if hf_config["architectures"][0] == NANOCHAT_CLASS:
-        lines.append(transformers_line(str(shown_as)))
-    if tokenizer is not None and tokenizer.name == "gpt2":
-        written = _save_gpt2_tokenizer(directory, block_size)
-        lines.append(f"{shown_as}: gpt2 tokenizer ({', '.join(written)})")
-    elif tokenizer is not None and tokenizer.name == "bpe":
-        written = _save_trained_tokenizer(directory, tokenizer, block_size)
-        lines.append(f"{shown_as}: the trained bpe tokenizer ({', '.join(written)})")
-    else:
-        name = tokenizer.name if tokenizer else "not recorded in the checkpoint"
-        lines.append(f"tokenizer ({name}) not exported: only gpt2 and bpe have a transformers equivalent; weights only")
-    return lines
-
-
 def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> list[str]:
-    """GPT-2's own files under transformers' names, with <|endoftext|> as its bos, eos
-    and unk token, as in OpenAI's gpt2 repository on the Hub; and the same tokenizer as
-    one tokenizer.json, which fast-only tokenizer classes (GPTBigCode's, for MQA) need.
-    Returns the names written."""
+    """GPT-2's own files under transformers' names, with <|endoftext|> as its bos, eos and unk token, as in OpenAI's
+    gpt2 repository on the Hub; and the same tokenizer as one tokenizer.json, which fast-only tokenizer classes
+    (GPTBigCode's, for MQA) need. Returns the names written."""
     shutil.copyfile(GPT2_FILES_DIR / "encoder.json", out_dir / "vocab.json")
     shutil.copyfile(GPT2_FILES_DIR / "vocab.bpe", out_dir / "merges.txt")
-    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    tokenizer_config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,
-        **special,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    special = dict.fromkeys(("bos_token", "eos_token", "unk_token"), EOT_TEXT)
+    settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "add_prefix_space": False}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     (out_dir / "tokenizer.json").write_text(json.dumps(_gpt2_tokenizer_json(), ensure_ascii=False) + "\n")
     return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
 
 def _save_trained_tokenizer(out_dir: Path, tokenizer: Tokenizer, model_max_length: int) -> list[str]:
-    """A trained BPE's tokenizer.json as it is, and a tokenizer_config.json for transformers'
-    fast tokenizer (<|endoftext|> as its bos and eos token). Returns the names written."""
-    for name, content in tokenizer.files().items():
+    """A trained BPE's tokenizer.json as it is, and a tokenizer_config.json for transformers' fast tokenizer
+    (<|endoftext|> as its bos and eos token). Returns the names written."""
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length}
+    settings |= dict.fromkeys(("bos_token", "eos_token"), EOT_TEXT)
+    files = {**tokenizer.files(), "tokenizer_config.json": json.dumps(settings, indent=2) + "\n"}
+    for name, content in files.items():
         (out_dir / name).write_text(content, encoding="utf-8")
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": model_max_length,
-        "bos_token": EOT_TEXT,
-        "eos_token": EOT_TEXT,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    return [*tokenizer.files(), "tokenizer_config.json"]
+    return list(files)
 
 
 def _gpt2_tokenizer_json() -> dict:
@@ -291,35 +245,10 @@ def _gpt2_tokenizer_json() -> dict:
     vocab = json.loads((GPT2_FILES_DIR / "encoder.json").read_text(encoding="utf-8"))
     merges = (GPT2_FILES_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]  # "#version" first
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [
-            {
-                "id": vocab[EOT_TEXT],
-                "content": EOT_TEXT,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        ],
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": {**byte_level, "trim_offsets": False},
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    }
+    flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
+    eot = {"id": vocab[EOT_TEXT], "content": EOT_TEXT, **flags, "special": True}
+    bpe = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": ""}
+    bpe |= {"fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": merges}
+    head = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [eot], "normalizer": None}
+    post = {**byte_level, "trim_offsets": False}
+    return {**head, "pre_tokenizer": byte_level, "post_processor": post, "decoder": byte_level, "model": bpe}

@@ -1,39 +1,29 @@
-"""Weights in and out of Hugging Face's GPT-2 family, as plain dicts (no files here).
+"""Weights in and out of Hugging Face's GPT-2 family, as plain dicts (no files here); Llama's (hf/llama.py) and
+NanoChat's (hf/nanochat.py) by model_type.
 
-A Hugging Face model is a config.json dict and a state dict. Two architectures
-compute exactly what our GPT computes:
-
-- GPT2LMHeadModel (model_type "gpt2") for MHA: the same parameter names as ours,
-  but its attention and MLP matrices are Conv1D weights stored (in, out), the
-  transpose of nn.Linear's (out, in).
-- GPTBigCodeForCausalLM (model_type "gpt_bigcode", multi_query=True) for MQA:
-  nn.Linear layouts and a fused c_attn laid out [q | k | v] with one k/v head,
-  exactly ours with n_kv_head=1.
-
-Both always have biases; lm_head is wte's matrix unless tie_word_embeddings is false, and
-activation_function "relu2" computes our mlp=relu2. GQA (1 < n_kv_head < n_head) has no
-equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
-Our Llama block (model/block=llama) goes to and from LlamaForCausalLM, any number of
-key/value heads included: hf/llama.py; nanochat's (model/block=nanochat) to and from
-NanoChatForCausalLM: hf/nanochat.py. This module dispatches by model_type.
+Two architectures compute exactly what our GPT computes, both always with biases, lm_head being wte's matrix unless
+tie_word_embeddings is false, and activation_function "relu2" computing our mlp=relu2:
+- GPT2LMHeadModel (model_type "gpt2") for MHA: the same parameter names as ours, but its attention and MLP matrices
+  are Conv1D weights stored (in, out), the transpose of nn.Linear's (out, in).
+- GPTBigCodeForCausalLM (model_type "gpt_bigcode", multi_query=True) for MQA: nn.Linear layouts and a fused c_attn
+  laid out [q | k | v] with one k/v head, exactly ours with n_kv_head=1.
+GQA (1 < n_kv_head < n_head) has no equivalent in this family; `pool_kv_heads` makes GQA/MQA weights from MHA ones.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from model.config import GPTConfig
+from model.config import NORM_EPS, GPTConfig
 from model.gpt import GPT
 from model.state import fit_problems, non_finite
 
 from . import llama, nanochat
-from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, tied, unsupported
+from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, split_qkv, tied, unsupported
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
@@ -49,7 +39,7 @@ ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu2": "relu2"
 # Settings under which a GPT-2-family model computes our function, by model_type: key ->
 # (the config class's default when config.json omits it, the values that keep the function ours).
 _BOTH = {
-    "layer_norm_epsilon": (1e-5, (1e-5,)),  # nn.LayerNorm's eps
+    "layer_norm_epsilon": (1e-5, (NORM_EPS,)),  # nn.LayerNorm's eps
     "scale_attn_weights": (True, (True,)),
     "add_cross_attention": (False, (False,)),
     "tie_word_embeddings": (True, (True, False)),  # read into tie_embeddings
@@ -66,29 +56,10 @@ SAME_FUNCTION = {
         "multi_query": (True, (True,)),
     },  # GPTBigCode imports only as multi-query attention
 }
-LAYER_NORM_EPS = 1e-5
-
-
-class Rotary(NamedTuple):
-    """A rotary family's conversions (hf/llama.py, hf/nanochat.py)."""
-
-    defaults: dict  # its config class's defaults for keys config.json may leave out
-    read_config: Callable[[dict], GPTConfig]  # config.json -> GPTConfig (the MLP at its default width)
-    write_config: Callable[[GPTConfig, int | None], dict]  # GPTConfig, eos id -> config.json
-    to_theirs: Callable[[GPTConfig, dict], dict]  # our state dict -> theirs
-    from_theirs: Callable[[GPTConfig, dict], dict]  # theirs -> ours
-
-
-ROTARY = {  # by model_type
-    LLAMA: Rotary(llama.DEFAULTS, llama.config_from_llama, llama.config_to_llama, llama.to_llama, llama.from_llama),
-    NANOCHAT: Rotary(
-        nanochat.DEFAULTS,
-        nanochat.config_from_nanochat,
-        nanochat.config_to_nanochat,
-        nanochat.to_nanochat,
-        nanochat.from_nanochat,
-    ),
-}
+# The rotary families by model_type, each module with DEFAULTS (its config class's defaults for keys config.json
+# may leave out), read_config (config.json -> GPTConfig, the MLP at its default width), write_config (GPTConfig,
+# eos id -> config.json) and to_theirs / from_theirs (our state dict to theirs and back).
+ROTARY = {LLAMA: llama, NANOCHAT: nanochat}
 
 
 def config_from_hf(hf_config: dict) -> GPTConfig:
@@ -99,9 +70,8 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
     """
     kind = hf_config.get("model_type")
     if kind in ROTARY:
-        family = ROTARY[kind]
-        width = hf_config.get("intermediate_size", family.defaults["intermediate_size"])
-        return _with_mlp_width(family.read_config(hf_config), width, "intermediate_size")
+        width = hf_config.get("intermediate_size", ROTARY[kind].DEFAULTS["intermediate_size"])
+        return _with_mlp_width(ROTARY[kind].read_config(hf_config), width, "intermediate_size")
     if kind not in ARCHITECTURE_CLASS:
         raise ValueError(
             f"config.json has model_type {kind!r}: gptlab imports GPT-2 ({GPT2!r}), "
@@ -163,10 +133,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
             "model/block=llama, GQA exports as LlamaForCausalLM)"
         )
     kind = GPT2 if config.attention_kind == "MHA" else BIGCODE
-    gelu = "gelu_new" if kind == GPT2 else "gelu_pytorch_tanh"  # each class's own name for the tanh GELU
-    specific = {"activation_function": gelu if config.mlp == "gelu" else config.mlp}
-    if kind == BIGCODE:
-        specific["multi_query"] = True
+    gelu = SAME_FUNCTION[kind]["activation_function"][0]  # each class's own name for the tanh GELU
     return {
         "architectures": [ARCHITECTURE_CLASS[kind]],
         "model_type": kind,
@@ -176,14 +143,12 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
         "n_layer": config.n_layer,
         "n_head": config.n_head,
         "n_inner": config.mlp_hidden,
-        **specific,
-        "layer_norm_epsilon": LAYER_NORM_EPS,
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
+        "activation_function": gelu if config.mlp == "gelu" else config.mlp,
+        **({"multi_query": True} if kind == BIGCODE else {}),
+        "layer_norm_epsilon": NORM_EPS,
+        **dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), config.dropout),
         "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": eos_token_id,
-        "eos_token_id": eos_token_id,
+        **dict.fromkeys(("bos_token_id", "eos_token_id"), eos_token_id),
     }
 
 
@@ -191,37 +156,26 @@ def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, di
     """A transformers GPT-2 / GPTBigCode (MQA) / Llama / NanoChat model as our (GPTConfig, state dict).
 
     A tied model's state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
-    Raises ValueError when the weights do not fit the config or are not finite.
+    Raises ValueError when the weights do not fit the config or are not finite (a damaged file,
+    refused at import rather than found as a diverging loss).
     """
-    config = config_from_hf(hf_config)
-    _check_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
-    if hf_config["model_type"] in ROTARY:
-        family = ROTARY[hf_config["model_type"]]
-        meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
-        _check_fit(
-            {k: v for k, v in hf_state.items() if k not in shared_names(config)},
-            {name: tensor.shape for name, tensor in family.to_theirs(config, meta).items()},
-            "the weights",
-            "config.json",
-        )
-        return config, family.from_theirs(config, hf_state)
-    transposed = hf_config["model_type"] == GPT2
-    # Files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix.
-    prefixed = {
-        key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: tensor for key, tensor in hf_state.items()
-    }
-    named = {
-        name: tensor
-        for name, tensor in prefixed.items()
-        if name not in shared_names(config) and not GPT2_BUFFERS.search(name)
-    }
-    expected = {
-        name: _hf_layout(name, torch.empty(shape, device="meta"), transposed).shape
-        for name, shape in parameter_shapes(config).items()
-    }
-    _check_fit(named, expected, "the weights", "config.json")
-    check_tied_head(config, prefixed, PREFIX + "wte.weight")
-    return config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in named.items()}
+    config, kind = config_from_hf(hf_config), hf_config["model_type"]
+    broken = non_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
+    if broken:
+        raise ValueError(f"the weights hold NaN or infinite values, in {broken}")
+    meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
+    if kind in ROTARY:
+        named, expected = hf_state, ROTARY[kind].to_theirs(config, meta)
+    else:  # files saved from GPT2Model (like OpenAI's originals) lack the "transformer." prefix
+        prefixed = {key if key.startswith((PREFIX, "lm_head.")) else PREFIX + key: t for key, t in hf_state.items()}
+        named = {name: tensor for name, tensor in prefixed.items() if not GPT2_BUFFERS.search(name)}
+        expected = {name: _hf_layout(name, tensor, kind == GPT2) for name, tensor in meta.items()}
+    own = {name: tensor for name, tensor in named.items() if name not in shared_names(config)}
+    _check_fit(own, {name: tensor.shape for name, tensor in expected.items()}, "config.json")
+    if kind in ROTARY:
+        return config, ROTARY[kind].from_theirs(config, hf_state)
+    check_tied_head(config, named, PREFIX + "wte.weight")
+    return config, {name: _hf_layout(name, tensor, kind == GPT2).contiguous() for name, tensor in own.items()}
 
 
 def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None) -> tuple[dict, dict[str, Tensor]]:
@@ -231,13 +185,13 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
     the GPT-2 family always has them. Raises ValueError for GQA or ill-fitting weights.
     """
     hf_config = config_to_hf(config, eos_token_id)
+    kind = hf_config["model_type"]
     state = {name: tensor for name, tensor in state.items() if name not in shared_names(config)}
-    _check_fit(state, parameter_shapes(config), "the weights", "the model config")
-    if hf_config["model_type"] in ROTARY:
-        return hf_config, ROTARY[hf_config["model_type"]].to_theirs(config, state)
-    transposed = hf_config["model_type"] == GPT2
+    _check_fit(state, parameter_shapes(config), "the model config")
+    if kind in ROTARY:
+        return hf_config, ROTARY[kind].to_theirs(config, state)
     biased = _with_zero_biases(state)
-    return hf_config, {name: _hf_layout(name, tensor, transposed).contiguous() for name, tensor in biased.items()}
+    return hf_config, {name: _hf_layout(name, t, kind == GPT2).contiguous() for name, t in biased.items()}
 
 
 def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -> tuple[GPTConfig, dict[str, Tensor]]:
@@ -259,11 +213,16 @@ def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -
         )
     if target.mlp_hidden != config.mlp_hidden:
         raise ValueError(f"cannot pool a model whose MLP match_mha_params widened ({config.mlp_hidden} wide)")
-    pooled = {
-        name: _pool_fused_kv(tensor, config, n_kv_head) if name.endswith(FUSED_QKV) else tensor
-        for name, tensor in state.items()
-    }
-    return target, pooled
+    group = config.kv_heads // n_kv_head
+
+    def pool(fused: Tensor) -> Tensor:
+        """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,), k and v pooled:
+        (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group."""
+        q, k, v = split_qkv(fused, config)
+        kv = [heads.unflatten(0, (n_kv_head, group, config.head_dim)).mean(dim=1).flatten(0, 1) for heads in (k, v)]
+        return torch.cat([q, *kv])
+
+    return target, {name: pool(tensor) if name.endswith(FUSED_QKV) else tensor for name, tensor in state.items()}
 
 
 def crop_block_size(
@@ -304,31 +263,8 @@ def _with_zero_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return biased
 
 
-def _pool_fused_kv(fused: Tensor, config: GPTConfig, n_kv_head: int) -> Tensor:
-    """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,), rows laid out
-    [q | k | v], with k and v pooled from config.n_kv_head heads to n_kv_head."""
-    kv_dim = config.kv_heads * config.head_dim
-    q, k, v = fused.split((config.n_embd, kv_dim, kv_dim))
-    group = config.kv_heads // n_kv_head
-
-    def pool(heads: Tensor) -> Tensor:
-        # (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group
-        grouped = heads.unflatten(0, (n_kv_head, group, config.head_dim))
-        return grouped.mean(dim=1).flatten(0, 1)
-
-    return torch.cat([q, pool(k), pool(v)])
-
-
-def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], what: str, against: str) -> None:
+def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], against: str) -> None:
     """ValueError naming what is missing, unexpected or differently shaped."""
-    problems = fit_problems(state, expected, what, against)
+    problems = fit_problems(state, expected, "the weights", against)
     if problems:
-        raise ValueError(f"{what} do not fit {against}: {problems}")
-
-
-def _check_finite(hf_state: dict[str, Tensor]) -> None:
-    """ValueError naming the tensors that hold NaN or infinity: a damaged file, refused at
-    import rather than found as a diverging loss."""
-    broken = non_finite(hf_state)
-    if broken:
-        raise ValueError(f"the weights hold NaN or infinite values, in {broken}")
+        raise ValueError(f"the weights do not fit {against}: {problems}")

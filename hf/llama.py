@@ -19,7 +19,6 @@ from torch import Tensor
 from model.config import GPT2_BLOCK, LLAMA_BLOCK, NANOCHAT_BLOCK, NORM_EPS, GPTConfig
 
 LLAMA, NANOCHAT = "llama", "nanochat"
-ARCHITECTURE = "LlamaForCausalLM"
 SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
 # Llama settings under which it computes our function: key -> (transformers' default, allowed values).
 SAME_FUNCTION = {
@@ -81,26 +80,21 @@ def block_family(config: GPTConfig) -> str:
     }
     nearest = min(off, key=lambda family: (config.position not in FAMILY_BLOCKS[family]["position"], len(off[family])))
     if off[nearest]:
-        allowed = FAMILY_BLOCKS[nearest]
+        needs = [f"{key}={' or '.join(map(repr, FAMILY_BLOCKS[nearest][key]))}" for key in off[nearest]]
         raise ValueError(
             f"{', '.join(f'model.{key}={getattr(config, key)!r}' for key in off[nearest])} with "
             f"model.position={config.position!r} is a block no transformers class computes: "
-            f"{FAMILY_NAMES[nearest]} needs {', '.join(f'{key}={_either(allowed[key])}' for key in off[nearest])} "
-            f"(model/block={nearest}); the blocks that export are "
+            f"{FAMILY_NAMES[nearest]} needs {', '.join(needs)} (model/block={nearest}); the blocks that export are "
             f"{', '.join(f'model/block={f}' for f in FAMILY_BLOCKS)}, and the default block trained with "
             f"{' '.join(NANOCHAT_MODERN)} (NanoChatForCausalLM)"
         )
     return nearest
 
 
-def _either(values: tuple) -> str:
-    return " or ".join(map(repr, values))
-
-
-def config_to_llama(config: GPTConfig, eos_token_id: int | None) -> dict:
+def write_config(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a LlamaForCausalLM computing our Llama-block `config`."""
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": [FAMILY_NAMES[LLAMA]],
         "model_type": LLAMA,
         **rotary_decoder_config(config, eos_token_id),
         "head_dim": config.head_dim,
@@ -125,8 +119,7 @@ def rotary_decoder_config(config: GPTConfig, eos_token_id: int | None) -> dict:
         "attention_bias": False,
         "attention_dropout": config.dropout,
         "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": eos_token_id,
-        "eos_token_id": eos_token_id,
+        **dict.fromkeys(("bos_token_id", "eos_token_id"), eos_token_id),
     }
 
 
@@ -152,9 +145,9 @@ def tied(hf_config: dict, same_function: dict) -> bool:
     return bool(hf_config.get("tie_word_embeddings", same_function["tie_word_embeddings"][0]))
 
 
-def config_from_llama(hf_config: dict) -> GPTConfig:
-    """The GPTConfig of a Llama config.json (model_type "llama"); ValueError for one
-    gptlab's block cannot reproduce, naming the settings."""
+def read_config(hf_config: dict) -> GPTConfig:
+    """The GPTConfig of a Llama config.json, its MLP at the default width (hf/gpt2.py widens it);
+    ValueError for one gptlab's block cannot reproduce, naming the settings."""
     theta = rotary_base(hf_config, unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION))
     return GPTConfig(**rotary_shape(hf_config, theta), tie_embeddings=tied(hf_config, SAME_FUNCTION), **LLAMA_BLOCK)
 
@@ -162,15 +155,21 @@ def config_from_llama(hf_config: dict) -> GPTConfig:
 def rotary_base(hf_config: dict, problems: list[str]) -> float:
     """For Llama's and NanoChat's config.json (their sizes checked by `unsupported`, its lines in
     problems): the rotary base. ValueError naming every setting gptlab cannot reproduce: those in
-    problems, rotary scaling, a base that is no positive number, a head_dim of its own."""
-    rope = _rope(hf_config)
-    if rope["rope_type"] != "default":
-        problems.append(f"rotary scaling rope_type={rope['rope_type']!r} (supported: 'default', no scaling)")
-    theta = rope["rope_theta"]
+    problems, rotary scaling, a base that is no positive number, a head_dim of its own.
+
+    transformers 4.x's rope_scaling, when set, replaces 5's rope_parameters; rope_theta comes from
+    that dict, else the top level (4.x), else the default; rope_type, else its 4.x spelling "type"."""
+    key = "rope_scaling" if hf_config.get("rope_scaling") else "rope_parameters"
+    rope = hf_config.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"config.json's {key} is not a JSON object: {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", DEFAULTS["rope_type"]))
+    if rope_type != "default":
+        problems.append(f"rotary scaling rope_type={rope_type!r} (supported: 'default', no scaling)")
+    theta = rope.get("rope_theta", hf_config.get("rope_theta", DEFAULTS["rope_theta"]))
     if type(theta) not in (int, float) or not 0 < theta < math.inf:
         problems.append(f"rope_theta={theta!r} (supported: a positive number)")
-    n_embd, n_head = hf_config["hidden_size"], hf_config["num_attention_heads"]
-    head_dim = hf_config.get("head_dim")
+    n_embd, n_head, head_dim = hf_config["hidden_size"], hf_config["num_attention_heads"], hf_config.get("head_dim")
     if n_embd % n_head:
         problems.append(f"hidden_size={n_embd} is not a multiple of num_attention_heads={n_head}")
     elif head_dim is not None and head_dim != n_embd // n_head:
@@ -182,57 +181,32 @@ def rotary_base(hf_config: dict, problems: list[str]) -> float:
 
 def rotary_shape(hf_config: dict, theta: float) -> dict:
     """GPTConfig's shape settings from a Llama or NanoChat config.json that rotary_base checked."""
-    n_head = hf_config["num_attention_heads"]
     return dict(
         vocab_size=hf_config["vocab_size"],
         block_size=hf_config["max_position_embeddings"],
         n_layer=hf_config["num_hidden_layers"],
-        n_head=n_head,
-        n_kv_head=hf_config.get("num_key_value_heads") or n_head,
+        n_head=hf_config["num_attention_heads"],
+        n_kv_head=hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"],
         n_embd=hf_config["hidden_size"],
         dropout=0.0,
         rope_base=theta,
     )
 
 
-def _rope(hf_config: dict) -> dict:
-    """The rotary parameters as transformers reads them: 4.x's rope_scaling, when set, in place
-    of 5's rope_parameters; rope_theta from that dict, else the top level (4.x), else the
-    default; rope_type, else its 4.x spelling "type", else "default"."""
-    key = "rope_scaling" if hf_config.get("rope_scaling") else "rope_parameters"
-    if not isinstance(hf_config.get(key) or {}, dict):
-        raise ValueError(f"config.json's {key} is not a JSON object: {hf_config[key]!r}")
-    rope = dict(hf_config.get(key) or {})
-    rope.setdefault("rope_theta", hf_config.get("rope_theta", DEFAULTS["rope_theta"]))
-    rope.setdefault("rope_type", rope.get("type", DEFAULTS["rope_type"]))
-    return rope
-
-
-def to_llama(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our Llama-block state dict (a tied head left out) under LlamaForCausalLM's names."""
-    return to_decoder(config, state, OUTSIDE, LAYER_NAMES)
-
-
-def from_llama(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """LlamaForCausalLM's state dict under our names, c_attn fused again. A tied model's
-    stored lm_head must be the embedding itself. The names are checked before."""
-    return from_decoder(config, hf_state, OUTSIDE, LAYER_NAMES)
-
-
 def _same(rows: Tensor, config: GPTConfig) -> Tensor:
     return rows
 
 
-def to_decoder(
+def to_theirs(
     config: GPTConfig,
     state: dict[str, Tensor],
-    outside: dict[str, str],
-    layer_names: dict[str, str],
+    outside: dict[str, str] = OUTSIDE,
+    layer_names: dict[str, str] = LAYER_NAMES,
     turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
 ) -> dict[str, Tensor]:
-    """Our state dict under a Llama-like family's names (`outside` the blocks, `layer_names` in
-    each after "model.layers.<i>."), c_attn split into q_proj, k_proj and v_proj, whose q and k
-    rows `turn_qk` converts; a tied head left out."""
+    """Our state dict under LlamaForCausalLM's names, or a Llama-like family's (`outside` the blocks,
+    `layer_names` in each after "model.layers.<i>."), c_attn split into q_proj, k_proj and v_proj,
+    whose q and k rows `turn_qk` converts; a tied head left out."""
     named = {theirs: state[ours] for ours, theirs in outside.items()}
     if not config.tie_embeddings:
         named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
@@ -244,15 +218,15 @@ def to_decoder(
     return named
 
 
-def from_decoder(
+def from_theirs(
     config: GPTConfig,
     hf_state: dict[str, Tensor],
-    outside: dict[str, str],
-    layer_names: dict[str, str],
+    outside: dict[str, str] = OUTSIDE,
+    layer_names: dict[str, str] = LAYER_NAMES,
     turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
 ) -> dict[str, Tensor]:
-    """to_decoder's inverse (turn_qk its own inverse too); a tied model's stored lm_head must be
-    the embedding itself."""
+    """to_theirs's inverse (turn_qk its own inverse too), c_attn fused again; a tied model's stored
+    lm_head must be the embedding itself. The names are checked before."""
     check_tied_head(config, hf_state, outside["transformer.wte.weight"])
     named = {ours: hf_state[theirs] for ours, theirs in outside.items()}
     if not config.tie_embeddings:

@@ -1,28 +1,22 @@
 """Weights in and out of transformers' NanoChatForCausalLM (model_type "nanochat"), as plain dicts.
 
-Our nanochat block (model/block=nanochat: rotary positions, weightless RMSNorm, one more right after
-the token embedding, weightless per-head QK-norm, a relu2 MLP of two matrices, no biases) computes
-what NanoChatForCausalLM computes, with a tied or untied head (tie_word_embeddings), any number of
-key/value heads and an optional logit soft-cap (final_logit_softcapping). Two conventions differ,
-and each converts exactly:
-
-- transformers' nanochat turns rotary's channel pairs the other way: its rotate_half gives
-  (x2, -x1) where ours (and Llama's) gives (-x2, x1), so it rotates by minus our angle. Negating the
-  second half S of every query and key head turns one into the other: its rotation of S q is
-  S times ours of q, and the dot products of queries with keys, both carrying S, are ours.
+Our nanochat block (model/block=nanochat: rotary, weightless RMSNorms, one more after the token embedding, weightless
+per-head QK-norm, a relu2 MLP of two matrices, no biases) computes what NanoChatForCausalLM computes, with a tied or
+untied head, any number of key/value heads and an optional logit soft-cap (final_logit_softcapping). What differs
+converts exactly:
+- its rotate_half gives (x2, -x1) where ours (and Llama's) gives (-x2, x1): it rotates by minus our angle. Negating
+  the second half S of every query and key head turns one into the other: its rotation of S q is S times ours of q,
+  and the dot products of queries with keys, both carrying S, are ours.
 - it norms q and k after rotary, we before: a rotation keeps each head's norm, so both give the same.
-
-- its norms are weightless RMSNorms; ours may have gains (norm_weight; never the embedding's norm), be
-  LayerNorms (without biases), and the blocks' writes may be scaled (branch_scale). Each folds into
-  the weights exactly. A gain g before a matrix W is W's columns times g: W (g * n(x)) = (W diag g) n(x),
-  so ln_1's folds into c_attn, ln_2's into c_fc and ln_f's into the head. A LayerNorm is an RMSNorm
-  of the centred vector, so with the embedding's rows centred (their LayerNorm, which has no gain, is
-  then NanoChat's first RMSNorm) and every write into the stream centred (c_proj's columns), NanoChat's
-  stream is ours centred, and each of its RMSNorms is our LayerNorm. branch_scale multiplies c_proj.
-  The head, where a gain or the centring changes the embedding, is a matrix of its own (untied).
-
-The names change, c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj, and the MLP's c_fc
-and c_proj are fc1, fc2. A NanoChat read back has weightless RMSNorms: the same function, as the file holds it.
+- its norms are weightless RMSNorms; ours may have gains (norm_weight; never the embedding's norm), be LayerNorms
+  (without biases), and the blocks' writes may be scaled (branch_scale). Each folds into the weights exactly. A gain g
+  before a matrix W is W's columns times g: W (g * n(x)) = (W diag g) n(x), so ln_1's folds into c_attn, ln_2's into
+  c_fc and ln_f's into the head. A LayerNorm is an RMSNorm of the centred vector, so with the embedding's rows centred
+  and every write into the stream centred (c_proj's columns), NanoChat's stream is ours centred, and each of its
+  RMSNorms is our LayerNorm. branch_scale multiplies c_proj. The head, where a gain or the centring changes the
+  embedding, is a matrix of its own (untied).
+The names change: c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj; c_fc and c_proj are fc1 and fc2.
+A NanoChat read back has weightless RMSNorms: the same function, as the file holds it.
 """
 
 from __future__ import annotations
@@ -34,21 +28,11 @@ from torch import Tensor
 
 from model.config import NANOCHAT_BLOCK, GPTConfig
 
-from .llama import (
-    NANOCHAT,
-    SHAPE_KEYS,
-    TIED_HEAD,
-    from_decoder,
-    rotary_base,
-    rotary_decoder_config,
-    rotary_shape,
-    tied,
-    to_decoder,
-    unsupported,
-)
+from . import llama
+from .llama import NANOCHAT, SHAPE_KEYS, TIED_HEAD, rotary_base, rotary_decoder_config, rotary_shape, tied, unsupported
 
 ARCHITECTURE = "NanoChatForCausalLM"
-TRANSFORMERS_NEEDED = "5.0"  # the first release with NanoChatForCausalLM
+NEEDED = "5.0"  # the first release with NanoChatForCausalLM
 # NanoChat settings under which it computes our function: key -> (transformers' default, allowed values).
 SAME_FUNCTION = {
     "hidden_act": ("relu2", ("relu2",)),
@@ -67,7 +51,7 @@ WTE = "transformer.wte.weight"
 EMBEDDING = {WTE: "model.embed_tokens.weight"}
 
 
-def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
+def write_config(config: GPTConfig, eos_token_id: int | None) -> dict:
     """config.json of a NanoChatForCausalLM computing our nanochat-block `config`."""
     config = as_stored(config)
     return {
@@ -81,7 +65,7 @@ def config_to_nanochat(config: GPTConfig, eos_token_id: int | None) -> dict:
     }
 
 
-def config_from_nanochat(hf_config: dict) -> GPTConfig:
+def read_config(hf_config: dict) -> GPTConfig:
     """The GPTConfig of a NanoChat config.json (model_type "nanochat"), its MLP at the default
     width (hf/gpt2.py widens it); ValueError for one gptlab's block cannot reproduce, naming the settings."""
     problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
@@ -101,21 +85,15 @@ def config_from_nanochat(hf_config: dict) -> GPTConfig:
     )
 
 
-def to_nanochat(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+def to_theirs(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names, folded."""
-    return to_decoder(as_stored(config), fold(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
+    return llama.to_theirs(as_stored(config), fold(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
 
 
 def as_stored(config: GPTConfig) -> GPTConfig:
     """The config a NanoChat export of `config` holds (see the docstring)."""
-    own_head = config.norm_weight or config.norm == "layernorm"
-    return replace(
-        config,
-        norm="rmsnorm",
-        norm_weight=False,
-        branch_scale=1.0,
-        tie_embeddings=config.tie_embeddings and not own_head,
-    )
+    tied = config.tie_embeddings and not (config.norm_weight or config.norm == "layernorm")  # else its own head
+    return replace(config, norm="rmsnorm", norm_weight=False, branch_scale=1.0, tie_embeddings=tied)
 
 
 def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -133,25 +111,18 @@ def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
         for proj in ("attn.c_proj.weight", "mlp.c_proj.weight"):  # (n_embd, inputs): a column is one write
             changed[block + proj] = config.branch_scale * centred(state[block + proj], 0)
         if config.norm_weight:
-            for norm, matrix in (("ln_1", "attn.c_attn"), ("ln_2", "mlp.c_fc")):
-                changed[f"{block}{matrix}.weight"] = (
-                    state[f"{block}{matrix}.weight"] * state[f"{block}{norm}.weight"].float()
-                )
+            for norm, matrix in (("ln_1.weight", "attn.c_attn.weight"), ("ln_2.weight", "mlp.c_fc.weight")):
+                changed[block + matrix] = state[block + matrix] * state[block + norm].float()
     if config.norm_weight:
         changed[TIED_HEAD] = changed[TIED_HEAD] * state["transformer.ln_f.weight"].float()
-    folded = {
-        name: tensor
-        for name, tensor in state.items()
-        if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
-    }
+    folded = {name: t for name, t in state.items() if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))}
     folded |= {name: tensor.to(state[name if name in state else WTE].dtype) for name, tensor in changed.items()}
-    return folded  # a head still tied stays out of the export: to_decoder writes lm_head only untied
+    return folded  # a head still tied stays out of the export: llama.to_theirs writes lm_head only untied
 
 
-def from_nanochat(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """NanoChatForCausalLM's state dict under our names, c_attn fused again. A tied model's stored
-    lm_head must be the embedding itself. The names are checked before."""
-    return from_decoder(config, hf_state, EMBEDDING, LAYER_NAMES, flip_rotary)
+def from_theirs(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """NanoChatForCausalLM's state dict under our names (llama.from_theirs)."""
+    return llama.from_theirs(config, hf_state, EMBEDDING, LAYER_NAMES, flip_rotary)
 
 
 def flip_rotary(rows: Tensor, config: GPTConfig) -> Tensor:
@@ -165,17 +136,14 @@ def transformers_line(out_dir: str) -> str:
     """What an export says about loading it: the transformers release NanoChatForCausalLM needs,
     and whether the one installed here (if any) has it."""
     try:
+        import transformers
+    except ImportError:
+        return f"{out_dir}: transformers is not installed here; {ARCHITECTURE} needs transformers >= {NEEDED}"
+    try:
         from transformers import NanoChatForCausalLM  # noqa: F401  (transformers >= 5.0)
     except ImportError:
-        try:
-            import transformers
-        except ImportError:
-            return (
-                f"{out_dir}: transformers is not installed here; "
-                f"NanoChatForCausalLM needs transformers >= {TRANSFORMERS_NEEDED}"
-            )
         return (
-            f"{out_dir}: transformers {transformers.__version__} here has no NanoChatForCausalLM: "
-            f"load this directory with transformers >= {TRANSFORMERS_NEEDED}"
+            f"{out_dir}: transformers {transformers.__version__} here has no {ARCHITECTURE}: "
+            f"load this directory with transformers >= {NEEDED}"
         )
-    return f"{out_dir}: loads with transformers >= {TRANSFORMERS_NEEDED} (NanoChatForCausalLM)"
+    return f"{out_dir}: loads with transformers >= {NEEDED} ({ARCHITECTURE})"
