@@ -1,21 +1,16 @@
 """Typed schemas for the YAML files in this directory, and the one place each setting lives.
 
-A field holds a setting's type, its default, its rule (`setting(default, rule)`, see
-rules.py) and, in the docstring under it, its one-line documentation; `python -m conf`
-writes docs/configuration.md from them. train.yaml only chooses presets, and a preset
-only sets what it changes.
-
-Hydra merges every YAML file and command-line override into these dataclasses;
-conf/cli.py has already refused, in one line, any command-line override Hydra would
-refuse (a misspelt key, a value of the wrong type, a missing preset). `load_config`
-then builds the dataclasses, which check their own rules (GPTConfig, DataConfig and
-the ones below), and raises one ValueError (a SettingsError) naming every bad setting,
-a line each, before any data or model work starts.
+A field holds a setting's type, its default, its rule (`setting(default, rule)`, see rules.py) and, in the docstring
+under it, its one-line documentation, from which `python -m conf` writes docs/configuration.md. train.yaml only
+chooses presets, and a preset only sets what it changes. Hydra merges the YAML files and command-line overrides
+(conf/cli.py has refused those Hydra would) into these dataclasses; `load_config` builds them, each checking its
+rules, and raises one ValueError (a SettingsError) naming every bad setting, a line each, before any work starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -249,30 +244,26 @@ class Config:
         return 0 if self.seed_scope == "weights" else self.seed
 
 
-def register_configs() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
-
-
 def load_config(cfg: DictConfig, schema: type = Config, prefix: str = "") -> Any:
-    """The composed config (or its section `prefix`) as validated dataclasses of `schema`
-    (a SettingsError naming every setting that breaks a rule)."""
+    """The composed config (or its section `prefix`) as validated dataclasses of `schema` (a SettingsError naming
+    every setting that breaks a rule)."""
     _reject_unknown_keys(cfg, schema, prefix)
     with one_line_errors(), all_problems():
         return OmegaConf.to_object(cfg)
 
 
 def read_settings(schema: type, values: Any) -> Any:
-    """Settings read from a file (a checkpoint's config.yaml) as the dataclass `schema`: typed
-    by OmegaConf's merge, then checked by the dataclass (a SettingsError naming every bad setting)."""
+    """Settings read from a file (a checkpoint's config.yaml) as the dataclass `schema`: typed by OmegaConf's merge,
+    then checked by the dataclass (a SettingsError naming every bad setting)."""
     with one_line_errors(), all_problems():
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
 
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Hydra's and OmegaConf's errors (an interpolation that does not resolve, a preset a
-    YAML file names that does not exist) as a one-line ValueError: the message and the first
-    line of its cause, without the config search path Hydra lists after a missing preset."""
+    """Hydra's and OmegaConf's errors (an interpolation that does not resolve, a preset a YAML file names that does
+    not exist) as a one-line ValueError: the message and the first line of its cause, without the config search
+    path Hydra lists after a missing preset."""
     try:
         yield
     except (HydraException, OmegaConfBaseException) as err:
@@ -288,12 +279,9 @@ def one_line_errors() -> Iterator[None]:
 
 
 def model_preset(name: str, *overrides: str) -> GPTConfig:
-    """A model preset from conf/model/ as a GPTConfig, without running an app.
-
-    `model_preset("gpt2", "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`:
-    overrides use the same syntax as the command line. The preset comes with GPT-2's recipe and
-    block (recipe=gpt2) unless an override chooses another recipe or block (model/block=llama).
-    """
+    """A model preset from conf/model/ as a GPTConfig, without running an app: `model_preset("gpt2",
+    "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`, overrides as on the command line. It
+    comes with GPT-2's recipe and block (recipe=gpt2) unless an override chooses another recipe or block."""
     from hydra import compose, initialize_config_dir
 
     recipe = [] if any(o.startswith("recipe=") for o in overrides) else ["recipe=gpt2"]
@@ -304,18 +292,12 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
 
 def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
     """Hydra lets `+section.key=...` through the schema on purpose; we do not."""
-    known = {f.name: f for f in fields(schema)}
+    known, hints = [f.name for f in fields(schema)], typing.get_type_hints(schema)
     for key in node:
         if key not in known:
             raise ValueError(f"{prefix}{key} is not a setting of {schema.__name__}; known: {', '.join(known)}")
-        field_type = _dataclass_of(known[key])
-        if field_type is not None and node[key] is not None:
-            _reject_unknown_keys(node[key], field_type, prefix=f"{prefix}{key}.")
+        if is_dataclass(hints[key]) and node[key] is not None:
+            _reject_unknown_keys(node[key], hints[key], prefix=f"{prefix}{key}.")
 
 
-def _dataclass_of(f) -> type | None:
-    default = f.default_factory() if callable(f.default_factory) else None
-    return type(default) if is_dataclass(default) else None
-
-
-register_configs()
+ConfigStore.instance().store(name="config_schema", node=Config)

@@ -91,9 +91,8 @@ def presets(group: str, what_it_is: bool = False) -> str:
     rows = [f"| `{group}=` | {'what it is' if what_it_is else 'what it sets'} |", "|---|---|"]
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         if what_it_is:
-            lines = [
-                line[2:] for line in path.read_text().splitlines() if line.startswith("# ") and "@package" not in line
-            ]
+            comments = [line for line in path.read_text().splitlines() if "@package" not in line]
+            lines = [line[2:] for line in comments if line.startswith("# ")]
             prose = itertools.takewhile(lambda line: not line.startswith(" "), lines)  # up to a command
             said = " ".join(prose).split(". ")[0].rstrip(".:") + "."
         else:
@@ -108,11 +107,8 @@ def recipes() -> str:
     rows = ["| `recipe=` | its block (`model/block=`) | what else it sets |", "|---|---|---|"]
     for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
         values = OmegaConf.to_container(OmegaConf.load(path)) or {}
-        block = next(
-            entry["override /model/block"]
-            for entry in values.pop("defaults")
-            if isinstance(entry, dict) and "override /model/block" in entry
-        )
+        chosen = [entry for entry in values.pop("defaults") if isinstance(entry, dict)]
+        block = next(entry[key] for entry in chosen for key in entry if key == "override /model/block")
         said = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in _leaves(values)) or "nothing: the defaults"
         rows.append(f"| `{path.stem}` | `{block}` | {_cell(said)} |")
     return "\n".join(rows) + "\n"
@@ -154,11 +150,8 @@ def main(args: list[str]) -> None:
     check = parser.parse_args(args).check  # --help prints and exits here, before anything is written
     text = reference()
     if check:
-        sys.exit(
-            0
-            if REFERENCE.is_file() and REFERENCE.read_text() == text
-            else f"{REFERENCE} is out of date: run python -m conf"
-        )
+        current = REFERENCE.is_file() and REFERENCE.read_text() == text
+        sys.exit(0 if current else f"{REFERENCE} is out of date: run python -m conf")
     REFERENCE.write_text(text)
     print(f"wrote {REFERENCE}")
 

@@ -31,49 +31,20 @@ PARSER = OverridesParser.create()
 # checks this table against that parser, so a Hydra that changes them fails there first.
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 HYDRA_OPTIONS: dict[str, bool | tuple[str, ...]] = {
-    **dict.fromkeys(
-        [
-            "--help",
-            "-h",
-            "--hydra-help",
-            "--version",
-            "--resolve",
-            "--run",
-            "-r",
-            "--multirun",
-            "-m",
-            "--shell-completion",
-            "-sc",
-        ],
-        False,
-    ),
-    **dict.fromkeys(
-        [
-            "--cfg",
-            "-c",
-            "--package",
-            "-p",
-            "--config-path",
-            "-cp",
-            "--config-name",
-            "-cn",
-            "--config-dir",
-            "-cd",
-            "--experimental-rerun",
-        ],
-        True,
-    ),
-    **dict.fromkeys(["--info", "-i"], INFO_TOPICS),
+    **dict.fromkeys(("--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r"), False),
+    **dict.fromkeys(("--multirun", "-m", "--shell-completion", "-sc"), False),
+    **dict.fromkeys(("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn"), True),
+    **dict.fromkeys(("--config-dir", "-cd", "--experimental-rerun"), True),
+    **dict.fromkeys(("--info", "-i"), INFO_TOPICS),
 }
 # Settings' names in other tools, suggested as a near spelling is: torch and transformers say dtype.
 OTHER_NAMES = {"dtype": "precision", "torch_dtype": "precision"}
 
 
 def check_overrides(args: list[str], schema: type, config_name: str) -> None:
-    """Exit with one error, a line per problem, when an argument of a command line of
-    conf/<config_name>.yaml (whose values `schema` types) is one Hydra would refuse, or one
-    that would quietly do what no one means; the rules the other arguments break are listed
-    with them, so that one error says all there is to fix."""
+    """Exit with one error, a line per problem, when an argument of a command line of conf/<config_name>.yaml (typed
+    by `schema`) is one Hydra would refuse or one that would quietly do what no one means, listing with them the rules
+    the other arguments break, so that one error says all there is to fix."""
     options = hydra_option_positions(args)
     multirun = any(args[i] in ("-m", "--multirun") for i in options)
     groups = config_groups(config_name)
@@ -85,8 +56,8 @@ def check_overrides(args: list[str], schema: type, config_name: str) -> None:
 
 
 def broken_rules_of(overrides: list[str], schema: type, config_name: str) -> list[str]:
-    """The rule violations of conf/<config_name>.yaml under these (readable) overrides, as
-    load_config would report them; a sweep is checked at its first value of each list."""
+    """The rule violations of conf/<config_name>.yaml under these (readable) overrides, as load_config would report
+    them; a sweep is checked at its first value of each list."""
     first_values = [_first_of_sweep(override) for override in overrides]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -100,10 +71,8 @@ def broken_rules_of(overrides: list[str], schema: type, config_name: str) -> lis
 
 def _first_of_sweep(override: str) -> str:
     parsed = PARSER.parse_overrides([override])[0]
-    if not parsed.is_sweep_override():
-        return override
-    first = next(iter(parsed.sweep_iterator()))
-    return f"{parsed.get_key_element()}={first}"
+    first = next(iter(parsed.sweep_iterator())) if parsed.is_sweep_override() else None
+    return f"{parsed.get_key_element()}={first}" if parsed.is_sweep_override() else override
 
 
 def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = False) -> str | None:
@@ -143,10 +112,9 @@ def config_groups(config_name: str) -> set[str]:
 
 
 def named_settings(overrides: list[str], section: str) -> dict[str, str]:
-    """The settings of `section` (e.g. model) that the command-line `overrides` name, each
-    with the override that names it: `model.qk_norm=true` names qk_norm, and a preset of a
-    group under the section (`model/block=llama`) every setting its file sets. A setting
-    named both ways is the setting's override's, which wins in Hydra too."""
+    """The settings of `section` (e.g. model) that the command-line `overrides` name, each with the override that
+    names it: `model.qk_norm=true` names qk_norm, and a preset of a group under the section (`model/block=llama`)
+    every setting its file sets. A setting named both ways is the setting's override's, which wins in Hydra too."""
     presets, values = {}, {}
     for override in PARSER.parse_overrides(overrides):
         key, value = override.key_or_group, override.value()
@@ -181,8 +149,8 @@ def unknown_setting(key: str, schema: type) -> str | None:
 
 
 def wrong_type(key: str, values: list[Any], schema: type) -> str | None:
-    """Why some value cannot be given to the setting `key` of `schema`, or None: OmegaConf,
-    which Hydra merges with, is the judge, and the field's annotation the rule named."""
+    """Why some value cannot be given to the setting `key` of `schema`, or None: OmegaConf, which Hydra merges
+    with, is the judge, and the field's annotation the rule named."""
     config = OmegaConf.structured(schema)
     for value in values:
         try:
@@ -193,8 +161,7 @@ def wrong_type(key: str, values: list[Any], schema: type) -> str | None:
 
 
 def setting_type(key: str, schema: type) -> tuple[Any, str | None]:
-    """The annotation of the setting `key` (dotted) of the dataclass `schema`, or why there
-    is no such setting."""
+    """The annotation of the setting `key` (dotted) of the dataclass `schema`, or why there is no such setting."""
     hint, path = schema, []
     for part in key.split("."):
         if not is_dataclass(hint):
@@ -228,11 +195,9 @@ def describe(hint: Any) -> str:
 
 
 def prompt_from_words(args: list[str]) -> list[str]:
-    """sample.py's arguments with its plain words (`python sample.py "it's, here"`), or a
-    `prompt=` whose text Hydra cannot read (`prompt=x=1`), turned into one prompt override,
-    quoted for Hydra so that commas, quotes, parentheses and `${` reach the prompt as typed.
-    Hydra's own options (`--cfg job`, `--help`) stay options; other words starting with `-`
-    are text."""
+    """sample.py's arguments with its plain words (`python sample.py "it's, here"`) or a `prompt=` Hydra cannot read
+    (`prompt=x=1`) turned into one prompt override, quoted for Hydra so that commas, quotes, parentheses and `${`
+    reach the prompt as typed. Hydra's options (`--cfg job`, `--help`) stay options; other words with `-` are text."""
     options = hydra_option_positions(args)
     is_word = [i not in options and not OVERRIDE.match(arg) for i, arg in enumerate(args)]
     is_unreadable = [arg.startswith("prompt=") and not readable(arg) for arg in args]
@@ -247,8 +212,8 @@ def prompt_from_words(args: list[str]) -> list[str]:
 
 
 def hydra_option_positions(args: list[str]) -> set[int]:
-    """Where Hydra's command-line options (`--help`, `-m`, `--cfg job`, `--info=plugins`)
-    and their values are in `args`; `--` ends them."""
+    """Where Hydra's options (`--help`, `-m`, `--cfg job`, `--info=plugins`) and their values are in `args`;
+    `--` ends them."""
     positions: set[int] = set()
     for i, arg in enumerate(args):
         if arg == "--":
@@ -264,13 +229,11 @@ def hydra_option_positions(args: list[str]) -> set[int]:
 
 
 def options_first(args: list[str]) -> list[str]:
-    """`args` with Hydra's options (and their values) ahead of the overrides, where
-    Hydra's parser needs them (`train.py model=nano -m seed=1,2` works too); `--`, which
-    only separated them, is dropped."""
+    """`args` with Hydra's options (and their values) ahead of the overrides, where Hydra's parser needs them
+    (`train.py model=nano -m seed=1,2` works too); `--`, which only separated them, is dropped."""
     options = hydra_option_positions(args)
-    return [arg for i, arg in enumerate(args) if i in options and arg != "--"] + [
-        arg for i, arg in enumerate(args) if i not in options
-    ]
+    first = [arg for i, arg in enumerate(args) if i in options and arg != "--"]
+    return first + [arg for i, arg in enumerate(args) if i not in options]
 
 
 def readable(arg: str) -> bool:
