@@ -7,15 +7,11 @@
     python train.py experiment=gpt2_fineweb          # GPT-2 small on a GPU: llm.c's recipe, cited
     torchrun --nproc_per_node=8 train.py experiment=gpt2_fineweb  # data parallel over 8 GPUs (or CPU processes)
 
-The story of one run, top to bottom through train() and run_training(): validate the config,
-join the process group (under torchrun), start the run (its directory, new or resumed, held by
-one writer), then set_up(): prepare the data, build the model (fresh or from a checkpoint) and
-restore a resume's state, build the step (batch_size=auto: at the largest micro-batch that
-fits); loop, finish. estimate=true and max_iters=0's evaluation are built by the same set_up().
-A step (train_step): forward under autocast, backward with gradient accumulation, clip, update,
-all decided on the device. The host reads the step's results only at boundaries (every
-log_interval steps, at evaluation and at a stop), where it logs; every eval_interval steps all
-ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at a boundary.
+The story of one run, top to bottom: validate the config, join the process group (under torchrun), start
+the run (its directory, new or resumed, held by one writer), set_up() its data, model, a resume's state and
+the step (which also builds estimate=true and max_iters=0's evaluation), loop, finish. The host reads the
+steps' results only every log_interval steps, at evaluation and at a stop; every eval_interval steps all
+ranks evaluate and rank 0 saves a checkpoint; a signal stops the run cleanly at such a boundary.
 """
 
 from __future__ import annotations
@@ -52,6 +48,7 @@ from run.distributed import (
     init_distributed,
     main_decides,
     shutdown,
+    wrap_model,
 )
 from run.init_from import check_model_path
 from run.runtime import Precision, configure_cuda, resolve_precision, rng_state, seed_everything
@@ -61,36 +58,23 @@ from training.budget import run_budget
 from training.estimate import WARMUP_STEPS, estimate_line, estimate_steps, peak_line, tokens_line
 from training.evaluate import Evaluator
 from training.logger import RunLogger, check_wandb
-from training.mfu import Peak, estimate_mfu, run_peak, slow_cpu_precision
+from training.mfu import Peak, estimate_mfu, run_peak
 from training.microbatch import (
     MicroBatch,
     Plan,
-    build_trainer,
-    choice_line,
+    choose_micro_batch,
     device_memory,
     out_of_memory_advised,
     plan_micro_batches,
 )
-from training.optim import build_optimizer, schedule_scale
-from training.step import (
-    Prefetcher,
-    RandomBatches,
-    Trainer,
-    TrainWindow,
-    WindowSummary,
-    check_finite,
-    learning_rate,
-    schedule_warnings,
-    train_step,
-)
+from training.optim import build_optimizer, set_learning_rate
+from training.step import Prefetcher, RandomBatches, Trainer, TrainWindow, check_finite, run_warnings, train_step
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> Path | None:
-    with exits(
-        out_of_memory="lower batch_size, model.block_size or the model's size",  # train() says more
-        writing="writing the run",
-    ):
+    # out_of_memory's advice is the last resort: train() gives one that fits the config
+    with exits(out_of_memory="lower batch_size, model.block_size or the model's size", writing="writing the run"):
         return train(cfg)  # the run directory: Hydra hands it to callbacks (evaluation/after_training.py)
 
 
@@ -139,54 +123,48 @@ class Setup:
 
 
 def set_up(
-    spec: RunSpec,
-    ranks: Ranks,
-    device: torch.device,
-    plan: Plan | None,
-    restore: Callable[..., tuple[int, float, str]] | None = None,
+    spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan | None, restore: Callable | None = None
 ) -> Setup:
     """The one path that builds a run (restore: its StartedRun.restore), an estimate
     (config.estimate) and max_iters=0's evaluation (plan None), phase by phase."""
     config = spec.config
     estimate = plan is not None and config.estimate
     # The device: the run's precision, CUDA's matmul mode, this rank's random streams seeded.
-    precision = seed_device(config, ranks, device)
+    precision = resolve_precision(config.precision, device, cpu_bf16=True)
+    if device.type == "cuda":
+        configure_cuda(config.tf32)
+    seed_everything(config.weights_seed + ranks.rank)  # ranks draw different dropout masks
     # The data and the model (fresh, from init_from's weights, or in a resume's shape). An estimate
     # prepares no corpus where the vocabulary is known without it, and builds a new run's model.
     known = model_without_corpus(config, device) if estimate else None
     if known:
         (model, vocab_size), data, origin = known, None, ""
     else:
-        data = prepare_data(config, ranks)
+        # Every rank prepares: the first to take the data directory's lock tokenises (if needed) while
+        # the others wait on that lock, not in a collective that would time out on a large corpus;
+        # then they reuse its shards, checking only sizes (rank 0 hashes them).
+        data = prepare(config.data if ranks.is_main else replace(config.data, verify="size"))
         model, origin = build_model(config, None if estimate else spec.resume_from, data.tokenizer(), device)
         vocab_size = data.tokenizer().vocab_size
     if plan is None:  # an evaluation: a resume's weights, no step
         if spec.resume_from:
             load_weights(model, spec.resume_from.model_state)
         return Setup(config, precision, data, model, vocab_size, origin)
-    # The budget, the optimizer, a resume's training state (the run's config recorded) and the
-    # step at its micro-batch (batch_size=auto tries it on the device).
+    # The budget, the optimizer, a resume's training state (the run's config recorded), the model
+    # evaluation runs (compiled when asked) and the step at its micro-batch (batch_size=auto's, the
+    # largest that fits, tried on the device).
     tokens_per_step = plan.sequences * model.config.block_size * ranks.world_size
     budget = run_budget(config, model.config, tokens_per_step)
     config = replace(config, max_iters=budget.max_iters)
     optimizer, scaler = build_optimizer(model, config.optim, device.type), precision.grad_scaler()
     step, best_val_loss, resumed = restore(model, optimizer, scaler, config) if restore else (0, math.inf, "")
-    compiled, trainer, micro = build_trainer(
-        config, plan, model, optimizer, scaler, precision, ranks, device, vocab_size=vocab_size
-    )
+    compiled = torch.compile(model) if config.compile else model
+    micro = choose_micro_batch(plan, model, compiled, config, precision, ranks, device, vocab_size)
+    wrapped = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
+    trainer = Trainer(wrapped, optimizer, scaler, precision.autocast(), micro.accum, config.optim.grad_clip, ranks)
+    config, notes, restored = replace(config, batch_size=micro.size), (budget.reason, resumed), (step, best_val_loss)
     return Setup(
-        replace(config, batch_size=micro.size),
-        precision,
-        data,
-        model,
-        vocab_size,
-        origin,
-        compiled=compiled,
-        trainer=trainer,
-        micro=micro,
-        tokens_per_step=tokens_per_step,
-        notes=(budget.reason, resumed),
-        restored=(step, best_val_loss),
+        config, precision, data, model, vocab_size, origin, compiled, trainer, micro, tokens_per_step, notes, restored
     )
 
 
@@ -203,99 +181,80 @@ class Session:
     save: Callable[..., Path]  # Checkpoints.save, of the model, its config and the tokenizer's files
     logger: RunLogger
     tokens_per_step: int
-    flops_per_token: float
-    peak: Peak | None
+    mfu: Callable[[float], float] | None  # of one device's tokens/s; None: the peak is unknown
 
 
 def run_training(run: StartedRun, plan: Plan) -> Path:
     ranks, device = run.ranks, run.device
     setup = set_up(run.spec, ranks, device, plan, restore=run.restore)
-    config, data, model, micro = setup.config, setup.data, setup.model, setup.micro
+    config, data, model, micro, precision = setup.config, setup.data, setup.model, setup.micro, setup.precision
     tokenizer, block_size, (step, best_val_loss) = data.tokenizer(), model.config.block_size, setup.restored
-    precision = setup.precision
+    # The batches, the evaluation, the checkpoints (a trained BPE's tokenizer.json beside config.yaml) and the log.
+    loader = BatchLoader(
+        data.data_dir,
+        "train",
+        block_size,
+        config.batch_size,
+        config.batches_seed,
+        ranks.rank,
+        ranks.world_size,
+        device,
+        micro.accum,
+    )
+    evaluate = partial(Evaluator.for_run(config, data, block_size, precision, ranks, device), setup.compiled)
+    described = {"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()}
+    save = partial(run.checkpoints.save, model=model, config=described, files=tokenizer.files())
+    logger = RunLogger(
+        run.run_dir,
+        start_step=step,
+        max_iters=config.max_iters,
+        progress=config.logging.progress,
+        wandb_settings=asdict(config.logging.wandb),
+        config=run.settings,
+        enabled=ranks.is_main,
+    )
     peak = run_peak(config.logging.peak_flops, device, precision.name, tf32=config.tf32) if ranks.is_main else None
-    # The batches, the evaluation, the checkpoints and the log.
-    session = Session(
-        config=config,
-        ranks=ranks,
-        device=device,
-        trainer=setup.trainer,
-        batches=train_batches(config, data, block_size, ranks, device, micro.accum),
-        evaluate=partial(evaluator(config, data, block_size, precision, ranks, device), setup.compiled),
-        save=partial(
-            run.checkpoints.save,
-            model=model,
-            config={"model": asdict(model.config), "data": asdict(config.data), "tokenizer": tokenizer.describe()},
-            files=tokenizer.files(),  # a trained BPE's tokenizer.json, beside config.yaml
-        ),
-        logger=RunLogger(
-            run.run_dir,
-            start_step=step,
-            max_iters=config.max_iters,
-            progress=config.logging.progress,
-            wandb_settings=asdict(config.logging.wandb),
-            config=run.settings,
-            enabled=ranks.is_main,
-        ),
-        tokens_per_step=setup.tokens_per_step,
-        flops_per_token=model.flops_per_token(block_size),
-        peak=peak,
+    mfu = partial(estimate_mfu, model.flops_per_token(), peak_flops=peak.flops) if peak else None
+    s = Session(
+        config, ranks, device, setup.trainer, Prefetcher(loader), evaluate, save, logger, setup.tokens_per_step, mfu
     )
     # The loop.
-    session.logger.print(header(session, setup, run.run_dir, notes=(run.takeover, setup.origin, *setup.notes)))
+    logger.print(header(setup, run, peak))
     if plan.auto:  # what batch_size=auto chose and measured, printed and in metrics.jsonl
-        session.logger.print(choice_line(micro, setup.tokens_per_step))
-        session.logger.log(micro.record(step), echo=False)
+        logger.print(micro.line(setup.tokens_per_step))
+        logger.log(micro.record(step), echo=False)
     for warning in run_warnings(config, device, precision.name) if ranks.is_main else ():
-        session.logger.print(f"warning: {warning}")
+        logger.print(f"warning: {warning}")
     resume_from = run.spec.resume_from
-    checkpoint, step = train_loop(session, step, best_val_loss, resume_from.path if resume_from else None)
+    checkpoint, step = train_loop(s, step, best_val_loss, resume_from.path if resume_from else None)
     # The end: every rank waits for the last checkpoint, then where it is and how to go on.
-    session.logger.close()
+    logger.close()
     barrier(ranks)  # no rank leaves before rank 0 has written the last checkpoint
     command_finished()  # nothing prints after the lines below, whatever signal comes
-    session.logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run.run_dir}")
+    logger.print(f"checkpoint: {checkpoint}\nsample from it: python sample.py checkpoint={run.run_dir}")
     if step < config.max_iters:  # a signal stopped it (under torchrun, the launcher's traceback follows)
-        session.logger.print(f"stopped cleanly at step {step} of {config.max_iters}: resume={run.run_dir} continues it")
+        logger.print(f"stopped cleanly at step {step} of {config.max_iters}: resume={run.run_dir} continues it")
     return run.run_dir
 
 
 def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
     """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
     the data, printed; no run directory is made."""
-    setup = set_up(spec, ranks, device, plan=None)
-    model, data, block_size = setup.model, setup.data, setup.model.config.block_size
-    metrics = evaluator(setup.config, data, block_size, setup.precision, ranks, device)(model, final=True)
-    if ranks.is_main:
-        resume_from = spec.resume_from
-        source = (
-            resume_from.path if resume_from else (setup.origin or "a freshly initialised model (init_from=scratch)")
-        )
-        print(
-            f"evaluated {source} on {data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
-            f"val windows of {block_size} tokens, {setup.precision.name}"
-        )
-        for split in ("train", "val"):
-            print(
-                f"{split:<5} loss {metrics[f'{split}_loss']:.4f} | ppl {metrics[f'{split}_ppl']:.2f} | "
-                f"{metrics[f'{split}_bpb']:.4f} bits/byte"
-            )
-
-
-def evaluator(config: Config, data, block_size: int, precision, ranks: Ranks, device: torch.device) -> Evaluator:
-    micro_batch = config.eval_batch_size if config.batch_size == "auto" else config.batch_size  # auto: max_iters=0
-    return Evaluator(
-        data.data_dir,
-        block_size=block_size,
-        batch_size=config.eval_batch_size or micro_batch,
-        micro_batch=micro_batch,
-        eval_iters=config.eval_iters,
-        whole_val=config.eval_whole_val,
-        token_bytes=data.tokenizer().token_bytes(),
-        precision=precision,
-        ranks=ranks,
-        device=device,
+    s = set_up(spec, ranks, device, plan=None)
+    block_size = s.model.config.block_size
+    metrics = Evaluator.for_run(s.config, s.data, block_size, s.precision, ranks, device)(s.model, final=True)
+    if not ranks.is_main:
+        return
+    source = (
+        spec.resume_from.path if spec.resume_from else s.origin or "a freshly initialised model (init_from=scratch)"
     )
+    print(
+        f"evaluated {source} on {s.data.data_dir}: {metrics['train_windows']:,} train and {metrics['val_windows']:,} "
+        f"val windows of {block_size} tokens, {s.precision.name}"
+    )
+    for split in ("train", "val"):
+        loss, ppl, bpb = (metrics[f"{split}_{key}"] for key in ("loss", "ppl", "bpb"))
+        print(f"{split:<5} loss {loss:.4f} | ppl {ppl:.2f} | {bpb:.4f} bits/byte")
 
 
 def estimate_only(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan) -> None:
@@ -303,47 +262,35 @@ def estimate_only(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan)
     precision, compile and processes) timed on random tokens of its vocabulary, the corpus left
     unprepared where the vocabulary is known without it; prints the run's tokens, time, cost and
     peak memory; no run directory is made."""
-    setup = set_up(spec, ranks, device, plan)
-    config, model, data, trainer, micro = setup.config, setup.model, setup.data, setup.trainer, setup.micro
-    batches = RandomBatches(setup.vocab_size, micro.size, model.config.block_size, device)
+    s = set_up(spec, ranks, device, plan)
+    config, micro, tokens_per_step = s.config, s.micro, s.tokens_per_step
+    batches = RandomBatches(s.vocab_size, micro.size, s.model.config.block_size, device)
     warmup, timed = estimate_steps(config.estimate_steps, micro.accum)
-    timed_steps(trainer, batches, config, warmup)
+    timed_steps(s.trainer, batches, config, warmup)
     memory = device_memory(device)  # None on a CPU
     with memory.watch() if memory else contextlib.nullcontext():  # the peak of the run's own steps
-        seconds = timed_steps(trainer, batches, config, timed)
+        seconds = timed_steps(s.trainer, batches, config, timed)
     if not ranks.is_main:
         return
-    if data is None:
-        source = (
-            f"no data prepared: the steps run on random tokens of the {setup.vocab_size:,}-"
-            "token vocabulary, as a step's time does not depend on the text"
-        )
-    else:
-        source = (
-            f"data.tokenizer={config.data.tokenizer}"
-            f"{'' if config.init_from == 'scratch' else ' from a checkpoint'}: its "
-            f"vocabulary comes from the corpus, so {data.data_dir} was prepared; the steps run on random tokens"
-        )
+    source = (
+        f"no data prepared: the steps run on random tokens of the {s.vocab_size:,}-token vocabulary, as a step's "
+        "time does not depend on the text"
+        if s.data is None
+        else f"data.tokenizer={config.data.tokenizer}{'' if config.init_from == 'scratch' else ' from a checkpoint'}: "
+        f"its vocabulary comes from the corpus, so {s.data.data_dir} was prepared; the steps run on random tokens"
+    )
     print(
-        f"estimate=true (nothing written; {source}): {model.num_params():,} parameters | {device} "
-        f"{setup.precision.name} x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} "
+        f"estimate=true (nothing written; {source}): {s.model.num_params():,} parameters | {device} "
+        f"{s.precision.name} x {ranks.world_size} process(es) | {micro.accum} micro-batch(es) of {micro.size} "
         "per process"
     )
     if plan.auto:
-        print(choice_line(micro, setup.tokens_per_step))
+        print(micro.line(tokens_per_step))
     print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
-    train_tokens = data.meta["tokens"]["train"] if data else None
-    print(tokens_line(max_iters=config.max_iters, tokens_per_step=setup.tokens_per_step, train_tokens=train_tokens))
-    print(
-        estimate_line(
-            tok_per_s=setup.tokens_per_step * len(timed) / seconds,
-            measured=(timed[0] + 1, timed[-1] + 1),
-            steps_to_go=config.max_iters,
-            tokens_per_step=setup.tokens_per_step,
-            world_size=ranks.world_size,
-            gpu_hour=config.cost.gpu_hour,
-        )
-    )
+    train_tokens = s.data.meta["tokens"]["train"] if s.data else None
+    print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step, train_tokens=train_tokens))
+    rate, measured = tokens_per_step * len(timed) / seconds, (timed[0] + 1, timed[-1] + 1)
+    print(estimate_line(rate, measured, config.max_iters, tokens_per_step, ranks.world_size, config.cost.gpu_hour))
 
 
 def timed_steps(t: Trainer, batches: RandomBatches, config: Config, steps: range) -> float:
@@ -354,24 +301,6 @@ def timed_steps(t: Trainer, batches: RandomBatches, config: Config, steps: range
         result = train_step(t, batches, step)
     result.loss.item()  # waits for the device
     return time.perf_counter() - start
-
-
-def train_batches(
-    config: Config, data: PreparedData, block_size: int, ranks: Ranks, device: torch.device, accum: int
-) -> Prefetcher:
-    return Prefetcher(
-        BatchLoader(
-            data.data_dir,
-            "train",
-            block_size,
-            config.batch_size,
-            config.batches_seed,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            device=device,
-            accum_steps=accum,
-        )
-    )
 
 
 def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | None) -> tuple[Path | None, int]:
@@ -395,70 +324,28 @@ def train_loop(s: Session, step: int, best_val_loss: float, checkpoint: Path | N
                 continue
             summary = window.read()  # the host waits for the device here, and only here
             check_finite(summary, config.on_nonfinite, checkpoint, s.logger, config.optim.name)
-            tok_per_s = log_train(s, step, lr, summary, time.perf_counter() - window_start)
+            tok_per_s = s.tokens_per_step * summary.steps / (time.perf_counter() - window_start)  # all processes
+            mfu = s.mfu(tok_per_s / s.ranks.world_size) if s.mfu else None
+            record = {"kind": "train", "step": step, "loss": summary.loss, "lr": lr, "tokens": step * s.tokens_per_step}
+            record |= {"tok_per_s": tok_per_s, "mfu": mfu, "grad_norm": summary.grad_norm, "skipped": summary.skipped}
+            s.logger.log(record)
             if step - summary.steps >= estimate_from:
                 log_estimate(s, tok_per_s, measured=(step - summary.steps + 1, step))
                 estimate_from = math.inf
             if at_eval or summary.stop:
                 checkpoint, best_val_loss = evaluate_and_save(s, step, best_val_loss, evaluate=at_eval)
             if summary.stop:
-                s.logger.print(
-                    f"{stop.requested or 'signal on another rank'}: saved {checkpoint} and stopped at step {step}"
-                )
+                stopped = stop.requested or "signal on another rank"
+                s.logger.print(f"{stopped}: saved {checkpoint} and stopped at step {step}")
                 break
             window_start = time.perf_counter()  # evaluation and saving are not training time
     return checkpoint, step
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:
-    """Every param group's learning rate for this step: the schedule, scaled to the group's
-    own peak (Muon's muon_lr); returns the schedule's own (AdamW's), which the log records."""
-    lr = learning_rate(
-        step,
-        max_lr=config.optim.learning_rate,
-        min_lr=config.optim.min_lr,
-        warmup_iters=config.optim.warmup_iters,
-        decay_iters=config.optim.decay_iters or config.max_iters,
-        cooldown_frac=config.optim.cooldown_frac,
-    )
-    for param_group in optimizer.param_groups:
-        param_group["lr"] = lr * schedule_scale(param_group, config.optim)
-    return lr
-
-
-def log_train(s: Session, step: int, lr: float, summary: WindowSummary, seconds: float) -> float:
-    """Logs the window's train record; returns its tokens/s."""
-    tok_per_s = s.tokens_per_step * summary.steps / seconds  # all processes together
-    per_device = tok_per_s / s.ranks.world_size
-    mfu = estimate_mfu(s.flops_per_token, per_device, s.peak.flops) if s.peak else None
-    s.logger.log(
-        {
-            "kind": "train",
-            "step": step,
-            "loss": summary.loss,
-            "lr": lr,
-            "tokens": step * s.tokens_per_step,
-            "tok_per_s": tok_per_s,
-            "mfu": mfu,
-            "grad_norm": summary.grad_norm,
-            "skipped": summary.skipped,
-        }
-    )
-    return tok_per_s
-
-
 def log_estimate(s: Session, tok_per_s: float, measured: tuple[int, int]) -> None:
     """The time (and, with cost.gpu_hour, the cost) of the steps to max_iters at the measured rate."""
-    s.logger.print(
-        estimate_line(
-            tok_per_s=tok_per_s,
-            measured=measured,
-            steps_to_go=s.config.max_iters - measured[1],
-            tokens_per_step=s.tokens_per_step,
-            world_size=s.ranks.world_size,
-            gpu_hour=s.config.cost.gpu_hour,
-        )
-    )
+    to_go, gpu_hour = s.config.max_iters - measured[1], s.config.cost.gpu_hour
+    s.logger.print(estimate_line(tok_per_s, measured, to_go, s.tokens_per_step, s.ranks.world_size, gpu_hour))
 
 
 def log_eval(s: Session, step: int, metrics: dict[str, float]) -> None:
@@ -476,13 +363,8 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     rng_states = gather_to_main(s.ranks, rng_state(s.device))
     checkpoint, failure = None, None
     if s.ranks.is_main:
-        state = {
-            "step": step,
-            "best_val_loss": best_val_loss,
-            "optimizer": s.trainer.optimizer.state_dict(),
-            "scaler": s.trainer.scaler.state_dict(),
-            "rng": rng_states,
-        }
+        state = {"step": step, "best_val_loss": best_val_loss, "optimizer": s.trainer.optimizer.state_dict()}
+        state |= {"scaler": s.trainer.scaler.state_dict(), "rng": rng_states}
         try:
             checkpoint = s.save(step, state=state, is_best=is_best)
         except CheckpointError as err:
@@ -493,53 +375,18 @@ def evaluate_and_save(s: Session, step: int, best_val_loss: float, *, evaluate: 
     return checkpoint, best_val_loss
 
 
-def header(s: Session, setup: Setup, run_dir: Path, notes: tuple[str, ...]) -> str:
-    c = setup.model.config
-    peak = (
-        f"MFU against {s.peak.flops / 1e12:,.3g} TFLOP/s ({s.peak.source})"
-        if s.peak
-        else "MFU not reported: unknown peak"
-    )
+def header(setup: Setup, run: StartedRun, peak: Peak | None) -> str:
+    c, tokens_per_step = setup.model.config, setup.tokens_per_step
+    mfu = f"MFU against {peak.flops / 1e12:,.3g} TFLOP/s ({peak.source})" if peak else "MFU not reported: unknown peak"
     lines = [
-        f"run {run_dir} | {setup.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
-        f"{c.kv_heads} kv heads, context {c.block_size}) | {s.device} {setup.precision.name} x "
-        f"{s.ranks.world_size} process(es) | {s.tokens_per_step:,} tokens/step ({setup.micro.accum} "
-        f"micro-batches per process) | {peak}",
-        tokens_line(
-            max_iters=s.config.max_iters,
-            tokens_per_step=s.tokens_per_step,
-            train_tokens=setup.data.meta["tokens"]["train"],
-        ),
-        *notes,
+        f"run {run.run_dir} | {setup.model.num_params():,} parameters ({c.attention_kind}, {c.n_head} heads, "
+        f"{c.kv_heads} kv heads, context {c.block_size}) | {run.device} {setup.precision.name} x "
+        f"{run.ranks.world_size} process(es) | {tokens_per_step:,} tokens/step ({setup.micro.accum} "
+        f"micro-batches per process) | {mfu}",
+        tokens_line(setup.config.max_iters, tokens_per_step, setup.data.meta["tokens"]["train"]),
+        *(run.takeover, setup.origin, *setup.notes),
     ]
     return "\n".join(line for line in lines if line)
-
-
-def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:
-    """Settings that are legal but probably not meant, or slow where they run."""
-    warnings = schedule_warnings(
-        max_iters=config.max_iters,
-        warmup_iters=config.optim.warmup_iters,
-        decay_iters=config.optim.decay_iters or config.max_iters,
-    )
-    slow = slow_cpu_precision(precision) if device.type == "cpu" else None
-    return warnings + ([slow] if slow else [])
-
-
-def seed_device(config: Config, ranks: Ranks, device: torch.device) -> Precision:
-    """The run's precision, CUDA's matmul mode set and this rank's random streams seeded."""
-    precision = resolve_precision(config.precision, device, cpu_bf16=True)
-    if device.type == "cuda":
-        configure_cuda(config.tf32)
-    seed_everything(config.weights_seed + ranks.rank)  # ranks draw different dropout masks
-    return precision
-
-
-def prepare_data(config: Config, ranks: Ranks) -> PreparedData:
-    """Every rank prepares. The first to take the data directory's lock tokenises (if needed)
-    while the others wait on that lock, not in a collective that would time out on a large
-    corpus; then they reuse its shards, checking only sizes (rank 0 hashes them)."""
-    return prepare(config.data if ranks.is_main else replace(config.data, verify="size"))
 
 
 if __name__ == "__main__":

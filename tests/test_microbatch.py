@@ -211,7 +211,7 @@ def test_an_out_of_memory_in_a_run_says_what_to_change_under_its_batching(
     monkeypatch.setattr(microbatch, "device_memory", lambda device: CountedMemory(1e12))  # a GPU's, for auto
     monkeypatch.setattr(
         train,
-        "build_trainer",
+        "choose_micro_batch",
         lambda *args, **kwargs: (_ for _ in ()).throw(
             torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
         ),

@@ -10,8 +10,7 @@ from torch import nn
 
 from attention_variants import BLOCKS
 from conf import Config, OptimConfig
-from train import set_learning_rate
-from training.optim import build_optimizer
+from training.optim import build_optimizer, set_learning_rate
 from training.step import learning_rate
 
 MUON = OptimConfig(name="muon", learning_rate=1e-2, min_lr=1e-3, muon_lr=0.05, muon_momentum=0.9, muon_weight_decay=0.1)

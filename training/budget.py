@@ -1,8 +1,5 @@
-"""How many optimizer steps a run takes (training/microbatch.py: how many micro-batches make one).
-
-max_iters is taken as given, or derived from the model.
-
-Two settings derive it, for ablations whose arms must be fair in a stated way:
+"""How many optimizer steps a run takes: max_iters as given, or derived from the model by one of two
+settings, for ablations whose arms must be fair in a stated way:
 - tokens_per_param: the steps that give each non-embedding parameter of the MHA model
   of this shape that many training tokens (a size ladder's budget grows with the model,
   and every attention variant of one shape gets the same tokens);
@@ -26,12 +23,7 @@ class Budget:
 
 
 def training_budget(
-    *,
-    max_iters: int,
-    tokens_per_param: float | None,
-    match_mha_flops: bool,
-    model_config: GPTConfig,
-    tokens_per_step: int,
+    max_iters: int, tokens_per_param: float | None, match_mha_flops: bool, model_config: GPTConfig, tokens_per_step: int
 ) -> Budget:
     if tokens_per_param is None and not match_mha_flops:
         return Budget(max_iters, "")
@@ -52,9 +44,5 @@ def training_budget(
 def run_budget(config: Config, model_config: GPTConfig, tokens_per_step: int) -> Budget:
     """The run's steps, of `tokens_per_step` tokens each (all processes together)."""
     return training_budget(
-        max_iters=config.max_iters,
-        tokens_per_param=config.tokens_per_param,
-        match_mha_flops=config.match_mha_flops,
-        model_config=model_config,
-        tokens_per_step=tokens_per_step,
+        config.max_iters, config.tokens_per_param, config.match_mha_flops, model_config, tokens_per_step
     )

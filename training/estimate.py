@@ -1,10 +1,5 @@
-"""What a run will cost, said before it has spent much: its tokens against the prepared
-data, and, from a measured rate, its training time and its price.
-
-Pure arithmetic and formatting, so tests check it with known numbers; train.py measures
-the rate and prints the lines (in the run's header, after the first steps, and for
-estimate=true).
-"""
+"""What a run will cost, said before it has spent much: its tokens against the prepared data and,
+from a rate train.py measures, its training time and price. Pure arithmetic and formatting."""
 
 from __future__ import annotations
 
@@ -24,9 +19,7 @@ class Estimate:
     cost: float | None  # gpu_hours x the price of a GPU-hour; None without a price
 
 
-def estimate(
-    *, steps: int, tokens_per_step: int, tok_per_s: float, world_size: int, gpu_hour: float | None
-) -> Estimate:
+def estimate(steps: int, tokens_per_step: int, tok_per_s: float, world_size: int, gpu_hour: float | None) -> Estimate:
     """`steps` optimizer steps of `tokens_per_step` tokens at `tok_per_s` (all processes together)."""
     seconds = steps * tokens_per_step / tok_per_s
     gpu_hours = seconds / 3600 * world_size
@@ -41,7 +34,7 @@ def estimate_steps(micro_batches: int, accum: int) -> tuple[range, range]:
     return range(warmup), range(warmup, warmup + math.ceil(micro_batches / accum))
 
 
-def tokens_line(*, max_iters: int, tokens_per_step: int, train_tokens: int | None) -> str:
+def tokens_line(max_iters: int, tokens_per_step: int, train_tokens: int | None) -> str:
     """The run's tokens, the prepared train split's, and how many passes over it they make
     (batches are random windows: a pass is that many tokens drawn, not each token once)."""
     total = max_iters * tokens_per_step
@@ -71,23 +64,11 @@ def rounded(count: int) -> str:
 
 
 def estimate_line(
-    *,
-    tok_per_s: float,
-    measured: tuple[int, int],
-    steps_to_go: int,
-    tokens_per_step: int,
-    world_size: int,
-    gpu_hour: float | None,
+    tok_per_s: float, measured: tuple[int, int], steps_to_go: int, tokens_per_step: int, world_size: int, gpu_hour
 ) -> str:
     """One line: the measured rate (over optimizer steps measured[0]..measured[1]), the
     time the steps to go take at that rate and, with a price, what they cost."""
-    e = estimate(
-        steps=steps_to_go,
-        tokens_per_step=tokens_per_step,
-        tok_per_s=tok_per_s,
-        world_size=world_size,
-        gpu_hour=gpu_hour,
-    )
+    e = estimate(steps_to_go, tokens_per_step, tok_per_s, world_size, gpu_hour)
     cost = (
         "cost.gpu_hour=<price> adds the cost"
         if e.cost is None

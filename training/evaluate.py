@@ -1,21 +1,13 @@
-"""Evaluation on every rank: the same windows of each split every time, in every run on
-the same data, shared out among the ranks and summed by one all-reduce.
+"""Evaluation on every rank: the same windows of each split every time, in every run on the same
+data (eval_iters batches drawn once per data directory, context and batch size, whatever the run's
+seed), so differences between runs are differences between models; batch i goes to rank i mod
+world_size, so the result does not depend on the number of processes. A batch goes through the model
+in pieces of the run's micro-batch. With eval_whole_val the val split is covered whole instead, by
+every non-overlapping window, at the final evaluation ("final") or at every one ("always").
 
-The windows do not depend on the run's seed: every arm and seed of a sweep is measured
-on the same text (eval_iters batches drawn once per data directory, context and batch
-size), so differences between runs are differences between models, not between samples.
-A batch goes through the model in pieces of the run's micro-batch, so eval_batch_size may
-hold more windows than a training micro-batch (batch_size=auto's choice varies by GPU).
-With eval_whole_val the val split is instead covered whole, by every non-overlapping
-window, at the final evaluation ("final") or at every one ("always").
-
-Batch i of a split goes to rank i mod world_size, so the windows evaluated, and so the
-result, do not depend on the number of processes (up to summation order).
-
-Besides the loss in nats per token (the mean over windows, each window's mean over its
-tokens) and its standard error over the windows: bits per byte, the same targets' total
-loss over the UTF-8 bytes they stand for (the tokenizer's token_bytes), which compares
-across tokenizers, char-level and BPE alike.
+Besides the loss in nats per token (the mean over windows) and its standard error over the windows:
+bits per byte, the targets' total loss over the UTF-8 bytes they stand for (the tokenizer's
+token_bytes), which compares across tokenizers.
 """
 
 from __future__ import annotations
@@ -29,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conf import WHOLE_VAL  # eval_whole_val: which evaluations cover the whole val split
-from data import BatchLoader, DataError
+from conf import Config
+from data import BatchLoader, DataError, PreparedData
 from run.distributed import Ranks, all_reduce_sum
 from run.runtime import Precision
 
@@ -53,19 +45,37 @@ class Evaluator:
         device: torch.device,
         micro_batch: int | None = None,
     ) -> None:
-        assert whole_val in WHOLE_VAL, whole_val
         self.loaders = {
             split: BatchLoader(data_dir, split, block_size, batch_size, EVAL_SEED, device=device) for split in SPLITS
         }
-        self.eval_iters, self.whole_val, self.precision, self.ranks, self.device = (
-            eval_iters,
-            whole_val,
-            precision,
-            ranks,
-            device,
-        )
+        self.eval_iters, self.whole_val, self.precision, self.ranks = eval_iters, whole_val, precision, ranks
+        self.device = device
         self.micro_batch = micro_batch or batch_size  # a batch's windows go through the model this many at a time
         self.token_bytes = torch.tensor(token_bytes, dtype=torch.float64, device=device)  # (tokenizer vocab,)
+
+    @classmethod
+    def for_run(
+        cls,
+        config: Config,
+        data: PreparedData,
+        block_size: int,
+        precision: Precision,
+        ranks: Ranks,
+        device: torch.device,
+    ) -> Evaluator:
+        micro_batch = config.eval_batch_size if config.batch_size == "auto" else config.batch_size  # auto: max_iters=0
+        return cls(
+            data.data_dir,
+            block_size=block_size,
+            batch_size=config.eval_batch_size or micro_batch,
+            micro_batch=micro_batch,
+            eval_iters=config.eval_iters,
+            whole_val=config.eval_whole_val,
+            token_bytes=data.tokenizer().token_bytes(),
+            precision=precision,
+            ranks=ranks,
+            device=device,
+        )
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, *, final: bool = False) -> dict[str, float]:

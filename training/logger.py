@@ -6,6 +6,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,14 @@ from tqdm import tqdm
 
 from run.metrics import METRICS, rewrite_up_to
 
+_META = ("kind", "step", "time")  # a record's keys that are not metrics
+
 
 class RunLogger:
-    """Writes every record to <run_dir>/metrics.jsonl, shows progress on the
-    console (a live bar on a terminal, plain lines otherwise) and mirrors
-    records to wandb when wandb.mode is offline or online.
-
-    Resuming at step k drops records after k when steps after k are about to be
-    trained (start_step < max_iters), so the log of a resumed run reads exactly like the
-    log of a run that was never interrupted; a resume that trains nothing keeps the log
-    whole. A last line cut short by a crash or a full disk is dropped, and said so.
+    """Every record to <run_dir>/metrics.jsonl, the console (a live bar on a terminal, plain lines
+    otherwise) and wandb (wandb.mode offline or online). Resuming at step k drops the records after k
+    when steps after k are about to be trained (start_step < max_iters), so a resumed run's log reads
+    like an uninterrupted one's; a last line cut short by a crash or a full disk is dropped, and said so.
     """
 
     def __init__(
@@ -42,13 +41,8 @@ class RunLogger:
         self.path = Path(run_dir) / METRICS
         torn = rewrite_up_to(self.path, start_step if start_step < max_iters else None)
         self.file = self.path.open("a")
-        self.bar = tqdm(
-            total=max_iters,
-            initial=start_step,
-            desc="train",
-            dynamic_ncols=True,
-            disable=not (progress and sys.stderr.isatty()),
-        )
+        live = progress and sys.stderr.isatty()
+        self.bar = tqdm(total=max_iters, initial=start_step, desc="train", dynamic_ncols=True, disable=not live)
         self.wandb_run = _start_wandb(wandb_settings, config, Path(run_dir))
         if torn:
             self.print(f"{self.path}: dropped its last line, cut short by an interrupted write: {torn[:60]!r}")
@@ -63,14 +57,17 @@ class RunLogger:
         self.file.flush()
         if self.wandb_run is not None:
             self.wandb_run.log(
-                {f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "step", "time")},
+                {f"{record['kind']}/{k}": v for k, v in record.items() if k not in _META},
                 step=record["step"],
             )
         if record["kind"] == "train" and not self.bar.disable:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(_format(record, ("loss", "lr", "tok_per_s", "mfu")), refresh=True)
         elif echo:
-            self.print(f"step {record['step']:>6} | {record['kind']:<5} | " + _format(record, _shown(record)))
+            self.print(
+                f"step {record['step']:>6} | {record['kind']:<5} | "
+                + _format(record, [k for k in record if k not in _META])
+            )
 
     def print(self, text: str) -> None:
         if self.enabled:
@@ -85,27 +82,18 @@ class RunLogger:
             self.wandb_run.finish()
 
 
-def _shown(record: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(k for k in record if k not in ("kind", "step", "time"))
+def _format(record: dict[str, Any], keys: Iterable[str]) -> str:
+    return " | ".join(_part(key, record[key]) for key in keys if record.get(key) is not None)
 
 
-def _format(record: dict[str, Any], keys: tuple[str, ...]) -> str:
-    parts = []
-    for key in keys:
-        value = record.get(key)
-        if value is None:
-            continue
-        if key == "lr":
-            parts.append(f"lr {value:.2e}")
-        elif key in ("tok_per_s", "tokens"):
-            parts.append(f"{key} {value:,.0f}")
-        elif key == "mfu":
-            parts.append(f"mfu {100 * value:.1f}%")
-        elif isinstance(value, float):
-            parts.append(f"{key} {value:.4f}")
-        else:
-            parts.append(f"{key} {value}")
-    return " | ".join(parts)
+def _part(key: str, value: Any) -> str:
+    if key == "lr":
+        return f"lr {value:.2e}"
+    if key in ("tok_per_s", "tokens"):
+        return f"{key} {value:,.0f}"
+    if key == "mfu":
+        return f"mfu {100 * value:.1f}%"
+    return f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
 
 
 def check_wandb(mode: str) -> None:

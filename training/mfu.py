@@ -33,7 +33,7 @@ GPU_PEAKS = (
     ("V100 PCIe", r"V100-PCIE.*", {"fp16": 112e12, "tf32": 14e12, "fp32": 14e12}),
     ("T4", r"T4", {"fp16": 65e12, "tf32": 8.1e12, "fp32": 8.1e12}),
 )
-_VENDOR_WORDS = re.compile(r"^(?:NVIDIA|TESLA|GEFORCE)\s+", re.IGNORECASE)
+_VENDOR_WORDS = re.compile(r"^(?:(?:NVIDIA|TESLA|GEFORCE)\s+)+", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,7 @@ def estimate_mfu(flops_per_token: float, tokens_per_second: float, peak_flops: f
 def gpu_datasheet_peak(device_name: str, precision: str) -> Peak | None:
     """The datasheet peak of a GPU known by its exact name (as torch.cuda.get_device_name
     gives it), for precision bf16 | fp16 | tf32 | fp32; None for any other GPU."""
-    name = device_name.strip()
-    while _VENDOR_WORDS.match(name):
-        name = _VENDOR_WORDS.sub("", name, count=1)
+    name = _VENDOR_WORDS.sub("", device_name.strip())
     for label, pattern, peaks in GPU_PEAKS:
         if re.fullmatch(pattern, name.upper()) and precision in peaks:
             return Peak(peaks[precision], f"{label} datasheet, {precision}")
@@ -74,9 +72,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> Peak 
 
 def run_peak(setting: float | None, device: torch.device, precision: str, tf32: bool) -> Peak | None:
     """A run's peak: logging.peak_flops when set, else peak_flops's."""
-    if setting:
-        return Peak(setting, "logging.peak_flops")
-    return peak_flops(device, precision, tf32=tf32)
+    return Peak(setting, "logging.peak_flops") if setting else peak_flops(device, precision, tf32=tf32)
 
 
 def slow_cpu_precision(precision: str) -> str | None:
@@ -95,11 +91,9 @@ def slow_cpu_precision(precision: str) -> str | None:
 
 
 def measure_matmul_flops(size: int = 2048, trials: int = 3, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of square matmuls on the CPU: the practical peak a model's matmuls can
-    reach here (a CPU has no datasheet figure that software attains). The best of a
-    few short trials, so a busy moment on a shared machine does not set the peak.
-    The operands come from a generator of their own: a run's random streams are
-    left exactly as they were (resume stays exact)."""
+    """FLOP/s of square matmuls on the CPU, the practical peak a model's matmuls reach here: the best of
+    a few trials (a busy moment does not set it), on operands from a generator of their own (a run's
+    random streams are left as they were: resume stays exact)."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, dtype=dtype, generator=generator)
     b = torch.randn(size, size, dtype=dtype, generator=generator)

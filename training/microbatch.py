@@ -1,19 +1,14 @@
-"""The micro-batch a run steps with: batch_size's number, or for batch_size=auto the largest
-that fits, found on the device before training.
+"""The micro-batch a run steps with: batch_size's number, or for batch_size=auto the largest that fits,
+found on the device before training.
 
-batch_size=auto runs the run's own step (training/step.py's train_step: forward, backward and
-the optimizer's update, under the run's precision, autocast and torch.compile) on random tokens
-at the micro-batches that divide tokens_per_step exactly, bisecting between the largest that
-fits and the smallest that does not. A micro-batch fits when it raises no out-of-memory and its
-peak stays MARGIN below what the device holds for this process. Accumulation keeps
-tokens_per_step whatever the choice. The trial leaves the run as it found it: it steps a
-throwaway optimizer and scaler, puts the weights and random streams back, and frees its
-gradients. Under DDP each rank tries alone (an out-of-memory on one rank would leave the others
-waiting in an all-reduce) with DDP's gradient buckets added to its peak, and all ranks take the
-smallest choice.
-
-On a CPU there is no device memory to search: an allocation past the host's RAM swaps or is
-killed by the kernel rather than raising, so batch_size=auto is refused there by name.
+batch_size=auto runs the run's own step (train_step, under the run's precision and compile) on random
+tokens at the micro-batches that divide tokens_per_step, bisecting between the largest that fits (no
+out-of-memory, and a peak MARGIN below what the device holds for this process) and the smallest that
+does not; accumulation keeps tokens_per_step. The trial steps a throwaway optimizer and scaler, then
+puts the weights and random streams back and frees its gradients. Under DDP each rank tries alone (an
+out-of-memory on one would leave the others waiting in an all-reduce), DDP's buckets added to its peak,
+and all take the smallest choice. On a CPU, an allocation past the RAM swaps or is killed rather than
+raising, so batch_size=auto is refused there by name.
 """
 
 from __future__ import annotations
@@ -22,14 +17,13 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from conf import Config, OptimConfig
-from run.distributed import Ranks, wrap_model
+from run.distributed import Ranks
 from run.runtime import Precision
 from system import UserError, describe_out_of_memory
 from training.estimate import gib
@@ -65,43 +59,21 @@ class MicroBatch:
 
     def record(self, step: int) -> dict:
         """metrics.jsonl's record of batch_size=auto's choice."""
-        return {
-            "kind": "micro_batch",
-            "step": step,
-            "batch_size": self.size,
-            "accum": self.accum,
-            "peak_bytes": self.peak,
-            "capacity_bytes": self.capacity,
-            "tried": {str(size): peak for size, peak in self.tried.items()},
-        }
+        record = {"kind": "micro_batch", "step": step, "batch_size": self.size, "accum": self.accum}
+        tried = {str(size): peak for size, peak in self.tried.items()}
+        return {**record, "peak_bytes": self.peak, "capacity_bytes": self.capacity, "tried": tried}
 
-
-def build_trainer(
-    config: Config,
-    plan: Plan,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    precision: Precision,
-    ranks: Ranks,
-    device: torch.device,
-    *,
-    vocab_size: int,
-) -> tuple[torch.nn.Module, Trainer, MicroBatch]:
-    """The model evaluation runs (compiled when asked), the step's Trainer and its micro-batch:
-    batch_size's, or batch_size=auto's, the largest that fits, tried on the device."""
-    compiled = torch.compile(model) if config.compile else model
-    micro = choose_micro_batch(plan, model, compiled, config, precision, ranks, device, vocab_size)
-    trainer = Trainer(
-        wrap_model(compiled, ranks, device),  # DDP broadcasts rank 0's weights here
-        optimizer,
-        scaler,
-        precision.autocast(),
-        accum_steps=micro.accum,
-        grad_clip=config.optim.grad_clip,
-        ranks=ranks,
-    )
-    return compiled, trainer, micro
+    def line(self, tokens_per_step: int) -> str:
+        """What batch_size=auto chose, and what it measured."""
+        tried = ", ".join(
+            f"{size}: {'out of memory' if peak is None else gib(peak)}"
+            for size, peak in sorted(self.tried.items(), reverse=True)
+        )
+        peak = "not tried on this rank" if self.peak is None else gib(self.peak)
+        return (
+            f"batch_size=auto: {self.size} sequences per micro-batch, {self.accum} per step keep tokens_per_step="
+            f"{tokens_per_step:,} | peak {peak} of {gib(self.capacity)}, {MARGIN:.0%} kept free | tried {tried}"
+        )
 
 
 def plan_micro_batches(config: Config, block_size: int, world_size: int, device: torch.device) -> Plan:
@@ -131,14 +103,9 @@ def plan_micro_batches(config: Config, block_size: int, world_size: int, device:
     return Plan(tuple(size for size in range(sequences, 0, -1) if sequences % size == 0), sequences, auto=True)
 
 
-class DeviceMemory(Protocol):
-    def capacity(self) -> int: ...
-    def watch(self) -> contextlib.AbstractContextManager: ...  # peak() then reads what ran inside
-    def peak(self) -> int: ...
-
-
 class CudaMemory:
-    """CUDA's caching allocator: the bytes it reserved (what an allocation fails against)."""
+    """CUDA's caching allocator: the bytes it reserved (what an allocation fails against); watch(), then
+    peak() reads what ran inside."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -158,7 +125,7 @@ class CudaMemory:
         return torch.cuda.max_memory_reserved(self.device)
 
 
-def device_memory(device: torch.device) -> DeviceMemory | None:
+def device_memory(device: torch.device) -> CudaMemory | None:
     """What batch_size=auto measures on `device`: CUDA's allocator; None on a CPU."""
     return CudaMemory(device) if device.type == "cuda" else None
 
@@ -220,23 +187,19 @@ def smallest_across_ranks(ranks: Ranks, size: int | None, device: torch.device) 
     return int(agreed.item()) or None
 
 
+@dataclass
 class Trial:
     """The run's step at one micro-batch, on random tokens, with a throwaway optimizer."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        compiled: nn.Module,
-        optim: OptimConfig,
-        precision: Precision,
-        device: torch.device,
-        vocab_size: int,
-        block_size: int,
-    ) -> None:
-        self.model, self.compiled, self.optim, self.precision = model, compiled, optim, precision
-        self.device, self.vocab_size, self.block_size = device, vocab_size, block_size
+    model: nn.Module
+    compiled: nn.Module
+    optim: OptimConfig
+    precision: Precision
+    device: torch.device
+    vocab_size: int
+    block_size: int
 
-    def peak(self, size: int, accum: int, memory: DeviceMemory) -> int | None:
+    def peak(self, size: int, accum: int, memory: CudaMemory) -> int | None:
         """Bytes the step at `size` peaked at, or None when it ran out of memory."""
         try:
             with memory.watch():
@@ -249,15 +212,9 @@ class Trial:
         return peak
 
     def run(self, size: int, accum: int) -> None:
-        optimizer = build_optimizer(self.model, self.optim, self.device.type)
+        optimizer, precision = build_optimizer(self.model, self.optim, self.device.type), self.precision
         trainer = Trainer(
-            self.compiled,
-            optimizer,
-            self.precision.grad_scaler(),
-            self.precision.autocast(),
-            accum_steps=accum,
-            grad_clip=self.optim.grad_clip,
-            ranks=Ranks(),
+            self.compiled, optimizer, precision.grad_scaler(), precision.autocast(), accum, self.optim.grad_clip
         )
         batches = RandomBatches(self.vocab_size, size, self.block_size, self.device)
         for step in range(TRIAL_STEPS):
@@ -272,19 +229,6 @@ class Trial:
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             yield
         self.model.load_state_dict(weights)
-
-
-def choice_line(micro: MicroBatch, tokens_per_step: int) -> str:
-    """What batch_size=auto chose, and what it measured."""
-    tried = ", ".join(
-        f"{size}: {'out of memory' if peak is None else gib(peak)}"
-        for size, peak in sorted(micro.tried.items(), reverse=True)
-    )
-    peak = "not tried on this rank" if micro.peak is None else gib(micro.peak)
-    return (
-        f"batch_size=auto: {micro.size} sequences per micro-batch, {micro.accum} per step keep tokens_per_step="
-        f"{tokens_per_step:,} | peak {peak} of {gib(micro.capacity)}, {MARGIN:.0%} kept free | tried {tried}"
-    )
 
 
 def smaller_run(config: Config) -> str:

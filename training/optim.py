@@ -1,11 +1,7 @@
-"""The optimizer of a run, built in one place (build_optimizer).
-
-optim.name=adamw: AdamW for every parameter. optim.name=muon: Muon (torch.optim.Muon)
-for the hidden matrices, the weights of the linear layers inside the transformer blocks,
-and AdamW for everything else: the token and position tables, the head (tied or not),
-norm gains and biases. The two are one optimizer to the rest of the code (MuonWithAdamW):
-train_step unscales, steps and clears it, the schedule sets its groups' learning rates,
-and a checkpoint saves and restores both parts' state.
+"""The optimizer of a run (build_optimizer). optim.name=adamw: AdamW for every parameter.
+optim.name=muon: Muon (torch.optim.Muon) for the weights of the linear layers inside the transformer
+blocks and AdamW for the rest (embeddings, head, norm gains, biases), one optimizer to the rest of
+the code (MuonWithAdamW): stepped, cleared, scheduled, saved and restored as one.
 """
 
 from __future__ import annotations
@@ -15,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from conf import OptimConfig
+from conf import Config, OptimConfig
+from training.step import learning_rate
 
 MUON_GROUP = "muon"  # marks Muon's param groups: their learning rate follows optim.muon_lr
 
@@ -55,19 +52,23 @@ def adamw(params: list[nn.Parameter], optim: OptimConfig, device_type: str) -> t
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # The fused kernel updates each parameter in one pass. On a CPU, torch's default
-    # (a chain of foreach ops, each sweeping all the optimizer state) is ~10x slower:
-    # 0.39 s against 0.04 s, ~5% of a gpt2-preset step on two cores. fused=None
-    # (not False) leaves torch its default elsewhere; False would force the slowest
-    # per-tensor loop.
+    # The fused kernel updates each parameter in one pass; on a CPU torch's default (foreach ops, each
+    # sweeping all the state) is ~10x slower (0.39 s against 0.04 s, ~5% of a gpt2-preset step on two
+    # cores). fused=None, not False (the slowest per-tensor loop), leaves torch its default elsewhere.
     fused = device_type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=optim.learning_rate, betas=(optim.beta1, optim.beta2), fused=fused or None)
 
 
-def schedule_scale(param_group: dict[str, Any], optim: OptimConfig) -> float:
-    """A param group's learning rate over the schedule's, which peaks at optim.learning_rate:
-    Muon's groups follow the same warmup and decay scaled to peak at optim.muon_lr."""
-    return optim.muon_lr / optim.learning_rate if param_group.get(MUON_GROUP) else 1.0
+def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Config) -> float:
+    """Every param group's learning rate for this step: the schedule, scaled to the group's own peak
+    (Muon's peak at optim.muon_lr); returns the schedule's own (AdamW's), which the log records."""
+    o = config.optim
+    lr = learning_rate(
+        step, o.learning_rate, o.min_lr, o.warmup_iters, o.decay_iters or config.max_iters, o.cooldown_frac
+    )
+    for group in optimizer.param_groups:
+        group["lr"] = lr * (o.muon_lr / o.learning_rate if group.get(MUON_GROUP) else 1.0)
+    return lr
 
 
 class MuonWithAdamW:

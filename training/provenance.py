@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,18 +35,10 @@ def utc_now() -> str:
 def git_state(paths: tuple[str, ...] = ()) -> str:
     """The commit, and whether the tree (or `paths` in it) differs from it (read-only: no index refresh)."""
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    git = partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, env=env, check=True)
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, env=env, check=True
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        ).stdout.strip()
+        commit = git(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+        changed = git(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     where = f" in {' or '.join(p + '/' for p in paths)}" if paths else ""

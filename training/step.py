@@ -1,19 +1,13 @@
-"""train.py's optimizer step (`train_step` on a `Trainer`) and what it uses besides the
-model: the learning rate, the next batch, and the device-side bookkeeping that keeps the
-host from waiting.
+"""train.py's optimizer step (`train_step` on a `Trainer`) and what it uses besides the model: the
+learning rate, the next batch, and the device-side bookkeeping that keeps the host from waiting.
 
-A step never waits for the GPU: the loss, the gradient norm and the "skip this
-update" decision stay device tensors, and the host reads them only when the loop
-asks (TrainWindow.read, at log, evaluation and checkpoint boundaries). A step whose
-loss or gradients are not finite applies no update at all: the fused AdamW kernel
-takes the flag as its `found_inf` (as GradScaler passes it), leaving weights,
-moments and step count untouched, and the gradients are cleared as after any step.
-Muon has no such kernel: with optim.name=muon the host reads the flag before the
-update, the one wait per step of that optimizer.
-
-Under DDP a step runs one small all-reduce besides the gradients' own: the loss,
-the non-finite flag and the stop request of every rank, fused into one tensor, so
-that all ranks skip, stop and log alike.
+A step never waits for the GPU: the loss, the gradient norm and the "skip this update" decision stay
+device tensors, read by the host only at boundaries (TrainWindow.read). A step whose loss or gradients
+are not finite applies no update: the fused AdamW kernel takes the flag as its `found_inf` (as
+GradScaler passes it), leaving weights, moments and step count untouched; Muon has no such kernel, so
+with optim.name=muon the host reads the flag before the update. Under DDP a step runs one small
+all-reduce besides the gradients': every rank's loss, non-finite flag and stop request, so that all
+ranks skip, stop and log alike.
 """
 
 from __future__ import annotations
@@ -27,22 +21,21 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from conf import Config
 from data import BatchLoader
 from run.distributed import Ranks
 from system import UserError
 from training.logger import RunLogger
+from training.mfu import slow_cpu_precision
 
 
 def learning_rate(
-    step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int, cooldown_frac: float | None = None
+    step: int, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int, cooldown_frac: float | None = None
 ) -> float:
-    """The learning rate for optimizer step `step` (0-based).
-
-    Rises linearly over warmup_iters steps to reach max_lr at step warmup_iters - 1, then
-    decays to min_lr at step decay_iters and stays there. cooldown_frac=None: the decay is
-    half a cosine from max_lr (nanoGPT's); a fraction: warmup-stable-decay, max_lr held until
-    the last cooldown_frac of decay_iters, then a straight line down (the speedrun's, nanochat's).
-    """
+    """The learning rate for optimizer step `step` (0-based): a linear warmup reaching max_lr at step
+    warmup_iters - 1, then a decay to min_lr at step decay_iters, held after. cooldown_frac=None: the
+    decay is half a cosine (nanoGPT's); a fraction: warmup-stable-decay, max_lr held until the last
+    cooldown_frac of decay_iters, then a straight line down (the speedrun's, nanochat's)."""
     if step < warmup_iters:
         return max_lr * (step + 1) / warmup_iters
     if step >= decay_iters:
@@ -54,7 +47,7 @@ def learning_rate(
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
-def schedule_warnings(*, max_iters: int, warmup_iters: int, decay_iters: int) -> list[str]:
+def schedule_warnings(max_iters: int, warmup_iters: int, decay_iters: int) -> list[str]:
     """What about a learning-rate schedule is legal but probably not meant."""
     if max_iters < warmup_iters:
         return [
@@ -69,11 +62,17 @@ def schedule_warnings(*, max_iters: int, warmup_iters: int, decay_iters: int) ->
     return []
 
 
+def run_warnings(config: Config, device: torch.device, precision: str) -> list[str]:
+    """Settings that are legal but probably not meant, or slow where they run."""
+    max_iters, optim = config.max_iters, config.optim
+    warnings = schedule_warnings(max_iters, optim.warmup_iters, optim.decay_iters or max_iters)
+    slow = slow_cpu_precision(precision) if device.type == "cpu" else None
+    return warnings + ([slow] if slow else [])
+
+
 class Prefetcher:
-    """The loader's batches, each fetched one micro-step ahead: slicing, pinning and
-    the non-blocking host-to-device copy of the next batch overlap this one's compute.
-    Batches are a pure function of (step, micro_step), so prefetching changes nothing
-    a resumed run would see."""
+    """The loader's batches, each fetched one micro-step ahead (its slicing, pinning and copy to the
+    device overlap this one's compute); batches are a pure function of (step, micro_step)."""
 
     def __init__(self, loader: BatchLoader) -> None:
         self.loader = loader
@@ -94,10 +93,9 @@ class Prefetcher:
 
 
 class RandomBatches:
-    """A Prefetcher's stand-in for a step whose time and memory are wanted, not its learning
-    (estimate=true, batch_size=auto's trial): one micro-batch of random tokens of the
-    vocabulary, made on the device by its own generator (the run's random streams untouched)
-    and given for every micro-step. A step's time and memory do not depend on the text."""
+    """A Prefetcher's stand-in where a step's time and memory are wanted, not its learning (estimate=true,
+    batch_size=auto's trial): one micro-batch of random tokens, drawn on the device by a generator of its
+    own (the run's random streams untouched), for every micro-step."""
 
     def __init__(self, vocab_size: int, batch_size: int, block_size: int, device: torch.device) -> None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -122,35 +120,18 @@ class StepResult:
     stop: Tensor  # bool: some rank asked to stop
 
 
-def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Skip DDP's all-reduce on all but the last micro-step of an accumulated step:
-    gradients accumulate locally and are averaged once."""
-    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
-
-
 def agree_across_ranks(ranks: Ranks, local_loss: Tensor, stop_requested: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce,
-    queued on the device."""
-    flags = torch.stack(
-        [
-            local_loss,
-            (~torch.isfinite(local_loss)).float(),
-            torch.full((), float(stop_requested), device=local_loss.device),  # a fill kernel, not a host copy
-        ]
-    )
+    """(mean loss, any rank's loss not finite, any rank asked to stop): one all-reduce, queued on the device."""
+    stop = torch.full((), float(stop_requested), device=local_loss.device)  # a fill kernel, not a host copy
+    flags = torch.stack([local_loss, (~torch.isfinite(local_loss)).float(), stop])
     if ranks.world_size > 1:
         dist.all_reduce(flags)
     return flags[0] / ranks.world_size, flags[1] > 0, flags[2] > 0
 
 
 def update_unless_skipped(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
-    """optimizer.step(), unless `skip` (a device bool): then weights, moments and step
-    counts stay as they were."""
-    if not optimizer.defaults.get("fused"):
-        # Other optimizers (Muon with AdamW, the benchmark's reference on a CPU) have no
-        # device-side skip: the host reads the flag, one sync per step.
+    """optimizer.step(), unless `skip` (a device bool): then weights, moments and step counts stay."""
+    if not optimizer.defaults.get("fused"):  # no device-side skip (Muon): the host reads the flag
         if not skip.item():
             optimizer.step()
         return
@@ -172,7 +153,7 @@ class Trainer:
     autocast: contextlib.AbstractContextManager  # the forward's precision
     accum_steps: int
     grad_clip: float  # 0: no clipping
-    ranks: Ranks
+    ranks: Ranks = Ranks()
 
     def __post_init__(self) -> None:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -182,10 +163,11 @@ def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int, stop_
     """One optimizer step: forward and backward over accum_steps micro-batches, then
     unscale, measure and clip the gradients, and update. A step whose loss or gradients
     are not finite updates nothing. The host waits for nothing here."""
-    loss_sum = 0.0
+    loss_sum, ddp = 0.0, isinstance(t.model, nn.parallel.DistributedDataParallel)
     for micro in range(t.accum_steps):
         x, y = batches.get(step, micro)
-        with gradient_sync(t.model, sync=micro == t.accum_steps - 1):  # DDP averages on the last backward
+        # DDP all-reduces (averages) the accumulated gradients on the last backward only.
+        with t.model.no_sync() if ddp and micro < t.accum_steps - 1 else contextlib.nullcontext():
             with t.autocast:
                 loss = t.model(x, y)[1]  # the logits (batch x context x vocabulary) are freed here, not kept
             batches.fetch_after(step, micro)  # the next batch's copy overlaps this backward
@@ -238,19 +220,11 @@ class TrainWindow:
     def add(self, step: int, result: StepResult) -> None:
         """Record step number `step` (1-based: the step just completed)."""
         counted = ~result.skipped
-        self.sums += torch.stack(
-            [
-                torch.where(counted, result.loss.double(), 0.0),
-                counted.double(),
-                result.skipped.double(),
-                result.nonfinite.double(),
-                result.stop.double(),
-            ]
-        )
+        flags = (counted, result.skipped, result.nonfinite, result.stop)
+        self.sums += torch.stack([torch.where(counted, result.loss.double(), 0.0), *(f.double() for f in flags)])
         step_number = torch.full((), step, dtype=torch.float64, device=self.device)  # a fill kernel
-        self.first_nonfinite = torch.minimum(
-            self.first_nonfinite, torch.where(result.nonfinite, step_number, float("inf"))
-        )
+        first = torch.where(result.nonfinite, step_number, float("inf"))
+        self.first_nonfinite = torch.minimum(self.first_nonfinite, first)
         self.grad_norm = result.grad_norm.double()
         self.steps += 1
 
@@ -279,9 +253,8 @@ class NonFiniteLoss(UserError):
 def check_finite(
     summary: WindowSummary, policy: str, checkpoint: Path | None, logger: RunLogger, optimizer: str = "adamw"
 ) -> None:
-    """Non-finite steps applied no update; `stop` ends the run here, at the first
-    boundary after them, before anything is saved. `optimizer` (optim.name) says which
-    learning rates the advice names."""
+    """Non-finite steps applied no update; `stop` ends the run here, at the first boundary after them,
+    before anything is saved. `optimizer` (optim.name) says which learning rates the advice names."""
     if not summary.nonfinite:
         return
     if policy == "stop":
