@@ -1,12 +1,10 @@
-"""A byte-level BPE trained on the corpus (data.tokenizer=bpe), trained and run by `tokenizers`.
+"""A byte-level BPE trained on the corpus (data.tokenizer=bpe) by `tokenizers`, and `load_tokenizer`,
+which knows all three tokenizers (this module sits above data/tokenizer.py).
 
-Ids: 0-255 are the 256 bytes (ordered by the characters GPT-2's byte alphabet spells them with),
-then one id per merge in the order learned, and <|endoftext|> last (vocab_size - 1). Text is first
-split about as GPT-2 splits it, so no token spans two words; every byte sequence encodes. The
-trained tokenizer is tokenizers' own JSON (tokenizer.json, data, never code), a file beside
-meta.json and in every checkpoint, named with its sha256 by `describe()`: a damaged or swapped
-file is refused. `load_tokenizer` rebuilds any of the three tokenizers: it lives here, above
-data/tokenizer.py, as the one module that knows them all.
+Ids: the 256 bytes (in GPT-2's byte alphabet order), one per merge as learned, <|endoftext|> last.
+Text is split about as GPT-2 splits it, so no token spans two words. The tokenizer is tokenizers'
+JSON (tokenizer.json: data, never code) beside meta.json and in every checkpoint, named with its
+sha256 by `describe()`, so a damaged or swapped file is refused.
 """
 
 from __future__ import annotations
@@ -84,10 +82,8 @@ class BpeTokenizer(Tokenizer):
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
-    """A byte-level BPE of at most vocab_size ids learned from `texts`; fewer when the texts
-    run out of pairs seen at least MIN_PAIR_COUNT times. The same texts give the same ids on
-    any machine: tokenizers' trainer counts in parallel but picks merges by count, ties by pair
-    (checked with 1, 2 and 7 threads)."""
+    """A byte-level BPE of at most vocab_size ids learned from `texts` (fewer when they run out of pairs
+    seen MIN_PAIR_COUNT times). Deterministic: merges are picked by count, ties by pair, whatever the threads."""
     if vocab_size < MIN_BPE_VOCAB:
         raise ValueError(f"vocab_size must be at least {MIN_BPE_VOCAB} (256 bytes and {EOT_TEXT}), got {vocab_size}")
     tokenizer = HfTokenizer(models.BPE())
@@ -139,10 +135,8 @@ def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
 
 
 def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
-    """The tokenizer a data or run directory was made with. `source` is a directory holding
-    meta.json, a meta.json path, a parsed meta.json, or a tokenizer description (`describe()`).
-    `directory` holds the files the description names (a data or checkpoint directory); a path
-    `source` is its own."""
+    """The tokenizer of `source`: a directory holding meta.json, a meta.json path, a parsed meta.json, or a
+    description (`describe()`) whose files are in `directory` (a data or checkpoint directory)."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         directory = path.parent if path.name == META_FILE else path

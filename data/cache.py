@@ -1,29 +1,30 @@
 """What a data directory holds, and whether a run may use it: prepared data is never silently rebuilt.
 
-A data directory (data_cache/<data.name>, or data.data_dir) holds the tokens of one set of *token
-settings*: every DataConfig field but those that only say where, how fast or how carefully
-(RUN_ONLY_FIELDS), recorded in meta.json (and progress.json, while preparing). A run whose token
-settings differ is refused, naming each setting with both values and both ways out: a directory of
-its own, or deleting the old one. Only what no setting says rebuilds the shards, with a warning:
-the source's files changed, the shard format or the bpe sample changed with gptlab, or the shards
-are damaged. The fingerprint (sha256 in meta.json) covers the token settings, the source's file
-stats, the shard format and the bpe sample size: equal fingerprints, and intact shards, are reused.
+A data directory holds the tokens of one set of *token settings* (every DataConfig field but
+RUN_ONLY_FIELDS), recorded in meta.json (and progress.json while preparing). A run with other
+token settings is refused, naming each with both values and both ways out. Only what no setting
+says rebuilds the shards, with a warning: changed source files, a new shard format or bpe sample,
+damaged shards. Equal fingerprints (token settings, source file stats, format, bpe sample size)
+and intact shards are reused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import asdict
 from pathlib import Path
 
-from data.bpe import TRAINING_SAMPLE_BYTES
+from data.bpe import TRAINING_SAMPLE_BYTES, load_tokenizer
 from data.config import DataConfig
 from data.errors import DataError
-from data.meta import FORMAT_VERSION, META_FILE
+from data.meta import FORMAT_VERSION, META_FILE, SPLITS, check_shard, file_sha256, read_meta
 from data.shards import PROGRESS_FILE
-from data.sources import source_signature
+from data.sources import source_digests, source_signature
+
+log = logging.getLogger(__name__)
 
 # Where, how fast and how carefully; never which tokens.
 RUN_ONLY_FIELDS = ("name", "num_proc", "batch_mb", "data_dir", "hf_cache_dir", "keep_hf_cache", "verify")
@@ -80,3 +81,33 @@ def _suffix(settings: dict) -> str:
     if all(SUFFIX_WORD.fullmatch(value) for value in plain.values()) and len(words) <= 48:
         return words
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict | None:
+    """meta.json of shards that this run may use as they are; None (with a warning why) when they must be rebuilt."""
+    try:
+        meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
+        if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
+            log.warning(
+                f"{data_dir} holds data of the same settings, but its source's files changed since, or another "
+                f"version of gptlab prepared it (shard format {meta['format']}, now {FORMAT_VERSION}): rebuilding"
+            )
+            return None
+        load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
+        for split in SPLITS:
+            path = check_shard(data_dir, meta, split)
+            if cfg.verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
+                log.warning("%s does not match the sha256 meta.json recorded: rebuilding", path)
+                return None
+        recorded = meta.get("source_sha256")  # absent from data prepared before it was recorded
+        if cfg.verify == "sha256" and recorded and recorded != source_digests(cfg):
+            log.warning(
+                f"{data_dir} was prepared from source files whose content changed since, their sizes and "
+                "modification times kept (a copy with cp -p, rsync -t): rebuilding"
+            )
+            return None
+    except DataError as err:  # nothing usable there: build afresh
+        if (data_dir / META_FILE).exists():
+            log.warning("%s; rebuilding", err)
+        return None
+    return meta

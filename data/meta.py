@@ -1,11 +1,9 @@
-"""meta.json and the shards it describes: reading, checking, writing atomically.
+"""meta.json and the shards it describes (train.bin, val.bin: flat token ids): reading, checking, writing.
 
-A data directory holds train.bin and val.bin (flat token ids, dtype from meta.json) and
-meta.json, which is written last: shards without a matching meta.json are never taken as
-complete. Since format 2, meta.json records the sha256 of each shard ("sha256") and of its
-own other entries ("meta_sha256", checked by every read), so a damaged or hand-edited
-meta.json is refused. A format-1 directory still reads, with size checks only; prepare
-rebuilds it, since the format is part of its fingerprint.
+meta.json is written last: shards without a matching meta.json are never taken as complete.
+Since format 2 it records the sha256 of each shard and of its own other entries (checked by every
+read), so a damaged or edited meta.json is refused; a format-1 directory still reads, with size
+checks only (prepare rebuilds it: the format is part of its fingerprint).
 """
 
 from __future__ import annotations

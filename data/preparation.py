@@ -1,18 +1,12 @@
-"""The prepare step: a corpus tokenised once into train.bin / val.bin + meta.json.
-
-    python prepare.py                                    # the default: stdlib, gpt2
-    python prepare.py data=shakespeare_char data.path=input.txt
+"""The prepare step (python prepare.py): a corpus tokenised once into train.bin / val.bin + meta.json.
 
 The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time by a
-pool of threads (tiktoken releases the GIL) and written block by block, each block shuffled and
-split (data/shards.py): memory holds a batch and a block, whatever the corpus size. A killed
-prepare resumes at its last complete block. One process prepares a data directory at a time (a
-lock file); another that wants the same data waits, then reuses its shards.
-
-The same settings and source reuse the shards (their fingerprint is in meta.json); other token
-settings are refused by name (data/cache.py): prepared data is never silently rebuilt. A changed
-source, shards of an older format, or a shard that fails its size check or (unless
-data.verify=size) its sha256, as a local source file its own, is rebuilt with a warning.
+pool of threads (tiktoken releases the GIL) and written block by block (data/shards.py): memory
+holds a batch and a block, whatever the corpus size. A killed prepare resumes at its last
+complete block; a second process preparing the same directory waits for the lock, then reuses.
+The same settings and source reuse the shards; other token settings are refused (data/cache.py).
+A changed source, an older shard format, or a shard (or, unless data.verify=size, a shard's or
+local source file's sha256) that no longer matches meta.json is rebuilt with a warning.
 meta.json is written last, so an interrupted run never leaves shards that look complete.
 """
 
@@ -37,20 +31,10 @@ import numpy as np
 from tqdm import tqdm
 
 from data.bpe import TOKENIZER_FILE, load_tokenizer, train_on_sample
-from data.cache import fingerprint_of, refuse_other_settings, token_settings
+from data.cache import fingerprint_of, refuse_other_settings, reusable_meta, token_settings
 from data.config import DataConfig
 from data.errors import DataError
-from data.meta import (
-    FORMAT_VERSION,
-    META_FILE,
-    SPLITS,
-    check_shard,
-    file_sha256,
-    read_meta,
-    shard_path,
-    with_digest,
-    write_json_atomic,
-)
+from data.meta import FORMAT_VERSION, META_FILE, SPLITS, file_sha256, shard_path, with_digest, write_json_atomic
 from data.readers import FORCED_CUT_CHARS, Piece
 from data.shards import PROGRESS_FILE, ShardWriter, WriteError, partial_path, remove_temp_files
 from data.sources import Corpus, open_corpus, source_digests
@@ -92,41 +76,12 @@ def prepare(cfg: DataConfig) -> PreparedData:
                     "away (or delete it), or set another data.data_dir"
                 )
         refuse_other_settings(cfg, data_dir)
-        meta = _reusable_meta(cfg, data_dir, fingerprint)
+        meta = reusable_meta(cfg, data_dir, fingerprint)
         if meta is not None:
             log.info("reusing the shards in %s (same settings and source)", data_dir)
             return PreparedData(data_dir, meta, reused=True)
         with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
             return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
-
-
-def _reusable_meta(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict | None:
-    try:
-        meta = read_meta(data_dir)  # a damaged or edited meta.json fails its own digest here
-        if meta.get("fingerprint") != fingerprint:  # its settings are this run's (refuse_other_settings)
-            log.warning(
-                f"{data_dir} holds data of the same settings, but its source's files changed since, or another "
-                f"version of gptlab prepared it (shard format {meta['format']}, now {FORMAT_VERSION}): rebuilding"
-            )
-            return None
-        load_tokenizer(meta, data_dir)  # a trained tokenizer's file must be there, intact
-        for split in SPLITS:
-            path = check_shard(data_dir, meta, split)
-            if cfg.verify == "sha256" and file_sha256(path) != meta["sha256"][split]:
-                log.warning("%s does not match the sha256 meta.json recorded: rebuilding", path)
-                return None
-        recorded = meta.get("source_sha256")  # absent from data prepared before it was recorded
-        if cfg.verify == "sha256" and recorded and recorded != source_digests(cfg):
-            log.warning(
-                f"{data_dir} was prepared from source files whose content changed since, their sizes and "
-                "modification times kept (a copy with cp -p, rsync -t): rebuilding"
-            )
-            return None
-    except DataError as err:  # nothing usable there: build afresh
-        if (data_dir / META_FILE).exists():
-            log.warning("%s; rebuilding", err)
-        return None
-    return meta
 
 
 @contextlib.contextmanager
@@ -276,8 +231,8 @@ def _remove_partials(data_dir: Path) -> None:
 
 
 def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict):
-    """(piece, its document's index, the counters before it), up to max_documents documents.
-    `counters` is updated as pieces are read: documents, non-empty documents, replaced bytes."""
+    """(piece, its document's index, the counters before it), up to max_documents documents;
+    `counters` (documents, non-empty ones, replaced bytes) counts as pieces are read."""
     for piece in pieces:
         before = dict(counters)
         if piece.new_document:
@@ -307,9 +262,8 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
-    """(piece, document, counters before it, its ids as a uint32 array), in reading order.
-    Pieces are grouped into small tasks for the threads while this thread reads on: about
-    batch_chars of text is in flight at most."""
+    """(piece, document, counters before it, its uint32 ids), in reading order: tasks of a few
+    pieces go to the threads while this thread reads on, about batch_chars in flight at most."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
 
     def encoded(task: list) -> list:
@@ -328,7 +282,6 @@ def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
 
 
 def _tasks(numbered, task_chars: int):
-    """(items, their characters), about task_chars at a time."""
     task, size = [], 0
     for item in numbered:
         task.append(item)
@@ -340,10 +293,9 @@ def _tasks(numbered, task_chars: int):
         yield task, size
 
 
-# Processes forked while preparing (datasets' pool workers, and the manager process that
-# relays their progress) must not outlive a killed prepare. On Linux each asks, right
-# after its fork, for SIGKILL when its parent dies (elsewhere nothing is done). Linux
-# sends it when the *thread* that forked ends; datasets forks from the thread calling it.
+# Processes forked while preparing (datasets' pool workers and progress manager) must not outlive
+# a killed prepare: on Linux each asks, right after its fork, for SIGKILL when its parent dies
+# (sent when the *thread* that forked ends; datasets forks from the thread calling it).
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _preparing_parent: int | None = None  # this process's pid while it prepares
 
@@ -359,9 +311,9 @@ def _forks_die_with_this_process() -> Iterator[None]:
 
 
 def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
-    """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker
-    pool can wait on busy workers for minutes. The workers die with this process (see
-    below), and meta.json is written last, so nothing left behind looks complete."""
+    """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker pool can
+    wait on busy workers for minutes. The workers die with this process, and meta.json is written
+    last, so nothing left behind looks complete."""
 
     def stop(signum: int, frame) -> None:
         with contextlib.suppress(OSError):  # a worker may still be writing there

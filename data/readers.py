@@ -28,14 +28,12 @@ ROWS_PER_BATCH = 1000  # rows read at once from a table
 
 log = logging.getLogger(__name__)
 
-# A cut at index i is exact for GPT-2's pre-tokeniser when text[i] is a space between
-# two non-space characters, or when text[i-1] is a newline between two non-space
-# characters: no pre-token crosses such a place, and none looks across it. Python's
-# \s covers every character Unicode calls White_Space (and a few more), so these cuts
-# are a subset of the exact ones.
+# A cut at index i is exact for GPT-2's pre-tokeniser when text[i] is a space, or text[i-1] a
+# newline, between two non-space characters: no pre-token crosses or looks across it (Python's \s
+# covers all of Unicode's White_Space, so these cuts are a subset of the exact ones).
 _SAFE_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
-# Text without a safe cut for this long (minified or binary-like) is cut here anyway.
-# Those cuts are counted from the last safe cut, so they too never depend on the piece size.
+# Text without a safe cut for this long (minified, binary-like) is cut anyway, counted from the
+# last safe cut: these cuts too never depend on the piece size.
 FORCED_CUT_CHARS = 1 << 16
 # How surrogateescape spells an undecodable byte (and what a JSON "\\udXXX" escape can leave)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -48,8 +46,8 @@ class Piece:
     new_document: bool  # the first piece of a document (an empty document is one empty piece)
     position: dict  # JSON-able: a reader given it starts again with this very piece
     replaced_bytes: int = 0  # bytes of the source that were not UTF-8 and became U+FFFD here
-    # Why this document has no text (a row without the column, say). Raised by whoever counts
-    # documents, and only if it reaches it: data.max_documents may stop before.
+    # Why this document has no text (a row without the column): raised by whoever counts documents,
+    # if it gets there (data.max_documents may stop before).
     error: str | None = None
 
 
@@ -124,7 +122,10 @@ class TextFiles:
                 if replaced_in_file:
                     log.warning("%s: %d bytes are not valid UTF-8; they were decoded as U+FFFD", path, replaced_in_file)
                 return
-            end, separated = self._piece_end(buffer, start)
+            end = cut_point(buffer, start, self.piece_chars)
+            # a separator ends the document (it is skipped, not tokenised)
+            found = buffer.find(self.separator, start, end + len(self.separator) - 1) if self.separator else -1
+            end, separated = (found, True) if found >= 0 else (end, False)
             text, replaced, size = _decoded(buffer[start:end])
             replaced_in_file += replaced
             yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
@@ -134,19 +135,10 @@ class TextFiles:
                 offset += len(self.separator.encode("utf-8"))
                 start += len(self.separator)
 
-    def _piece_end(self, buffer: str, start: int) -> tuple[int, bool]:
-        """Where this piece ends, and whether a separator (skipped, not tokenised) follows it."""
-        end = cut_point(buffer, start, self.piece_chars)
-        if self.separator:
-            found = buffer.find(self.separator, start, end + len(self.separator) - 1)
-            if found >= 0:
-                return found, True
-        return end, False
-
 
 class JsonLines:
-    """One document per line: a JSON object whose `column` holds its text. A file that is
-    one JSON array of such objects (up to JSON_ARRAY_BYTES) is read whole instead."""
+    """One document per line: a JSON object whose `column` holds its text; a file that is one
+    JSON array of such objects (up to JSON_ARRAY_BYTES) is read whole."""
 
     JSON_ARRAY_BYTES = 1 << 28
 
@@ -261,14 +253,13 @@ class Chain:
 def row_pieces(row_text: Callable[[], str], position: dict, skip_chars: int, piece_chars: int) -> Iterator[Piece]:
     """One document held in memory (a row), as pieces; its position gains each piece's "char".
     `row_text()` gives its text, or raises the DataError that the piece then carries."""
+    error = None
     try:
-        text = row_text()
+        clean, replaced = replace_escaped(row_text())
     except DataError as err:
-        yield Piece("", True, {**position, "char": 0}, error=str(err))
-        return
-    clean, replaced = replace_escaped(text)
+        clean, error = "", str(err)
     if not clean:
-        yield Piece("", True, {**position, "char": 0})
+        yield Piece("", True, {**position, "char": 0}, error=error)
         return
     for offset, piece in text_pieces(clean, skip_chars, piece_chars):
         yield Piece(piece, offset == 0, {**position, "char": offset}, replaced if offset == 0 else 0)
@@ -310,8 +301,7 @@ def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:
 
 
 def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
-    """The stream's texts, `rows` at a time; a failure while reading it (network, a
-    malformed file) becomes a DataError."""
+    """The stream's texts, `rows` at a time; a failure reading it (network, bad file) is a DataError."""
     batches = stream.iter(batch_size=rows)
     while True:
         try:
@@ -324,8 +314,7 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
 
 
 def check_utf8(path: Path) -> None:
-    """Refuse a file that is not UTF-8 text by its first SAMPLE_BYTES, before any work (the
-    readers go on checking the rest as they read it)."""
+    """Refuse a file that is not UTF-8 text by its first SAMPLE_BYTES, before any work."""
     with _reading(path), open(path, "rb") as f:
         head = f.read(SAMPLE_BYTES)
     check = EncodingCheck(str(path), path)
@@ -334,8 +323,7 @@ def check_utf8(path: Path) -> None:
 
 
 def source_chunks(path: Path, offset: int) -> Iterator[bytes]:
-    """The file's bytes from `offset` on, a read at a time, each checked before it is yielded:
-    a file that is not UTF-8 text is refused before its text is used (data/encoding.py)."""
+    """The file's bytes from `offset` on, a read at a time, each checked as UTF-8 text before it is yielded."""
     check = EncodingCheck(str(path), path)
     with _reading(path), open(path, "rb") as f:
         f.seek(offset)
@@ -347,8 +335,7 @@ def source_chunks(path: Path, offset: int) -> Iterator[bytes]:
 
 
 def checked_texts(pieces: Iterator[Piece], origin: str) -> Iterator[Piece]:
-    """Pieces of rows (a table's, a JSON file's), their texts checked as UTF-8 bytes aligned
-    at each document's start: text that came in another encoding is refused (data/encoding.py)."""
+    """Pieces of rows, their texts checked as UTF-8 bytes aligned at each document's start."""
     check, offset = EncodingCheck(origin), 0
     for piece in pieces:
         data = piece.text.encode("utf-8")

@@ -1,15 +1,12 @@
 """Writing train.bin and val.bin: the token stream in blocks, each shuffled and split.
 
-The stream (every document's tokens in reading order, no separators yet) is cut into blocks
-of `block_tokens`: block k holds tokens [k * block_tokens, (k + 1) * block_tokens). Within a
-block the documents (or their parts in it) are shuffled by a generator seeded by (seed, k);
-then the block's first (1 - val_fraction) of tokens, with the separator before each document
-but the first one written, go to train.bin and the rest to val.bin. So val.bin samples every
-part of the corpus, a stream included, and memory holds one block. A document that runs over
-a block's end stays last in it and continues first in the next: its text is never reordered.
-
-Shards are written as <split>.bin.partial; after each block, progress.json records their
-sizes and where the next block starts in the source, so a killed prepare resumes there.
+The stream (every document's tokens in reading order) is cut into blocks of `block_tokens`. In
+block k the documents (or their parts in it) are shuffled by a generator seeded by (seed, k), a
+document running over the block's end staying last (and first in the next); the block's first
+(1 - val_fraction) of tokens, the separator before each document but the first one written, go
+to train.bin, the rest to val.bin: val.bin samples the whole corpus, and memory holds one block.
+Shards are written as <split>.bin.partial; after each block, progress.json records their sizes
+and where the next block starts in the source, so a killed prepare resumes there.
 """
 
 from __future__ import annotations
@@ -74,9 +71,8 @@ class ShardWriter:
             self.files[split].seek(progress["bytes"][split])
 
     def add(self, tokens: np.ndarray, document: int, new_document: bool, position: dict, counters: dict) -> None:
-        """Add one piece's tokens (`new_document`: it opens a document, perhaps an empty one,
-        which still takes its place in the shuffle); `position` and `counters` are where
-        reading the piece began."""
+        """One piece's tokens (`new_document`: it opens a document, an empty one taking its place in the
+        shuffle too); `position` and `counters` are where reading the piece began."""
         if new_document:
             self.spans.append(_DocumentSpan(document, starts=True))
         consumed = 0
@@ -114,11 +110,9 @@ class ShardWriter:
         self.spans, self.filled = [], 0
 
     def _shuffled_spans(self, final: bool) -> list[_DocumentSpan]:
-        """The block's spans in shuffled order. One continuing the last block stays first; the
-        last stays last unless the block is the corpus's last (it may run on into the next).
-        default_rng([seed, 0]) is default_rng(seed) (a trailing zero adds nothing to a seed
-        sequence), so a corpus of one block is shuffled as a whole by default_rng(seed), as
-        format 2 shuffled every corpus."""
+        """The block's spans shuffled, but for one continuing the last block (first) and the last one
+        unless the block is the corpus's last (it may run on). default_rng([seed, 0]) is default_rng(seed),
+        so a one-block corpus is shuffled as format 2 shuffled every corpus."""
         spans = self.spans
         first = 0 if spans[0].starts else 1
         last = len(spans) if final else max(first, len(spans) - 1)

@@ -54,8 +54,7 @@ def source_signature(cfg: DataConfig) -> dict:
 
 
 def local_source_files(cfg: DataConfig) -> list[Path]:
-    """The source's files on this machine: the stdlib's, data.path's or a local dataset
-    directory's; none for a URL or a Hub dataset (its files are the Hub's)."""
+    """The source's files on this machine: the stdlib's, data.path's or a local dataset directory's."""
     if cfg.source == "stdlib":
         return stdlib_files()
     if cfg.source == "files":
@@ -64,8 +63,7 @@ def local_source_files(cfg: DataConfig) -> list[Path]:
 
 
 def source_digests(cfg: DataConfig) -> dict[str, str]:
-    """{path: sha256} of the source's local files, which data.verify=sha256 checks before reuse
-    (the fingerprint sees their sizes and modification times only)."""
+    """{path: sha256} of the source's local files (the fingerprint sees only their sizes and times)."""
     return {str(path.resolve()): file_sha256(path) for path in local_source_files(cfg)}
 
 
@@ -120,9 +118,8 @@ def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
                 rows = parquet.metadata.row_group(group).num_rows
                 if seen + rows > first_row:
                     for batch in parquet.iter_batches(ROWS_PER_BATCH, row_groups=[group], columns=[column]):
-                        texts = batch.column(0).to_pylist()
-                        yield texts[max(0, first_row - seen) :]
-                        seen += len(texts)
+                        yield batch.column(0).to_pylist()[max(0, first_row - seen) :]
+                        seen += batch.num_rows
                 else:
                     seen += rows
 
@@ -131,8 +128,7 @@ def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
 
 @contextlib.contextmanager
 def _parquet_named(path: Path) -> Iterator[None]:
-    """pyarrow's errors for an unreadable or damaged file (OSErrors and ArrowInvalid, a
-    ValueError) name no file: name it."""
+    """pyarrow's errors for an unreadable or damaged file name no file: name it."""
     try:
         yield
     except (OSError, pa.ArrowException) as err:

