@@ -1,11 +1,9 @@
-"""Run the prepare step on its own, reading overrides exactly as train.py does.
+"""Run the prepare step on its own: Hydra composes the overrides into train.py's own config
+(conf/train.yaml), so presets, experiments, quoting and typing mean the same; only `data` is used.
 
     python prepare.py                                       # the default corpus: stdlib, gpt2
     python prepare.py data=shakespeare_char data.path=input.txt
     python prepare.py "data.path='/my notes/book.txt'"      # Hydra's quoting, as for train.py
-
-Hydra composes the overrides into train.py's own config (conf/train.yaml), so presets,
-experiments, quoting and typing mean the same as there; only its `data` section is used.
 """
 
 from __future__ import annotations

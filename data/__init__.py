@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    # Preparing data needs `datasets`, about a second to import; sample.py, which only
-    # reads a tokenizer, should not pay for it. So these names load on first use.
+    # data.preparation's imports are slow, and sample.py, which reads a tokenizer, needs none of them
     if name in _PREPARATION:
         return getattr(importlib.import_module("data.preparation"), name)
     raise AttributeError(f"module 'data' has no attribute {name!r}")

@@ -13,10 +13,9 @@ from rules import NOT_EMPTY, above, at_least, between, check_rules, matching, on
 SOURCES = ("stdlib", "files", "hub")
 TOKENIZERS = ("gpt2", "char", "bpe")
 MIN_BPE_VOCAB = 257  # the 256 bytes and <|endoftext|>
-# A trained BPE learns from the corpus's first BPE_SAMPLE_BYTES (docs/data.md), and each merge is a
-# pair seen BPE_MIN_PAIR_COUNT times or more there, so no sample holds more ids than MAX_BPE_VOCAB;
-# asking for more makes the tokenizers library reserve memory it cannot use (10^9 ids: a 70 GB
-# allocation that aborts the process).
+# A trained BPE learns from the corpus's first BPE_SAMPLE_BYTES, each merge a pair seen BPE_MIN_PAIR_COUNT
+# times or more there: no sample holds more ids than MAX_BPE_VOCAB, and asking for more makes tokenizers
+# reserve memory it cannot use (10^9 ids: a 70 GB allocation that aborts the process).
 BPE_SAMPLE_BYTES = 64 << 20
 BPE_MIN_PAIR_COUNT = 2
 MAX_BPE_VOCAB = MIN_BPE_VOCAB + BPE_SAMPLE_BYTES // BPE_MIN_PAIR_COUNT
@@ -101,12 +100,8 @@ class DataConfig:
         if self.tokenizer == "bpe" and self.vocab_size is None:
             yield _problem("vocab_size", "must be set when tokenizer is 'bpe' (e.g. data.vocab_size=8192)", None)
         if self.tokenizer != "bpe" and self.vocab_size is not None:
-            yield _problem(
-                "vocab_size",
-                f"is read only when tokenizer is 'bpe', and this tokenizer is "
-                f"'{self.tokenizer}' (set data.tokenizer=bpe, or leave it null)",
-                self.vocab_size,
-            )
+            rule = f"is read only when tokenizer is 'bpe', and this tokenizer is '{self.tokenizer}'"
+            yield _problem("vocab_size", f"{rule} (set data.tokenizer=bpe, or leave it null)", self.vocab_size)
 
     def resolved_data_dir(self) -> Path:
         return Path(self.data_dir or Path(DEFAULT_DATA_ROOT) / self.name).expanduser()

@@ -1,13 +1,10 @@
 """Is a source UTF-8 text? Judged from all of it as it is read, and named when it is not.
 
-Text in another encoding does not fail to decode as UTF-8: UTF-16 and UTF-32 become NULs and
-other control characters, Shift-JIS or a random file mostly U+FFFD. So each file (each table's
-texts) is watched as it is read, and refused once too much of what was read is not text: after
-its first SAMPLE_BYTES, after every later read, and at its end, always before its tokens reach
-finished shards. A little that is not UTF-8 passes (readers count it as replaced bytes). Where
-it can tell, the refusal names what the file is: a byte-order mark or a compressor's magic bytes
-at its start, or a sample that decodes as UTF-16 or UTF-32 into readable text with spaces or
-line breaks (which UTF-16/32 spell with NUL bytes, a legacy encoding such as Shift-JIS never).
+Other encodings do not fail to decode as UTF-8 (UTF-16/32 become NULs and control characters,
+Shift-JIS mostly U+FFFD), so each file (each table's texts) is refused once too much of what was
+read is not text: after its first SAMPLE_BYTES, every later read and its end, before its tokens
+reach finished shards. The refusal names what it can tell: a byte-order mark, a compressor's magic
+bytes, or a sample decoding as UTF-16/32 into readable text with spaces or line breaks.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ _SPACES = frozenset(" \t\n\u3000\u3001\u3002\uff0c")  # ASCII and CJK spaces and
 
 
 class EncodingCheck:
-    """Watches one source's bytes as they are read; `add` and `finish` raise DataError when
-    it is not UTF-8 text. `path` is the file's (its advice converts the file), else None for
-    the texts of a table or a JSON file, named by `origin`."""
+    """Watches one source's bytes as read; `add` and `finish` raise DataError when it is not UTF-8 text.
+    `path`: the file's (the advice converts it), or None for the texts of a table, named by `origin`."""
 
     def __init__(self, origin: str, path: Path | None = None):
         self.origin, self.path = origin, path
@@ -83,9 +79,11 @@ class EncodingCheck:
             raise self._wide(mark, f"it starts with a {mark} byte-order mark")
         tool = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
         if tool is not None and (tool != "bzip2" or head[4:10] == b"1AY&SY"):  # "BZh" alone could be text
+            suffix = self.path.suffix.lower() in (".gz", ".xz", ".zst", ".bz2")  # the decompressed copy's name
+            plain = self.path.stem if suffix else f"{self.path.name}.txt"
             raise DataError(
                 f"{self.path} is {tool}-compressed, and gptlab reads text: decompress it, e.g. "
-                f"`{tool} -dc {self.path} > {_plain_name(self.path)}`, and point data.path at the result"
+                f"`{tool} -dc {self.path} > {plain}`, and point data.path at the result"
             )
 
     def _wide(self, encoding: str, evidence: str | None = None) -> DataError:
@@ -110,12 +108,12 @@ class EncodingCheck:
 
     def _not_text(self) -> DataError:
         span = (
-            f"the {self.read:,} bytes of them read"
-            if self.path is None
-            else f"its first {self.read:,} bytes"
+            f"its first {self.read:,} bytes"
             if self.start == 0
             else f"its {self.read:,} bytes from byte {self.start:,} on"
         )
+        if self.path is None:
+            span = f"the {self.read:,} bytes of them read"
         if self.controls >= CONTROL_SHARE * self.read:
             found = f"{self.controls:,} of {span} are NUL or other control characters"
             if self.path is None:
@@ -147,8 +145,3 @@ def wide_encoding(sample: bytes, offset: int) -> str | None:
         if text and readable >= 0.95 * len(text) and not _SPACES.isdisjoint(text):
             return encoding
     return None
-
-
-def _plain_name(path: Path) -> str:
-    """Where a decompressed copy goes: the name without its compressor's suffix."""
-    return path.stem if path.suffix.lower() in (".gz", ".xz", ".zst", ".bz2") else f"{path.name}.txt"

@@ -86,9 +86,8 @@ def _load_hub(cfg: DataConfig, streaming: bool):
 
 @contextlib.contextmanager
 def _quiet(local: bool):
-    """Loading local files with a packaged builder ("text", "json", ...) makes datasets ping
-    a server to count the builder's use, which costs up to 3 s with no network: skipped. A
-    local directory also loads without progress bars."""
+    """No usage ping (datasets pings a server to count a packaged builder's use: up to 3 s offline);
+    no progress bars for a local directory."""
     saved, was_disabled = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS, datasets.are_progress_bars_disabled()
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     if local:

@@ -13,15 +13,12 @@ from data.meta import PREPARE_HINT, check_shard, read_meta
 
 
 class BatchLoader:
-    """Batches of `batch_size` windows of `block_size + 1` tokens from one split's shard.
+    """Batches of `batch_size` windows of `block_size + 1` tokens from one split's memory-mapped shard.
 
-    The batch of a step depends only on (seed, split, step, micro_step, rank), never on
-    what was drawn before, so a run resumed at step k sees exactly the batches a straight
-    run would. Each optimizer step draws one global batch of
-    batch_size * world_size * accum_steps distinct window starts; micro-step m of rank r
-    takes slice m * world_size + r. So ranks never share a window within a step, and W
-    ranks without accumulation see exactly the samples one process sees with
-    accum_steps=W. The shard is memory-mapped: only the windows drawn are read.
+    A step's batch depends only on (seed, split, step, micro_step, rank), so a resumed run sees the
+    batches a straight run would. Each step draws batch_size * world_size * accum_steps distinct
+    window starts; micro-step m of rank r takes slice m * world_size + r: ranks never share a window,
+    and W ranks see exactly the samples one process sees with accum_steps=W.
     """
 
     def __init__(

@@ -157,10 +157,9 @@ def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> 
     writer = ShardWriter(data_dir, np.dtype(progress["dtype"]), tokenizer.eot_id, settings, progress)
     try:
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
+        tokenized = enumerate(_tokenized(pieces, tokenizer, threads, batch_chars))
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
-            for index, (piece, document, before, tokens) in enumerate(
-                _tokenized(pieces, tokenizer, threads, batch_chars)
-            ):
+            for index, (piece, document, before, tokens) in tokenized:
                 opens = piece.new_document
                 if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
                     tokens, opens = tokens[start["skip_tokens"] :], False

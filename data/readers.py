@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -159,14 +160,12 @@ class JsonLines:
         if is_array:
             yield from self._array_pieces(index, element, skip_chars)
             return
-        for line, line_offset in _lines(path, offset):
+        for number, (line, line_offset) in enumerate(_lines(path, offset), start=line_number):
             if line.strip():
-                position = {"file": index, "byte": line_offset, "line": line_number}
-                where = f"line {line_number} of {path}"
+                position = {"file": index, "byte": line_offset, "line": number}
+                where = f"line {number} of {path}"
                 text = lambda: document_text(json_row(line, where), where, self.column)  # noqa: E731
-                yield from row_pieces(text, position, skip_chars, self.piece_chars)
-            skip_chars = 0
-            line_number += 1
+                yield from row_pieces(text, position, skip_chars if number == line_number else 0, self.piece_chars)
 
     def _array_pieces(self, index: int, first: int, skip_chars: int) -> Iterator[Piece]:
         path = self.files[index]
@@ -206,13 +205,9 @@ class Rows:
 
     def _pieces(self, position: dict | None) -> Iterator[Piece]:
         at = position or {"row": 0, "char": 0}
-        row, skip_chars = at["row"], at["char"]
-        for texts in self.source(row):
-            for text in texts:
-                checked = lambda: document_text(text, f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
-                yield from row_pieces(checked, {"row": row}, skip_chars, self.piece_chars)
-                skip_chars = 0
-                row += 1
+        for row, text in enumerate(itertools.chain.from_iterable(self.source(at["row"])), start=at["row"]):
+            checked = lambda: document_text(text, f"row {row + 1} of {self.origin}", self.column)  # noqa: E731
+            yield from row_pieces(checked, {"row": row}, at["char"] if row == at["row"] else 0, self.piece_chars)
 
 
 class Stream(Rows):

@@ -73,9 +73,8 @@ def stdlib_files() -> list[Path]:
     found = []
     for directory, subdirectories, names in os.walk(root):
         subdirectories[:] = [d for d in subdirectories if d not in _STDLIB_SKIPPED_DIRS]  # prune the walk
-        found += [Path(directory, name).relative_to(root) for name in names if name.endswith(".py")]
-    kept = sorted((p for p in found if p.as_posix() != _STDLIB_TOPICS_MODULE), key=Path.as_posix)
-    return [root / p for p in kept]
+        found += [Path(directory, name) for name in names if name.endswith(".py")]
+    return sorted((p for p in found if p != root / _STDLIB_TOPICS_MODULE), key=Path.as_posix)
 
 
 def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
