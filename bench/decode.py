@@ -6,39 +6,36 @@ with its weights in fp32, bf16 and int8.
     python bench/decode.py --weights fp32 --batch 1 --long 256   # shorter
     python bench/decode.py --json decode.json           # also write the figures as JSON
 
-How it is measured. Each model is the gpt2 preset (random weights: speed does not
-depend on their values) computing in fp32 on one device, its Linear weights in each
---weights format (`to_weight_format`: bf16, or int8 with a scale per output channel),
-in the layout sample.py uses (`to_decode_layout`). The formats of one variant are
-measured side by side: at each batch and context they take turns, --rounds times. For every
-batch size and context length, `model.stream`
-generates greedily from random prompts of that length, and each decode step is
-timed from one yielded token to the next: sampling and Python overhead count, the
-prefill and --warmup steps do not. ms/token is the fastest step over the rounds (one new token for
-every row): on a shared machine it is the step least slowed by other processes, and
-the bandwidth below is taken the same way. tokens/s counts all rows. prefill ms is the
-time from the call to the first token (the prompts' prefill), the fastest of the rounds.
+How it is measured. Each model is the gpt2 preset (random weights: speed does not depend on their
+values) computing in fp32 on one device, its Linear weights in each --weights format
+(`to_weight_format`: bf16, or int8 with a scale per output channel), in the layout sample.py uses
+(`to_decode_layout`). The formats of one variant are measured side by side: at each batch and
+context they take turns, --rounds times. For every batch size and context length, `model.stream`
+generates greedily from random prompts of that length, and each decode step is timed from one
+yielded token to the next: sampling and Python overhead count, the prefill and --warmup steps do
+not. ms/token is the fastest step over the rounds (one new token for every row): on a shared machine
+it is the step least slowed by other processes, and the bandwidth below is taken the same way.
+tokens/s counts all rows. prefill ms is the time from the call to the first token (the prompts'
+prefill), the fastest of the rounds.
 
-Batch-1 decode reads every weight once per token, so its ceiling is the memory read
-bandwidth over the bytes read per step: the weights in their format (the position
-table counts one row) plus the cached keys and values; bf16 and int8 have ceilings
-2x and about 4x fp32's. The bandwidth is measured as a large fp32
-matrix-vector product (the fastest of --repeats, of a square and a wide 256 MiB matrix,
-each read in both layouts), in huge pages like the decode weights. A plain sum over the
-same matrices is printed beside it: it reads faster than BLAS's matrix-vector product
-does, and with several threads faster than one core can, so "% read" gives each row's
-share of that harder ceiling too (bf16 and int8 kernels use every thread; fp32
-matrix-vector products run on one core). At batch 8 a CPU is compute-bound, so that ceiling is far away. The
-full-recompute figure runs the whole sequence through the model for each token, as a
-loop without a cache does.
+Batch-1 decode reads every weight once per token, so its ceiling is the memory read bandwidth over
+the bytes read per step: the weights in their format (the position table counts one row) plus the
+cached keys and values; bf16 and int8 have ceilings 2x and about 4x fp32's. The bandwidth is
+measured as a large fp32 matrix-vector product (the fastest of --repeats, of a square and a wide 256
+MiB matrix, each read in both layouts), in huge pages like the decode weights. A plain sum over the
+same matrices is printed beside it: it reads faster than BLAS's matrix-vector product does, and with
+several threads faster than one core can, so "% read" gives each row's share of that harder ceiling
+too (bf16 and int8 kernels use every thread; fp32 matrix-vector products run on one core). At batch
+8 a CPU is compute-bound, so that ceiling is far away. The full-recompute figure runs the whole
+sequence through the model for each token, as a loop without a cache does.
 
-Last, each weight's matrix-vector product of the first variant is timed alone, in the
-model's order (so each weight comes from memory), as a rate against the bandwidth: this
-shows which matrix shapes BLAS streams slower than the large one.
+Last, each weight's matrix-vector product of the first variant is timed alone, in the model's order
+(so each weight comes from memory), as a rate against the bandwidth: this shows which matrix shapes
+BLAS streams slower than the large one.
 
-On a shared CPU, --threads 1 gives steady figures: batch-1 decode is as fast with one
-thread (BLAS runs matrix-vector products on one core), and two threads stall
-whenever another process holds the second core.
+On a shared CPU, --threads 1 gives steady figures: batch-1 decode is as fast with one thread (BLAS
+runs matrix-vector products on one core), and two threads stall whenever another process holds the
+second core.
 """
 
 from __future__ import annotations
@@ -240,22 +237,10 @@ def measure_formats(
     rows = []
     for weights, model in models.items():
         seconds = min(steps[weights])
-        matrix_vector, plain_read = (batch * rate / bytes_per_step(model, batch, context) for rate in bandwidth)
-        rows.append(
-            Row(
-                name,
-                weights,
-                VARIANTS[name],
-                batch,
-                context,
-                kv_mb,
-                1e3 * seconds,
-                batch / seconds,
-                matrix_vector,
-                plain_read,
-                1e3 * min(prefills[weights]),
-            )
-        )
+        ceilings = (batch * rate / bytes_per_step(model, batch, context) for rate in bandwidth)
+        ms, prefill_ms = 1e3 * seconds, 1e3 * min(prefills[weights])
+        row = Row(name, weights, VARIANTS[name], batch, context, kv_mb, ms, batch / seconds, *ceilings, prefill_ms)
+        rows.append(row)
         print(format_row(rows[-1]), flush=True)
     return rows
 

@@ -45,12 +45,10 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import traceback  # noqa: E402
-from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +61,6 @@ NEEDED = (
     "hypothesis",
     "xdist",
 )  # import names of gpu_wheels.PACKAGES
-VERSIONS = ("torch", "triton", "numpy", "pyarrow", "fsspec", "huggingface-hub", "datasets", "hydra-core")
 
 
 def ensure_packages() -> None:
@@ -78,24 +75,8 @@ def ensure_packages() -> None:
             "`python bench/gpu_wheels.py` where pip reaches PyPI and copy .whl/ into this checkout"
         )
     site = Path(tempfile.gettempdir()) / "gptlab-site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--no-cache-dir",
-            "--upgrade",
-            "--target",
-            str(site),
-            *wheels,
-        ],
-        check=True,
-    )
+    pip = "-m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target".split()
+    subprocess.run([sys.executable, *pip, str(site), *wheels], check=True)
     sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(site), os.environ.get("PYTHONPATH")])
@@ -107,11 +88,11 @@ ensure_packages()
 sys.path.insert(0, str(REPO))  # runnable from a checkout
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from bench import gpu_figures, memory_fit  # noqa: E402
-from bench.gpu_report import missing, render  # noqa: E402
-from run.runtime import configure_cuda, synchronize  # noqa: E402
+from bench.gpu_environment import environment  # noqa: E402
+from bench.gpu_report import Recorder, StageRows, missing  # noqa: E402
+from run.runtime import configure_cuda  # noqa: E402
 
 STAGES = (
     "environment",
@@ -180,94 +161,6 @@ class Sizes:
             if smoke
             else dict(environment=15, throughput=230, memory=150, decode=60, train=90, cuda_tests=120, time_to_loss=300)
         )
-
-
-def environment(device: torch.device, sizes: Sizes) -> dict:
-    info = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": str(device),
-        "versions": _versions(),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            gpu=props.name,
-            memory_gib=round(props.total_memory / 2**30, 1),
-            cuda=torch.version.cuda,
-            capability=f"{props.major}.{props.minor}",
-            multiprocessors=props.multi_processor_count,
-            driver=_nvidia_smi("driver_version"),
-            compute_mode=_nvidia_smi("compute_mode"),
-        )
-    else:
-        info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
-    info["sdpa"] = sdpa_backends(device, sizes)
-    return info
-
-
-def _versions() -> dict[str, str | None]:
-    found = {}
-    for name in VERSIONS:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def _nvidia_smi(field: str) -> str:
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-        )
-        return result.stdout.strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def sdpa_backends(device: torch.device, sizes: Sizes) -> dict[str, dict[str, str]]:
-    """For each of gptlab's attention calls, whether each SDPA backend runs it ('ok' or why not)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    B, H, T, D = sizes.sdpa_shape
-    dtype = torch.float32 if sizes.smoke else torch.bfloat16
-    make = lambda heads, length: torch.randn(B, heads, length, D, device=device, dtype=dtype)  # noqa: E731
-    padded = torch.ones(B, 1, T, T, dtype=torch.bool, device=device).tril()
-    padded[:, :, :, : T // 4] = False  # the first quarter of every row is padding
-    padded[:, :, : T // 4, 0] = True  # padding queries attend to something, as the cache arranges
-    calls = {
-        "train causal (MHA)": lambda: F.scaled_dot_product_attention(
-            make(H, T), make(H, T), make(H, T), is_causal=True
-        ),
-        "train causal (GQA-4, enable_gqa)": lambda: F.scaled_dot_product_attention(
-            make(H, T), make(4, T), make(4, T), is_causal=True, enable_gqa=True
-        ),
-        "padded prefill (boolean mask)": lambda: F.scaled_dot_product_attention(
-            make(H, T), make(H, T), make(H, T), attn_mask=padded
-        ),
-        "decode, grouped (MQA, 1 query)": lambda: F.scaled_dot_product_attention(
-            make(1, H), make(1, T), make(1, T), attn_mask=padded[:, :, -1:, :]
-        ),
-    }
-    backends = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }
-    table = {}
-    for call, run in calls.items():
-        table[call] = {}
-        for name, backend in backends.items():
-            try:
-                with sdpa_kernel([backend]):
-                    run()
-                synchronize(device)
-                table[call][name] = "ok"
-            except RuntimeError as err:
-                table[call][name] = "no: " + str(err).strip().splitlines()[0][:80]
-    return table
 
 
 def cuda_tests(timeout: float) -> dict:
@@ -386,47 +279,6 @@ def _run(command: list[str], timeout: float) -> str:
     return result.stdout
 
 
-class Recorder:
-    """The report: saved as gpu_check.json and gpu_check.md after every stage and every row."""
-
-    def __init__(self, out: Path, report: dict, deadline: float) -> None:
-        self.out, self.report, self.deadline = out, report, deadline
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def save(self) -> str:
-        """Write both files (each whole or not at all: a kill mid-write leaves the last one), JSON
-        first; return the markdown."""
-        _replace(self.out / "gpu_check.json", json.dumps(self.report, indent=2, default=str))
-        try:
-            markdown = render(self.report)
-        except Exception as err:  # the figures are safe in the JSON; say so instead of stopping the run
-            markdown = f"# GPU acceptance run\n\nnot rendered ({type(err).__name__}: {err}): read gpu_check.json\n"
-        _replace(self.out / "gpu_check.md", markdown)
-        return markdown
-
-
-def _replace(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
-class StageRows:
-    """The rows sink of one measured stage (gpu_figures.Rows)."""
-
-    def __init__(self, recorder: Recorder, rows: list[dict]) -> None:
-        self.recorder, self.rows = recorder, rows
-
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
-        self.recorder.save()
-
-    def left(self) -> float:
-        return self.recorder.left()
-
-
 def run_stage(recorder: Recorder, name: str, call, need_s: float) -> None:
     """Run one stage unless the budget left is under need_s; record its result or its error."""
     if recorder.left() < need_s:
@@ -507,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
     calls = {
-        "environment": lambda: environment(device, sizes),
+        "environment": lambda: environment(device, sizes.sdpa_shape, sizes.smoke),
         "throughput": lambda rows: gpu_figures.throughput(device, sizes, rows),
         "memory": lambda: memory_fit.measure(
             device,

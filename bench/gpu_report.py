@@ -1,9 +1,13 @@
-"""The markdown of a GPU acceptance run (bench/gpu_check.py): stages, figures, targets,
-and the command that runs what is missing. It renders a report at any point of the run."""
+"""The report of a GPU acceptance run (bench/gpu_check.py): its markdown (stages, figures,
+targets, and the command that runs what is missing), rendered at any point of the run, and
+the Recorder that saves it after every stage and every row."""
 
 from __future__ import annotations
 
+import json
 import shlex
+import time
+from pathlib import Path
 
 from bench.time_to_loss import markdown
 
@@ -315,3 +319,44 @@ def _times(value) -> str:
 
 def _or_dash(value) -> str:
     return "-" if value is None else str(value)
+
+
+class Recorder:
+    """The report: saved as gpu_check.json and gpu_check.md after every stage and every row."""
+
+    def __init__(self, out: Path, report: dict, deadline: float) -> None:
+        self.out, self.report, self.deadline = out, report, deadline
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> str:
+        """Write both files (each whole or not at all: a kill mid-write leaves the last one), JSON
+        first; return the markdown."""
+        _replace(self.out / "gpu_check.json", json.dumps(self.report, indent=2, default=str))
+        try:
+            markdown = render(self.report)
+        except Exception as err:  # the figures are safe in the JSON; say so instead of stopping the run
+            markdown = f"# GPU acceptance run\n\nnot rendered ({type(err).__name__}: {err}): read gpu_check.json\n"
+        _replace(self.out / "gpu_check.md", markdown)
+        return markdown
+
+
+def _replace(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+class StageRows:
+    """The rows sink of one measured stage (gpu_figures.Rows)."""
+
+    def __init__(self, recorder: Recorder, rows: list[dict]) -> None:
+        self.recorder, self.rows = recorder, rows
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.recorder.save()
+
+    def left(self) -> float:
+        return self.recorder.left()

@@ -176,7 +176,7 @@ def test_the_time_to_loss_stage_runs_the_benchmark_at_its_sizes_and_reports_its_
 
 
 def test_a_report_that_cannot_be_rendered_still_leaves_its_json(tmp_path):
-    from bench.gpu_check import Recorder
+    from bench.gpu_report import Recorder
 
     report = {"date": "2026-12-01 10:00:00", "smoke": True}  # no "asked": render() fails on it
     markdown = Recorder(tmp_path, report, deadline=0).save()
