@@ -56,14 +56,14 @@ def main(cfg: DictConfig) -> None:
 
 
 def sample(config: SampleConfig, out: TextIO | None = None) -> dict[str, Any]:
-    """Generate config.num_samples continuations; print them to `out` as they grow
-    (when given) and return them with what produced them, as a JSON-able dict."""
+    """Generate config.num_samples continuations, printed to `out` (if any) as they grow; returns them with what
+    produced them, as a JSON-able dict."""
     device = resolve_device(config.device)
     dtype = resolve_precision(config.precision, device).dtype
     source, tokenizer, model = load_sampled_model(config, device, dtype)
     prompt = read_prompt(config.prompt)
     prompt_ids = encode_prompt(tokenizer, prompt)
-    check_memory(model, config, len(prompt_ids), dtype, device)
+    check_memory(model, config, len(prompt_ids), device)
     stops = [unescape(stop) for stop in config.stop]
 
     completions = [Completion(tokenizer, stops) for _ in range(config.num_samples)]
@@ -109,13 +109,11 @@ def load_sampled_model(config: SampleConfig, device: torch.device, dtype: torch.
     return checkpoint.path, tokenizer, model
 
 
-def check_memory(
-    model: GPT, config: SampleConfig, prompt_tokens: int, dtype: torch.dtype, device: torch.device
-) -> None:
+def check_memory(model: GPT, config: SampleConfig, prompt_tokens: int, device: torch.device) -> None:
     """Refuse, before generating, a batch whose KV cache and per-step logits would not fit
     (the kernel would kill the process without a word)."""
     max_len = min(prompt_tokens + config.max_new_tokens, model.config.block_size)
-    cache = KVCache.bytes_for(model.config, config.num_samples, max_len, dtype)
+    cache = KVCache.bytes_for(model.config, config.num_samples, max_len, model.activation_dtype)
     logits = 3 * config.num_samples * model.config.vocab_size * 4  # fp32 logits, probabilities and a sort
     available = available_memory(device)
     if available is not None and cache + logits > available:
@@ -127,8 +125,7 @@ def check_memory(
 
 
 def read_prompt(prompt: str) -> str:
-    """The prompt (escapes replaced), standard input for `-`, or the contents of the file
-    a FILE:path prompt names."""
+    """The prompt (escapes replaced), standard input for `-`, or the contents of the file a FILE:path prompt names."""
     if prompt == STDIN:
         return sys.stdin.read()
     if not prompt.startswith(PROMPT_FILE):
@@ -146,14 +143,12 @@ def unescape(text: str) -> str:
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """Token ids of the prompt. An empty prompt starts from <|endoftext|>, or from a
-    newline for a char tokenizer without one (a single-document corpus)."""
+    """Token ids of the prompt; an empty one starts from <|endoftext|>, or "\n" for a char tokenizer without one."""
     if not prompt:
         if tokenizer.eot_id is not None:
             return [tokenizer.eot_id]
         prompt = "\n"
-    unknown = tokenizer.unknown_characters(prompt)
-    if unknown:
+    if unknown := tokenizer.unknown_characters(prompt):
         listed = " ".join(repr(c) for c in unknown)
         raise ValueError(
             f"the prompt has characters the checkpoint's {tokenizer.name} tokenizer does not know: "

@@ -70,8 +70,7 @@ class CausalSelfAttention(nn.Module):
         else:
             y = self._sdpa(q, k, v, mask)
         # Heads back side by side: (B, nh, T, hd) -> (B, T, C).
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     def heads(self, x: Tensor, rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The queries (B, n_head, T, hd), keys and values (B, n_kv_head, T, hd) of x (B, T, C), q and k RMS-normed

@@ -28,8 +28,7 @@ class ReLU2MLP(MLP):
 
 
 class SwiGLU(nn.Module):
-    """Llama's gated MLP: c_proj(silu(c_gate(x)) * c_fc(x)), c_gate and c_fc being its
-    gate_proj and up_proj, c_proj its down_proj."""
+    """Llama's gated MLP: c_proj(silu(c_gate(x)) * c_fc(x)) (its gate_proj, up_proj and down_proj)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -45,13 +44,9 @@ class SwiGLU(nn.Module):
 MLP_CLASSES = {"gelu": MLP, "relu2": ReLU2MLP, "swiglu": SwiGLU}  # by GPTConfig.mlp
 
 
-def make_mlp(config: GPTConfig) -> nn.Module:
-    return MLP_CLASSES[config.mlp](config)
-
-
 def make_norm(config: GPTConfig, gain: bool | None = None) -> nn.Module:
-    """GPT-2's LayerNorm (with a bias if config.bias) or Llama's RMSNorm (a weight only); with
-    gain false (default: norm_weight), either without parameters (nanochat's weightless RMSNorm)."""
+    """GPT-2's LayerNorm (a bias if config.bias) or Llama's RMSNorm; with gain (default: norm_weight) false, either
+    without parameters (nanochat's weightless RMSNorm)."""
     gain = config.norm_weight if gain is None else gain
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=config.norm_eps, elementwise_affine=gain)

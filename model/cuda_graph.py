@@ -11,13 +11,18 @@ import torch
 from torch import Tensor
 
 from .gpt import GPT
-from .kv_cache import StaticKVCache
+from .kv_cache import KVCache, StaticKVCache
 
 WARMUP_STEPS = 2  # eager runs on a side stream before capture, as torch asks for
 
 
+def decode_step(model: GPT, cache: KVCache, tokens: Tensor) -> Tensor:
+    """Next-token logits (B, vocab) after appending tokens (B,) to the cached sequences."""
+    return model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]
+
+
 class GraphedDecodeStep:
-    """model(tokens (B, 1), kv_cache=cache, last_only=True) as a CUDA graph, captured at the first call from
+    """decode_step(model, cache, tokens (B,)) as a CUDA graph, captured at the first call from
     wherever the cache then stands. Each call replays it (storing keys and values, moving the cache on by one) and
     returns the next-token logits (B, vocab) in the graph's output tensor, which the next call overwrites."""
 
@@ -26,33 +31,30 @@ class GraphedDecodeStep:
         if device.type != "cuda":
             raise ValueError(f"a CUDA graph needs the model on a CUDA device, not {device}")
         self.model, self.cache = model, cache
-        self.tokens = torch.zeros(cache.pad_rows.size(0), 1, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(cache.pad_rows.size(0), dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: Tensor | None = None
 
     def __call__(self, tokens: Tensor) -> Tensor:
-        self.tokens.copy_(tokens.view(-1, 1))
+        self.tokens.copy_(tokens.view(-1))
         if self.graph is None:
             self._capture()
         self.graph.replay()
         self.cache.length += 1  # the replay moved the device's count; Python's follows
         return self.logits
 
-    def _step(self) -> Tensor:
-        return self.model(self.tokens, kv_cache=self.cache, last_only=True)[0][:, -1]
-
     def _capture(self) -> None:
-        # Each warm-up step and the capture advance the cache by one; step back after
-        # each, so the first replay writes the position they wrote (with the same tokens).
+        # Each warm-up step and the capture advance the cache by one; step back after each, so the first replay
+        # writes the position they wrote (with the same tokens).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                self._step()
+                decode_step(self.model, self.cache, self.tokens)
                 self.cache.length -= 1
                 self.cache.filled -= 1
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+            self.logits = decode_step(self.model, self.cache, self.tokens)
         self.cache.length -= 1  # capture records the kernels without running them

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rules import SEED, at_least, between, check_rules, setting
 
-from .cuda_graph import GraphedDecodeStep
+from .cuda_graph import GraphedDecodeStep, decode_step
 from .gpt import GPT
 from .kv_cache import KVCache, StaticKVCache
 
@@ -52,14 +52,12 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
 
 
 def keep_top_p(logits: Tensor, p: float) -> Tensor:
-    """logits (B, V) keeping, per row, the smallest set of most likely tokens whose
-    probabilities add up to at least p; the rest set to -inf."""
+    """logits (B, V) keeping, per row, the fewest most likely tokens holding at least p; the rest set to -inf."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
     # A token is needed while the more likely ones hold less than p; the first always is.
-    drop_sorted = mass_before >= p
-    drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocab order
+    drop = torch.empty_like(order, dtype=torch.bool).scatter_(-1, order, mass_before >= p)  # back to vocab order
     return logits.masked_fill(drop, float("-inf"))
 
 
@@ -73,16 +71,12 @@ def sample_next(logits: Tensor, sampling: Sampling, generator: torch.Generator |
         logits = keep_top_k(logits, sampling.top_k)
     if sampling.top_p < 1:
         logits = keep_top_p(logits, sampling.top_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
 
 
-# Generation
-# Decides from a row's generated tokens (the newest last) whether the row is done.
-StopCheck = Callable[[list[int]], bool]
-# eager: a KVCache sized to what is filled; graph: a StaticKVCache and the decode step
-# replayed as a CUDA graph; static: the same step run as plain calls (what the graph
-# captures, checkable on any device).
+StopCheck = Callable[[list[int]], bool]  # from a row's generated tokens (newest last): is the row done?
+# eager: a KVCache sized to what is filled; graph: a StaticKVCache and the decode step replayed as a CUDA graph;
+# static: the same step run as plain calls (what the graph captures, checkable on any device).
 DECODE_MODES = ("eager", "graph", "static")
 
 
@@ -109,8 +103,7 @@ def stream(
     assert max_new_tokens >= 1, max_new_tokens
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
         raise ValueError("every prompt needs at least one token (start from <|endoftext|>)")
-    outside = sorted({t for prompt in prompts for t in prompt if not 0 <= t < model.config.vocab_size})
-    if outside:
+    if outside := sorted({t for prompt in prompts for t in prompt if not 0 <= t < model.config.vocab_size}):
         raise ValueError(f"token ids {outside[:5]} are outside the model's vocabulary [0, {model.config.vocab_size})")
     # Room for the tokens grows as they come, not all up front: max_new_tokens may be huge.
     room = min(max_new_tokens, model.config.block_size)
@@ -120,7 +113,7 @@ def stream(
     max_len = min(end, model.config.block_size)
     cache_type = KVCache if decode == "eager" else StaticKVCache
     cache = cache_type(model.config, len(prompts), max_len, device=model.device, dtype=model.activation_dtype)
-    step = GraphedDecodeStep(model, cache) if decode == "graph" else partial(_decode_step, model, cache)
+    step = GraphedDecodeStep(model, cache) if decode == "graph" else partial(decode_step, model, cache)
     generator = sampling.generator(model.device)
     generated: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
@@ -170,9 +163,8 @@ def _left_pad(prompts: Sequence[Sequence[int]], extra_columns: int, device: torc
 
 
 def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:
-    """Refill the cache with the last block_size columns of tokens (B, n), whose row b
-    begins with pad[b] padding columns, running each distinct row once (the samples of
-    one prompt share its prefill). Returns the next-token logits (B, vocab)."""
+    """Refill the cache with the last block_size columns of tokens (B, n), row b beginning with pad[b] padding
+    columns, running each distinct row once (a prompt's samples share it). Returns the next-token logits (B, vocab)."""
     start = max(0, tokens.size(1) - model.config.block_size)
     pad = (pad - start).clamp(min=0)
     # Equal tokens with different padding are different rows: a prompt may begin with id 0.
@@ -186,8 +178,3 @@ def _prefill(model: GPT, cache: KVCache, tokens: Tensor, pad: Tensor) -> Tensor:
         return logits[:, -1]
     cache.spread(source, pad)
     return logits[source, -1]
-
-
-def _decode_step(model: GPT, cache: KVCache, tokens: Tensor) -> Tensor:
-    """Next-token logits (B, vocab) after appending tokens (B,) to the cached sequences."""
-    return model(tokens[:, None], kv_cache=cache, last_only=True)[0][:, -1]

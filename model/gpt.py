@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
-from .blocks import make_mlp, make_norm
+from .blocks import MLP_CLASSES, make_norm
 from .config import GPTConfig
 from .documents import FLEX_DEVICES, document_ids, document_mask, document_positions
 from .init import draw_seed, init_weights
@@ -24,7 +24,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = make_norm(config)
-        self.mlp = make_mlp(config)
+        self.mlp = MLP_CLASSES[config.mlp](config)
         self.branch_scale = config.branch_scale
 
     def forward(self, x: Tensor, *attention_context) -> Tensor:  # the context: CausalSelfAttention's after x
@@ -41,7 +41,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         init_seed = draw_seed()
-        # Rotary positions (applied in attention) need no position table.
+        # A learned position table (rotary needs none), and a norm of the embeddings.
         table = {"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}
         table |= {"ln_e": make_norm(config, gain=False)} if config.embed_norm else {}
         self.transformer = nn.ModuleDict(
@@ -58,8 +58,7 @@ class GPT(nn.Module):
             self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         if config.document_masks and config.eot_id is None:
             raise ValueError("model.document_masks needs model.eot_id, the token that opens each document")
-        # Holds no value: it follows the model's .to() and tells its activation dtype and device,
-        # which weightless norms (norm_weight false) cannot. Not saved (persistent=False).
+        # Holds no value: it follows .to() and tells the activation dtype and device (weightless norms cannot).
         self.register_buffer("anchor", torch.empty(0), persistent=False)
         if config.tie_embeddings:  # the output projection reuses the token embedding matrix
             self.transformer.wte.weight = self.lm_head.weight

@@ -12,7 +12,7 @@ import math
 import zlib
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 STD = 0.02  # GPT-2's
 
@@ -32,21 +32,23 @@ def init_weights(model: nn.Module, seed: int) -> None:
     residual_std = STD / math.sqrt(2 * config.n_layer)
     seen: set[int] = set()  # a tied head is the token table: initialise it once
     for module_name, module in model.named_modules():
-        if not isinstance(module, (nn.Linear, nn.Embedding)) or id(module.weight) in seen:
+        # (on the meta device, shapes only: nothing to draw)
+        if not isinstance(module, (nn.Linear, nn.Embedding)) or module.weight.is_meta or id(module.weight) in seen:
             continue
         seen.add(id(module.weight))
-        if module.weight.is_meta:  # shapes only: nothing to draw
-            continue
         std = residual_std if module_name.endswith("c_proj") else STD
-        for label, index in _blocks(module_name, module.weight, config):
-            _draw(module.weight, index, std, seed=zlib.crc32(f"{seed}:{module_name}:{label}".encode()))
+        for label, index in _blocks(module_name, config):
+            target = module.weight.data[index]
+            # A CPU generator (one stream anywhere) uses 32 bits of its seed.
+            generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{module_name}:{label}".encode()))
+            target.copy_(torch.empty(target.shape, device="cpu").normal_(0.0, std, generator=generator))
         if config.zero_init_proj and module_name.endswith(("attn.c_proj", "mlp.c_proj")):
             nn.init.zeros_(module.weight)  # drawn first all the same: no other weight's stream moves
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
 
-def _blocks(module_name: str, weight: Tensor, config) -> list[tuple[str, tuple]]:
+def _blocks(module_name: str, config) -> list[tuple[str, tuple]]:
     """The named pieces of a weight that models of other layouts also have."""
     if module_name.endswith("attn.c_attn"):
         # Rows [q | k | v]: q is n_head heads, k and v n_kv_head heads each; one block per head.
@@ -62,12 +64,3 @@ def _blocks(module_name: str, weight: Tensor, config) -> list[tuple[str, tuple]]
         axis = (slice(None),) if module_name.endswith("c_proj") else ()
         return [("units", (*axis, slice(0, width))), ("extra", (*axis, slice(width, hidden)))]
     return [("all", (slice(None),))]
-
-
-def _draw(weight: Tensor, index: tuple, std: float, seed: int) -> None:
-    target = weight.data[index]
-    if target.numel() == 0:
-        return
-    generator = torch.Generator().manual_seed(seed)  # a CPU generator uses 32 bits of its seed
-    # On the CPU: one stream anywhere.
-    target.copy_(torch.empty(target.shape, device="cpu").normal_(0.0, std, generator=generator))

@@ -120,8 +120,7 @@ class StaticKVCache(KVCache):
         super().reset(pad)
         pad = pad if pad is not None else torch.zeros_like(self.pad_rows)
         self.rows = pad.numel()
-        # In place: a captured step keeps reading these very tensors.
-        self.filled.zero_()
+        self.filled.zero_()  # in place: a captured step keeps reading these very tensors
         self.pad_rows[: self.rows].copy_(pad)
 
     def spread(self, source_rows: Tensor, pad: Tensor) -> None:

@@ -1,9 +1,6 @@
-"""CPU memory backed by transparent huge pages, for tensors that are streamed whole.
-
-A batch-1 decode step reads every weight and every cached key and value once. With
-ordinary 4 KiB pages such a stream needs a new TLB entry every 4 KiB; with 2 MiB pages
-it reads measurably faster (bench/decode.py --small-pages compares the two).
-"""
+"""CPU memory backed by transparent huge pages, for tensors that are streamed whole (a batch-1 decode step reads
+every weight and cached key and value once): with 2 MiB pages in place of 4 KiB ones, a stream needs 512 times fewer
+TLB entries and reads measurably faster (bench/decode.py --small-pages compares the two)."""
 
 from __future__ import annotations
 
@@ -26,16 +23,14 @@ def huge_page_zeros(shape: Sequence[int], dtype: torch.dtype = torch.float32, de
     if advice is None or nbytes < HUGE_PAGE or torch.device(device or "cpu").type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     try:
-        # Private, not mmap's default shared mapping: shared memory takes huge pages only
-        # under a separate kernel setting (shmem_enabled), usually off. One spare huge
-        # page lets the tensor start on a huge-page boundary.
+        # Private: shared memory takes huge pages only under a separate kernel setting (shmem_enabled), usually
+        # off. One spare huge page lets the tensor start on a huge-page boundary.
         buffer = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError:
         return torch.zeros(shape, dtype=dtype, device=device)
     with contextlib.suppress(OSError):  # a kernel built without THP refuses the advice; plain pages do
         buffer.madvise(advice)
-    # Fresh anonymous pages read as zeros; the tensor holds a reference to the mapping,
-    # which lives as long as any view of it.
+    # Fresh anonymous pages read as zeros; the mapping lives as long as any view of it.
     whole = torch.frombuffer(buffer, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start : start + nbytes].view(dtype).view(shape)

@@ -1,12 +1,6 @@
-"""Rotary position embeddings (RoPE; Su et al., 2021), in the layout Llama uses.
-
-Each query and key head of width d is rotated by angles that grow with its position:
-channel i of the head's first half and channel i of its second half form a pair,
-turned by the angle position * base ** (-2i / d). A query at position m and a key at
-position n then meet as if both were at 0 and n - m: attention scores depend on how
-far apart two tokens are, not on where they are. Hugging Face's Llama pairs channels
-the same way (its rotate_half), so its q and k projections are gptlab's as they are.
-"""
+"""Rotary position embeddings (RoPE; Su et al., 2021), in Llama's layout: channel i of a head's first half and
+channel i of its second half form a pair, turned by position * base ** (-2i / d), so attention scores depend on how
+far apart two tokens are, not where. Hugging Face's Llama pairs channels the same way (rotate_half)."""
 
 from __future__ import annotations
 
@@ -15,9 +9,8 @@ from torch import Tensor
 
 
 def rotary_angles(pos: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos and sin of every position's angles, each channel pair's angle written in
-    both its channels: (T, head_dim) for positions (T,), or (B, 1, T, head_dim) for
-    positions (B, T) (one row each; the 1 broadcasts over heads). fp32."""
+    """cos and sin (fp32) of every position's angles, each pair's in both its channels: (T, head_dim) for positions
+    (T,), or (B, 1, T, head_dim) for positions (B, T) (the 1 broadcasts over heads)."""
     exponents = torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / (base**exponents)  # (head_dim / 2,)
     angles = pos.float()[..., None] * inv_freq  # (..., T, head_dim / 2)

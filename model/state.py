@@ -14,12 +14,9 @@ TIED_WEIGHT = "lm_head.weight"
 WRAPPER_PREFIXES = re.compile(r"^(?:(?:_orig_mod|module)\.)+")
 
 
-def fit_problems(
-    state: dict[str, Tensor], expected: dict[str, torch.Size], what: str, against: str, optional: set[str] = frozenset()
-) -> str:
-    """What keeps `state` (`what` holds it) from fitting `expected` (name -> shape, by `against`):
-    the names missing (those in `optional` may be), unexpected or differently shaped, a few of
-    each; '' when it fits."""
+def fit_problems(state: dict[str, Tensor], expected: dict, what: str, against: str, optional=frozenset()) -> str:
+    """What keeps `state` (`what` holds it) from fitting `expected` (name -> shape, by `against`): the names missing
+    (those in `optional` may be), unexpected or differently shaped, a few of each; '' when it fits."""
     missing = sorted(set(expected) - set(state) - optional)
     unexpected = sorted(set(state) - set(expected))
     wrong_shape = [
@@ -46,14 +43,11 @@ def first_few(names: list[str], n: int = 5) -> str:
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain GPT inside torch.compile and DistributedDataParallel wrappers."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None:
-            return model
+    while (inner := getattr(model, "_orig_mod", None) or getattr(model, "module", None)) is not None:
         model = inner
+    return model
 
 
 def stored_once(model: nn.Module) -> set[str]:
-    """The tied head's name when the model ties it to the token table (its matrix is saved
-    as transformer.wte.weight), else none: an untied head is saved as itself."""
+    """The tied head's name when the model ties it (its matrix is saved as transformer.wte.weight), else none."""
     return {TIED_WEIGHT} if unwrap_model(model).config.tie_embeddings else set()

@@ -8,10 +8,8 @@ from .engine import StopCheck
 
 
 def stop_string_check(decode: Callable[[list[int]], str], stops: Sequence[str]) -> StopCheck | None:
-    """Ends a sample once its text (`decode` of its tokens) contains one of the stop strings.
-    A stop string that the newest token completes lies within the last `window` tokens
-    (each is at least one byte), so the check decodes only those: linear, not quadratic,
-    in the sample's length."""
+    """Ends a sample once its text (`decode` of its tokens) contains a stop string. One the newest token completes
+    lies within the last `window` tokens (each at least a byte): decoding only those keeps the check linear."""
     if not stops:
         return None
     window = max(len(stop.encode("utf-8")) for stop in stops)

@@ -145,8 +145,7 @@ class TiedEmbedding(nn.Module):
 
     def __init__(self, head: BF16Linear | Int8Linear) -> None:
         super().__init__()
-        # The head's row lookup, a plain attribute: the head stays the model's submodule
-        # (the table has no weights of its own to convert, move or save).
+        # A plain attribute: the head stays the model's submodule (the table has no weights of its own).
         self.head_rows = head.rows
 
     def forward(self, idx: Tensor) -> Tensor:
