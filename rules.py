@@ -1,10 +1,7 @@
-"""Declarative rules for settings. A dataclass field states its range or its choices once,
-as `setting(default, rule)`; `check_rules` enforces every field's rule and names the field,
-and the configuration reference (`python -m conf`) prints the same rule. A config is checked
-whole: inside `all_problems()` every section notes its problems and one SettingsError lists
-them all, so that one run shows everything to fix. Types are not checked here: OmegaConf's
-typed merge refuses a value of the wrong type where a config enters, and code that builds a
-dataclass itself is trusted."""
+"""Declarative rules for settings: a dataclass field states its range or choices once, as `setting(default,
+rule)`; `check_rules` enforces it naming the field, and `python -m conf` prints it. Inside `all_problems()`
+every section notes its problems and one SettingsError lists them all. Types are not checked here: OmegaConf's
+typed merge refuses a wrong type where a config enters, and code that builds a dataclass itself is trusted."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """An interval (`low`/`high`, ends included as `ends` says), a set of choices, or a
-    pattern a text must match in full (`meaning` says it in words). None always passes:
-    a field that may be None says so in its type."""
+    """An interval (`low`/`high`, ends included as `ends` says), choices, or a pattern a text must match in
+    full (`meaning` says it in words). None always passes: a field that may be None says so in its type."""
 
     low: float = -math.inf
     high: float = math.inf
@@ -55,11 +51,9 @@ class Rule:
             return value in self.choices
         if self.pattern:
             return re.fullmatch(self.pattern, value) is not None
-        if not math.isfinite(value):  # an interval's members are numbers a run can compute with
-            return False
         above = value > self.low if self.ends[0] == "(" else value >= self.low
         below = value < self.high if self.ends[1] == ")" else value <= self.high
-        return above and below
+        return math.isfinite(value) and above and below  # an interval's members are numbers a run computes with
 
     def or_words(self, *words: str) -> Rule:
         """This interval's whole numbers, or one of `words` (a field typed Any holds either)."""
@@ -114,13 +108,17 @@ def rule_of(f) -> Rule | None:
 
 
 def check_rules(settings: Any, prefix: str = "", conflicts: Callable[[], Iterable[str]] | None = None) -> None:
-    """SettingsError naming every field of the dataclass `settings` that breaks its rule or,
-    when each keeps it, every problem `conflicts` finds across fields (those may assume each
-    field valid). Inside all_problems() the problems are noted instead, for one error at its end."""
-    broken = broken_rules(settings, prefix)
+    """SettingsError naming every field of the dataclass `settings` that breaks its rule or, when each keeps it, every
+    problem `conflicts` finds across fields; inside all_problems() they are noted instead, for one error at its end."""
+    broken = []
+    for f in fields(settings):
+        rule, value = rule_of(f), getattr(settings, f.name)
+        if rule is not None and not rule.allows(value):
+            each = "'s every item" if isinstance(value, list) else ""
+            finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+            broken.append(f"{prefix}{f.name}{each} must be {finite}{rule}, got {value!r}")
     crossed = list(conflicts()) if conflicts is not None and not broken else []
-    noted = _noted.get()
-    if noted is not None:
+    if (noted := _noted.get()) is not None:
         noted[0].extend(broken)
         noted[1].extend(crossed)
     elif broken or crossed:
@@ -129,36 +127,16 @@ def check_rules(settings: Any, prefix: str = "", conflicts: Callable[[], Iterabl
 
 @contextlib.contextmanager
 def all_problems() -> Iterator[None]:
-    """Settings dataclasses built inside (a whole config, section by section) note their
-    problems and go on; at the end one SettingsError lists them all, the rules' first."""
+    """Settings built inside note their problems and go on; at the end one SettingsError lists them, rules' first."""
     noted: tuple[list[str], list[str]] = ([], [])
     token = _noted.set(noted)
     try:
         yield
     finally:
         _noted.reset(token)
-    problems = list(dict.fromkeys(noted[0] + noted[1]))  # one built from another's fields repeats them
-    if problems:
+    if problems := list(dict.fromkeys(noted[0] + noted[1])):  # one built from another's fields repeats them
         raise SettingsError(problems)
 
 
-def broken_rules(settings: Any, prefix: str = "") -> list[str]:
-    """A line for each field of the dataclass `settings` that breaks its rule."""
-    problems = []
-    for f in fields(settings):
-        rule, value = rule_of(f), getattr(settings, f.name)
-        if rule is not None and not rule.allows(value):
-            each = "'s every item" if isinstance(value, list) else ""
-            finite = "a finite number " if _not_finite(value) else ""
-            problems.append(f"{prefix}{f.name}{each} must be {finite}{rule}, got {value!r}")
-    return problems
-
-
-def _not_finite(value: Any) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
-
-
 def _number(value: float) -> str:
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
     return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -1,10 +1,6 @@
-"""What every command (train.py, sample.py, report.py, export.py, prepare.py) shares
-with the operating system: how it ends on an error, how it takes a signal and how it
-replaces a file, each in one place. (Locks are the `filelock` package's.)
-
-    with exits(out_of_memory="lower batch_size"):  # the body of a command's main()
-        ...
-"""
+"""What every command shares with the operating system, each in one place: how it ends on an error
+(`with exits(out_of_memory="lower batch_size"):` around main()'s body), how it takes a signal and how
+it replaces a file. (Locks are the `filelock` package's.)"""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ class UserError(Exception):
 
 
 class Interrupted(BaseException):
-    """A signal ended the command before it could finish. A BaseException, as KeyboardInterrupt
-    is, so that no `except Exception` on the way turns it into another error."""
+    """A signal ended the command; a BaseException, so no `except Exception` on the way turns it into another error."""
 
     def __init__(self, signum: int) -> None:
         self.signal = signal.Signals(signum).name
@@ -43,12 +38,14 @@ class Interrupted(BaseException):
 
 @contextlib.contextmanager
 def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iterator[None]:
-    """How a command ends: an error the user can act on (a UserError, a ValueError, an
-    OSError naming its file, or running out of memory when `out_of_memory` says what to
-    make smaller) is one line on stderr and exit code 1; a signal is its line and 128 +
-    its number, as a shell reports a process it killed; a reader that closed the pipe
-    (`| head`) ends it quietly. Anything else is a bug and keeps its traceback."""
-    write_whole_lines(sys.stderr)
+    """How a command ends: an error the user can act on (a UserError, ValueError, OSError naming its file, or running
+    out of memory when `out_of_memory` says what to make smaller) is one line on stderr and exit code 1; a signal is
+    its line and 128 + its number, as a shell reports it; a closed pipe (`| head`) ends it quietly. A bug keeps its
+    traceback."""
+    # Each stderr line in one write, even under python -u: the ranks of a torchrun job share one stderr,
+    # and `sys.exit(message)` writes the message and its newline in two calls, between which another's lands.
+    if isinstance(sys.stderr, io.TextIOWrapper):
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)
     try:
         with interrupts_raise():
             yield
@@ -60,26 +57,16 @@ def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iter
         where = err.filename or (writing if err.errno else None)  # errno-less: a library's own message
         sys.exit(f"error: {err.strerror or err}" + (f" ({where})" if where else ""))
     except RuntimeError as err:
-        message = describe_out_of_memory(err, out_of_memory) if out_of_memory else None
-        if message is None:
+        if not out_of_memory or (message := describe_out_of_memory(err, out_of_memory)) is None:
             raise
         sys.exit(f"error: {message}")
     except Interrupted as stop:
-        sys.stderr.write(f"\nerror: {stop}\n")  # one write: see write_whole_lines
+        sys.stderr.write(f"\nerror: {stop}\n")  # one write, as above
         sys.exit(stop.exit_code)
 
 
-def write_whole_lines(stream: object) -> None:
-    """Have each line written to `stream` reach its file in one write, even under python -u
-    or PYTHONUNBUFFERED: the ranks of a torchrun job share one stderr, and `sys.exit(message)`
-    writes the message and its newline in two calls, between which another rank's line lands."""
-    if isinstance(stream, io.TextIOWrapper):
-        stream.reconfigure(line_buffering=True, write_through=False)
-
-
 def describe_out_of_memory(err: RuntimeError, advice: str) -> str | None:
-    """One line for an allocation that failed (CUDA's OutOfMemoryError, or the CPU
-    allocator's RuntimeError), with `advice` on what to make smaller; None for any other error."""
+    """One line for a failed allocation (CUDA's or the CPU allocator's), with `advice`; None for another error."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     torch = sys.modules.get("torch")  # not imported here: this module loads before it (see below)
     if (torch is not None and isinstance(err, torch.OutOfMemoryError)) or "can't allocate memory" in text:
@@ -88,9 +75,8 @@ def describe_out_of_memory(err: RuntimeError, advice: str) -> str | None:
 
 
 def quiet_interrupt_while_starting() -> None:
-    """A Ctrl-C while a command still imports its modules (torch alone takes seconds, before
-    exits() can take over) ends in one line instead of a KeyboardInterrupt traceback; Python
-    then ends the process by SIGINT, as a shell expects (status 130). Call it first thing."""
+    """Call it first thing: a Ctrl-C while a command still imports (torch alone takes seconds, before exits()
+    takes over) ends in one line, not a traceback; Python then ends by SIGINT, as a shell expects (130)."""
     default = sys.excepthook
 
     def hook(kind, value, traceback) -> None:
@@ -104,12 +90,9 @@ def quiet_interrupt_while_starting() -> None:
 
 @contextlib.contextmanager
 def on_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM call `handler` while active; the previous handlers come back
-    after. Only the main thread may handle signals: elsewhere this changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    """SIGINT and SIGTERM call `handler` while active, the previous ones after (in the main thread only)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS} if main else {}
     try:
         yield
     finally:
@@ -123,39 +106,31 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
-    """While active, SIGINT and SIGTERM raise Interrupted (instead of KeyboardInterrupt
-    or an instant death), so cleanups run; afterwards both are ignored, so a signal
-    during interpreter shutdown cannot turn a finished command's exit code into a failure."""
+    """While active, SIGINT and SIGTERM raise Interrupted, so cleanups run; afterwards both are ignored, so
+    a signal during interpreter shutdown cannot turn a finished command's exit code into a failure."""
     try:
         with on_signals(_raise_interrupted):
             yield
     finally:
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
+        command_finished(every=True)
 
 
-def command_finished() -> None:
-    """The command has done its work (or is ending with its last line known): from here a
-    signal is ignored, so nothing prints after that line (not even from an object's
-    finalizer) and the exit status stays. Only the handlers interrupts_raise installed are
-    replaced: a caller from Python (a test) keeps its own."""
+def command_finished(*, every: bool = False) -> None:
+    """The command has done its work (or knows its last line): from here a signal is ignored, so nothing prints after
+    it and the exit status stays (unless `every`, only interrupts_raise's handlers: a test keeps its own)."""
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
-            if signal.getsignal(sig) is _raise_interrupted:
+            if every or signal.getsignal(sig) is _raise_interrupted:
                 signal.signal(sig, signal.SIG_IGN)
 
 
 class GracefulStop:
-    """While active, the first SIGINT or SIGTERM only sets `requested` (the training
-    loop checks it after each step, saves and stops); a second one raises Interrupted.
-    With a `launcher` (its process id), that process ending requests a stop too: a
-    launcher killed with -9 cannot pass a signal on, and its workers must not train on."""
+    """While active, the first SIGINT or SIGTERM only sets `requested` (the loop saves and stops); a second raises
+    Interrupted. The `launcher` process (its id) ending requests a stop too: killed with -9, it passes no signal on."""
 
     def __init__(self, launcher: int | None = None) -> None:
         self._requested: str | None = None
-        self._launcher = launcher
-        self._signals = on_signals(self._handle)
+        self._launcher, self._signals = launcher, on_signals(self._handle)
 
     @property
     def requested(self) -> str | None:
@@ -178,8 +153,7 @@ class GracefulStop:
 
 
 def replace_atomically(path: Path, make: Callable[[Path], None]) -> None:
-    """`make` writes the new file (or symlink) at a temporary path next to `path`, which then
-    takes its place in one rename: a reader sees the old or the new one, never a part."""
+    """`make` writes the new file (or symlink) at a temporary path that then replaces `path` in one rename."""
     temp = temp_path(path)
     temp.unlink(missing_ok=True)
     make(temp)
@@ -198,9 +172,8 @@ def temp_path(final: Path) -> Path:
 
 
 def replace_keeping_links_valid(final: Path, new: Path, links: list[Path], stale: Path) -> None:
-    """Swap the complete directory `new` in for `final` (moved aside to `stale`, then deleted)
-    so that every link in `links` always leads to a complete one: first to `new`, then to the
-    new `final` (hard links to new's files, so nothing is copied)."""
+    """Swap the complete directory `new` in for `final` (moved aside to `stale`, then deleted), every link
+    in `links` leading to a complete one throughout: first `new`, then the new `final` (hard links to new's files)."""
     for link in links:
         point_link(link, new)
     final.rename(stale)

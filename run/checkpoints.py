@@ -69,8 +69,7 @@ class Checkpoint:
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the model was trained with, as its config.yaml describes it."""
-        description = self.config.get("tokenizer")
-        if not isinstance(description, dict):
+        if not isinstance(description := self.config.get("tokenizer"), dict):
             raise CheckpointError(f"{self.path / CONFIG} does not describe a tokenizer (no `tokenizer` section)")
         return load_tokenizer(description, self.path)
 
@@ -104,11 +103,9 @@ class Checkpoint:
             problems = [f"it holds a {type(state).__name__}, not a dict"]
         else:
             problems = [
-                f"{key!r} missing"
-                if key not in state
-                else f"{key!r} is a {type(state[key]).__name__}, not {kind.__name__}"
+                f"{key!r} missing" if key not in state else f"{key!r} is a {type(got).__name__}, not {kind.__name__}"
                 for key, kind in STATE_FIELDS.items()
-                if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+                if not isinstance(got := state.get(key), kind) or isinstance(got, bool)
             ]
         if problems:
             raise CheckpointError(
@@ -155,9 +152,8 @@ def verify_digests(path: Path, names: list[str]) -> None:
 
 
 def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: str = "checkpoint") -> Path:
-    """One checkpoint directory from a checkpoint, run or checkpoints/ directory, or (None) the latest
-    checkpoint of the run saved most recently under runs_root, sweep members included. `setting` is
-    what the user would pass a path as, for the message when there is none."""
+    """One checkpoint directory from a checkpoint, run or checkpoints/ directory, or (None) the latest one saved
+    under runs_root (sweep members included); `setting` is what the user passes a path as, for the message."""
     if target is None:
         links = (d / "latest" for d in Path(runs_root).glob(f"**/{CHECKPOINTS}"))  # a dangling one too
         runs = sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)
@@ -257,8 +253,7 @@ class Checkpoints:
         self.keep_last, self.keep_state = keep_last, keep_state
 
     def latest(self) -> Path | None:
-        """The checkpoint a resume of the run continues from: where `latest` leads, else (the
-        link lost, dangling or a loop) the newest complete one; None before the first."""
+        """Where `latest` leads, else (link lost, dangling, a loop) the newest complete one; None before the first."""
         if (self.root / "latest" / WEIGHTS).is_file():
             return (self.root / "latest").resolve()
         return _newest_complete(self.root)
@@ -266,8 +261,7 @@ class Checkpoints:
     def save(
         self, step: int, model: nn.Module, config: dict, state: dict, is_best: bool = False, files: dict | None = None
     ) -> Path:
-        """Write checkpoint `step` (config.yaml, state.pt, and `files` by name: Tokenizer.files()), point
-        `latest` (and `best` if is_best) at it, then prune; returns its path."""
+        """Write checkpoint `step` (and `files`: Tokenizer.files()), point `latest` (`best` if is_best) at it, prune."""
         final = self.root / f"step_{step:06d}"
         shared = stored_once(model)
         weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k not in shared}
@@ -300,7 +294,11 @@ class Checkpoints:
             for link in links:
                 point_link(link, final)
             fsync(self.root)
-            self.prune()
+            protected, steps = self._linked(), step_dirs(self.root)  # prune: the newest keep_last and the linked stay
+            for old in steps[: max(len(steps) - self.keep_last, 0)]:
+                if old.resolve() not in protected:
+                    shutil.rmtree(old)
+            self.remove_interrupted_saves()
         except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
             low = self.root.is_dir() and shutil.disk_usage(self.root).free < 2**20
             what = f"could not write the checkpoint ({type(err).__name__}: {err})"
@@ -320,17 +318,8 @@ class Checkpoints:
                 (listing.parent / STATE).unlink(missing_ok=True)
         return final
 
-    def prune(self) -> None:
-        """Delete all but the newest keep_last step checkpoints (not what `latest` or `best` leads to) and leftovers."""
-        protected, steps = self._linked(), step_dirs(self.root)
-        for old in steps[: max(len(steps) - self.keep_last, 0)]:
-            if old.resolve() not in protected:
-                shutil.rmtree(old)
-        self.remove_interrupted_saves()
-
     def remove_interrupted_saves(self) -> list[Path]:
-        """Delete the temporary directories of saves that were killed, except one that a link
-        still leads to; call it only as the run's one writer. Returns what it removed."""
+        """Delete and return the directories of killed saves but one a link leads to (only as the run's writer)."""
         if not self.root.is_dir():
             return []
         kept = self._linked()

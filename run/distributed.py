@@ -1,13 +1,7 @@
-"""Data parallelism on PyTorch's own stack: torchrun starts one process per device,
-DistributedDataParallel averages gradients with an all-reduce (NCCL on CUDA, gloo on CPU).
-
-Without torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, set by the launcher)
-everything here is a no-op, so the same train.py runs alone or in a group of processes.
-
-A rank does not train on without its launcher (see Ranks.launcher), nor wait on a rank
-that ended: rank 0's refusals reach the others, and a rank that finds a peer gone stops
-with one line.
-"""
+"""Data parallelism on PyTorch's own stack: torchrun starts one process per device, DistributedDataParallel
+averages gradients (NCCL on CUDA, gloo on CPU); without torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE)
+everything here is a no-op. A rank does not train on without its launcher (Ranks.launcher), nor wait on a
+rank that ended: rank 0's refusals reach the others, and a rank that finds a peer gone stops with one line."""
 
 from __future__ import annotations
 
@@ -53,12 +47,11 @@ class Ranks:
 
 
 def init_distributed(device_setting: str) -> tuple[Ranks, torch.device]:
-    """Join the process group torchrun set up (if any) and pick this process's device:
-    on CUDA each process takes the GPU of its local rank."""
-    if not all(name in os.environ for name in LAUNCHER_VARIABLES):
-        return Ranks(), resolve_device(device_setting)
-    ranks = Ranks(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES), launcher=os.getppid())
+    """Join torchrun's process group (if any) and pick this process's device (on CUDA, its local rank's GPU)."""
     device = resolve_device(device_setting)
+    if not all(name in os.environ for name in LAUNCHER_VARIABLES):
+        return Ranks(), device
+    ranks = Ranks(*(int(os.environ[name]) for name in LAUNCHER_VARIABLES), launcher=os.getppid())
     if device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
         torch.cuda.set_device(device)
@@ -84,9 +77,7 @@ def broadcast_from_main(ranks: Ranks, value: Any) -> Any:
 
 
 def main_decides(ranks: Ranks, decide: Callable[[], T]) -> T:
-    """Rank 0 alone runs `decide` (a choice only it may make) and every rank gets its result.
-    When rank 0 refuses (a UserError or ValueError, its own line), each other rank stops with
-    one line saying so, instead of a traceback from a collective whose peer went away."""
+    """Rank 0 alone runs `decide`, every rank gets its result; rank 0's refusal stops the others with one line."""
     if not ranks.enabled:
         return decide()
     value, refused = None, None
@@ -105,10 +96,8 @@ def main_decides(ranks: Ranks, decide: Callable[[], T]) -> T:
 
 @contextlib.contextmanager
 def peers_watched(ranks: Ranks, left_behind: Callable[[], str]) -> Iterator[None]:
-    """When another rank ends mid-collective (killed, or failed), this one stops with one
-    line naming it and saying what is left (`left_behind()`), not gloo's traceback. Signals
-    are ignored from there: the last line is this one, not the SIGTERM the launcher sends
-    once it notices the lost rank."""
+    """When another rank ends mid-collective, this one stops with one line saying what is left (`left_behind()`),
+    not gloo's traceback; signals are ignored from there, so the last line is not the launcher's SIGTERM."""
     try:
         yield
     except RuntimeError as err:
@@ -144,10 +133,8 @@ def barrier(ranks: Ranks) -> None:
 
 
 def shutdown(ranks: Ranks) -> None:
-    """Close the process group while the interpreter is fully alive. DDP holds the group
-    through reference cycles, so without a collection first the group (and gloo's worker
-    threads) would be destroyed during interpreter finalization, where touching a Python
-    tensor aborts the process (SIGABRT: "terminate called without an active exception")."""
+    """Close the process group while the interpreter is fully alive: DDP holds it through reference cycles, and
+    destroyed during finalization, gloo's threads touching a Python tensor abort the process (SIGABRT)."""
     if dist.is_initialized():  # also a group of one (torchrun --nproc_per_node=1)
         gc.collect()
         dist.destroy_process_group()

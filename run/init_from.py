@@ -1,13 +1,9 @@
 """Where a new run's weights come from: scratch, a gptlab checkpoint, or Hugging Face.
 
-Starting from existing weights, the model's shape is theirs; the run may still
-choose fewer key/value heads (model.n_kv_head), which mean-pools the K/V heads of
-each group (Ainslie et al., 2023: "uptraining" MHA into GQA/MQA), a shorter context
-(model.block_size below the weights' own crops the position table, as nanoGPT does;
-a longer one is refused: learned positions cannot be extended), and its own dropout
-and attention path. Every other model setting is the weights': a value a recipe or a
-preset filled in is replaced by theirs, and one named on the command line
-(model.qk_norm=true, model/block=llama) that contradicts them is refused.
+From existing weights the model's shape is theirs; the run may still choose fewer key/value heads (mean-pooled
+per group: Ainslie et al., 2023, "uptraining" MHA into GQA/MQA), a shorter context (the position table cropped,
+as nanoGPT does), and its own dropout and attention path. A recipe's or preset's value of any other model setting
+is replaced by theirs, and one named on the command line (model/block=llama) that contradicts them is refused.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ RUN_CHOICES = ("n_kv_head", "block_size", "dropout", "attn_impl", "document_mask
 
 
 def check_model_path(config: Config) -> None:
-    """A model_path that leads nowhere, refused before any data or model work (a Hub
-    name is looked up only when the weights are read)."""
+    """Refuse a model_path that leads nowhere before any data or model work (a Hub name is read later)."""
     if config.init_from == "checkpoint":
         find_checkpoint(config.model_path, config.runs_root, setting="model_path")
     elif config.init_from == "hf":
@@ -44,8 +39,7 @@ def check_model_path(config: Config) -> None:
 
 @contextlib.contextmanager
 def reading_hf() -> Iterator[None]:
-    """A Hugging Face model that cannot be read is refused as any other model a run or
-    load_model reads: a CheckpointError, with hf/'s message."""
+    """A Hugging Face model that cannot be read is a CheckpointError, as any other model, with hf/'s message."""
     try:
         yield
     except HFError as err:
@@ -53,9 +47,7 @@ def reading_hf() -> Iterator[None]:
 
 
 def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict[str, Tensor] | None]:
-    """The model config of a new run and the weights to start from (None: random init).
-    The config names its key/value heads (a checkpoint holds a shape, not a default)."""
-    requested_kv_heads = config.model.n_kv_head  # None: the same as the weights started from
+    """A new run's model config (naming its key/value heads) and the weights to start from (None: random init)."""
     if config.init_from == "scratch":
         return scratch_config(config, tokenizer.vocab_size, tokenizer.eot_id), None
     if config.init_from == "hf":
@@ -70,7 +62,7 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
                     "and init_from=hf trains on GPT-2's tokens: its model would read other ids than "
                     "it learned; start from a model trained with GPT-2's tokenizer"
                 )
-            source, state = load_hf_pretrained(directory, n_kv_head=requested_kv_heads)
+            source, state = load_hf_pretrained(directory, n_kv_head=config.model.n_kv_head)
         refuse_contradictions(config.model, source, f"the weights of {config.model_path}")
     else:
         checkpoint = load_checkpoint(find_checkpoint(config.model_path, config.runs_root, setting="model_path"))
@@ -81,32 +73,33 @@ def initial_model(config: Config, tokenizer: Tokenizer) -> tuple[GPTConfig, dict
             )
         source, state = checkpoint.model_config, checkpoint.model_state
         refuse_contradictions(config.model, source, f"the checkpoint {checkpoint.path}")
-        if requested_kv_heads is not None and requested_kv_heads != source.kv_heads:
+        if (kv_heads := config.model.n_kv_head) is not None and kv_heads != source.kv_heads:  # None: the weights'
             try:
-                source, state = pool_kv_heads(state, source, requested_kv_heads)
+                source, state = pool_kv_heads(state, source, kv_heads)
             except ValueError as err:
                 raise CheckpointError(f"cannot convert {checkpoint.path}: {err}") from err
     if tokenizer.vocab_size > source.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the weights only {source.vocab_size}")
-    source, state = _at_context(source, state, config.model.block_size, config.model_path)
+    if (block_size := config.model.block_size) > source.block_size:
+        raise ValueError(
+            f"model.block_size ({block_size}) is longer than the context of {config.model_path} ({source.block_size}): "
+            f"{'learned positions cannot be extended' if source.position == 'learned' else 'it was trained no longer'}"
+            f"; set model.block_size={source.block_size} or less"
+        )
+    if block_size < source.block_size:
+        source, state = crop_block_size(state, source, block_size)
     documents = {"document_masks": config.model.document_masks, "eot_id": document_opener(config, tokenizer.eot_id)}
     return replace(source, dropout=config.model.dropout, attn_impl=config.model.attn_impl, **documents), state
 
 
 def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> None:
-    """Refuse, in one line naming each setting and both values, the model settings this command
-    line names (model.<setting>=, or a model/ preset such as model/block=llama) that the weights'
-    own model contradicts; RUN_CHOICES are the run's to choose."""
+    """One error naming each model setting of the command line (model.x=, model/block=...) that `weights` contradict."""
     by_override: dict[str, list[str]] = {}
     for key, override in named_settings(command_line_overrides(), "model").items():
-        if key not in RUN_CHOICES and getattr(asked, key) != getattr(weights, key):
-            by_override.setdefault(override, []).append(
-                f"model.{key}={getattr(asked, key)!r} (there {getattr(weights, key)!r})"
-            )
+        if key not in RUN_CHOICES and (mine := getattr(asked, key)) != (theirs := getattr(weights, key)):
+            by_override.setdefault(override, []).append(f"model.{key}={mine!r} (there {theirs!r})")
     if by_override:
-        clashes = "; ".join(
-            f"{override} contradicts {source}: {', '.join(settings)}" for override, settings in by_override.items()
-        )
+        clashes = "; ".join(f"{override} contradicts {source}: {', '.join(s)}" for override, s in by_override.items())
         raise ValueError(
             f"{clashes}; a run from existing weights has their model: leave "
             f"{'this' if len(by_override) == 1 else 'these'} unset, or start from scratch"
@@ -114,11 +107,10 @@ def refuse_contradictions(asked: GPTConfig, weights: GPTConfig, source: str) -> 
 
 
 def scratch_config(config: Config, vocab_size: int, eot_id: int | None) -> GPTConfig:
-    """A new model's config for a tokenizer of `vocab_size` ids (padded to pad_vocab_to) whose
-    <|endoftext|> is eot_id."""
+    """A new model's config for a tokenizer of `vocab_size` ids (padded to pad_vocab_to), <|endoftext|> eot_id."""
     return replace(
         config.model,
-        vocab_size=padded(vocab_size, config.pad_vocab_to),
+        vocab_size=-(-vocab_size // config.pad_vocab_to) * config.pad_vocab_to,  # rounded up
         n_kv_head=config.model.kv_heads,
         eot_id=document_opener(config, eot_id),
     )
@@ -134,21 +126,3 @@ def document_opener(config: Config, eot_id: int | None) -> int | None:
             "tokenizer has no <|endoftext|> (give data.document_separator, or leave document_masks false)"
         )
     return eot_id
-
-
-def _at_context(
-    source: GPTConfig, state: dict[str, Tensor], block_size: int, model_path: str
-) -> tuple[GPTConfig, dict[str, Tensor]]:
-    if block_size > source.block_size:
-        raise ValueError(
-            f"model.block_size ({block_size}) is longer than the context of {model_path} ({source.block_size}): "
-            f"{'learned positions cannot be extended' if source.position == 'learned' else 'it was trained no longer'}"
-            f"; set model.block_size={source.block_size} or less"
-        )
-    if block_size < source.block_size:
-        return crop_block_size(state, source, block_size)
-    return source, state
-
-
-def padded(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple

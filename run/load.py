@@ -1,14 +1,10 @@
-"""A model loaded for inference, the one way every tool that runs a trained model loads one
-(sample.py, evaluation/, report.py and ablation/, bench/):
+"""A model loaded for inference, the one way every tool that runs a trained model loads one (sample.py,
+evaluation/, report.py, ablation/, bench/):
 
     model, tokenizer, checkpoint = load_model("runs/<run>", "runs", device, torch.float32, weights="int8")
 
-It checks the settings that decide how the model computes (the weight format and the
-decode mode against the device) before any weights are read, then reads a gptlab
-checkpoint (safetensors only) and the tokenizer it was trained with, takes a checkpoint
-its caller has already read, or imports a Hugging Face model as train.py's init_from=hf
-does, with its tokenizer; the model comes back in eval mode on the device, computing in
-dtype, its Linear weights in the `weights` format and laid out for decoding.
+The weight format and decode mode are checked against the device before any weights are read; then a gptlab
+checkpoint (safetensors only) or a Hugging Face model (as init_from=hf imports it) is read with its tokenizer.
 """
 
 from __future__ import annotations
@@ -39,11 +35,9 @@ def load_model(
     decode: str = "eager",
     hf: bool = False,
 ) -> tuple[GPT, Tokenizer, Checkpoint]:
-    """The model, its tokenizer and the checkpoint it came from. target: a checkpoint or run
-    directory (None: the newest run under runs_root's latest checkpoint; runs_root is read
-    only then), a Checkpoint already read (its weights are not read again), or with hf=True
-    a transformers directory or Hub name (the checkpoint returned then holds the imported
-    weights, its path the directory they were read from)."""
+    """The model, its tokenizer and its checkpoint. target: a checkpoint or run directory (None: the latest under
+    runs_root, read only then), a Checkpoint already read, or with hf=True a transformers directory or Hub name
+    (the checkpoint returned then holds the imported weights, its path their directory)."""
     check_inference_settings(device, weights, decode)
     if hf:
         with reading_hf():
@@ -87,22 +81,15 @@ def check_inference_settings(device: torch.device, weights: str, decode: str = "
 
 
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
-    """The checkpoint's model in eval mode on device, computing in dtype, its Linear
-    weights converted to the `weights` format (in memory only)."""
+    """The checkpoint's model, as inference_model makes it."""
     checkpoint.check_finite()
     return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
 
 
 def inference_model(
-    model_config: GPTConfig,
-    state: dict[str, torch.Tensor],
-    device: torch.device,
-    dtype: torch.dtype,
-    weights: str = "fp32",
+    model_config: GPTConfig, state: dict, device: torch.device, dtype: torch.dtype, weights: str
 ) -> GPT:
-    """GPT(model_config) holding `state`, in eval mode on device, computing in dtype, its
-    Linear weights in the `weights` format and laid out for decoding."""
+    """GPT(model_config) holding `state`, in eval mode on device in dtype, Linear weights as `weights`, for decoding."""
     model = GPT(model_config)
     load_weights(model, state)
-    model = to_weight_format(model.to(device=device, dtype=dtype).eval(), weights)
-    return to_decode_layout(model)
+    return to_decode_layout(to_weight_format(model.to(device=device, dtype=dtype).eval(), weights))

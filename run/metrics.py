@@ -29,12 +29,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """The records of a metrics file, and its torn last line if it has one (a write cut
-    short: no newline after it, and not valid JSON), which is left out."""
+    """The records of a metrics file, and its torn last line (a write cut short: no newline, not JSON), left out."""
     if not path.exists():
         return [], None
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -51,8 +49,7 @@ def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def rewrite_up_to(path: Path, step: int | None) -> str | None:
-    """Keep the records up to `step` (all when None), without a torn last line;
-    returns that line, if there was one."""
+    """Keep the records up to `step` (all when None), without a torn last line; returns that line, if any."""
     records, torn = _parse(path)
     kept = [r for r in records if step is None or r["step"] <= step]
     ends_whole = not path.exists() or path.read_bytes()[-1:] in (b"", b"\n")

@@ -1,5 +1,4 @@
-"""Run directories: where a new run goes, its one writer, what `resume=...` continues,
-and the config a run records."""
+"""Run directories: where a new run goes, its one writer, what `resume=...` continues, the config it records."""
 
 from __future__ import annotations
 
@@ -31,14 +30,12 @@ RUN_CONFIG = "config.yaml"  # the resolved config the run started with
 LOCK = ".lock"  # held by the one process writing the run
 HOLDER = ".lock.pid"  # that process's id
 RUN_GROUPS = "groups.yaml"  # its config-group choices (model=nano, ...)
-NOT_RECORDED = "<not recorded>"
 
 
 def new_run_dir(config: Config) -> Path:
-    """out_dir if given, else the job's directory of a Hydra sweep (`-m`), else a fresh
-    <runs_root>/<date>_<time>. Never a directory that holds a run with a checkpoint (one
-    that stopped before its first is started afresh: see run_lock)."""
-    if config.out_dir or _in_sweep():
+    """out_dir if given, else a Hydra sweep's (`-m`) job directory, else a fresh <runs_root>/<date>_<time>; never
+    one holding a run with a checkpoint (one that stopped before its first is started afresh: see run_lock)."""
+    if config.out_dir or (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
         path = Path(config.out_dir or HydraConfig.get().runtime.output_dir)
         _refuse_a_run_with_checkpoints(path)
         _check_creatable(path, "out_dir" if config.out_dir else "hydra.sweep.dir")
@@ -57,7 +54,6 @@ def _refuse_a_run_with_checkpoints(path: Path) -> None:
 
 
 def _check_creatable(path: Path, setting: str) -> None:
-    """Fail now, naming the setting, if the run directory could not be made there."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -68,13 +64,9 @@ def _check_creatable(path: Path, setting: str) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path, *, new_run: bool) -> Iterator[str]:
-    """One writer per run directory: an OS lock on run_dir/.lock while the run writes.
-    The kernel releases it when the process ends, however it ends, so a kill -9 leaves
-    no stale lock. A second writer gets an error naming the process that holds it.
-
-    As the one writer it removes what killed saves left behind, and a new run takes over
-    a directory whose run stopped before its first checkpoint; it yields a line saying so
-    ('' otherwise)."""
+    """One writer per run directory: an OS lock on .lock, released however the process ends (kill -9 included); a
+    second writer is told who holds it. The writer removes what killed saves left; a new run takes over a directory
+    whose run stopped before its first checkpoint, yielding a line saying so ('' otherwise)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(run_dir / LOCK)
     try:
@@ -100,9 +92,8 @@ def run_lock(run_dir: Path, *, new_run: bool) -> Iterator[str]:
 
 
 def _take_over(run_dir: Path) -> str:
-    """Clear the files of a run that stopped before its first checkpoint, once sure that
-    is what they are: a config.yaml gptlab did not write, or the log of a run whose
-    checkpoints were deleted since, is left alone and refused."""
+    """Clear the files of a run that stopped before its first checkpoint, once sure that is what they are (a
+    config.yaml gptlab did not write, or the log of a run whose checkpoints were deleted since, is refused)."""
     if not (run_dir / RUN_CONFIG).exists():
         return ""
     if not (run_dir / RUN_GROUPS).exists():
@@ -122,10 +113,9 @@ def _take_over(run_dir: Path) -> str:
 
 
 def logged_a_save(run_dir: Path) -> bool:
-    """Whether the run's log shows that it saved a checkpoint. Its first evaluation past
-    step 0 is logged just before the first save, and then the loop logs more only once that
-    save is done, or the run ends there (at max_iters). An evaluation that ends the log
-    before max_iters does not count: the save after it may have been cut short."""
+    """Whether the run's log shows a saved checkpoint: its first evaluation past step 0 is logged just before
+    the first save, and more only once that is done, or the run ends there (at max_iters); an evaluation that
+    ends the log before max_iters does not count (the save after it may have been cut short)."""
     records = read_metrics(run_dir)
     first = next((i for i, r in enumerate(records) if r.get("kind") == "eval" and r.get("step", 0) > 0), None)
     if first is None:
@@ -146,57 +136,49 @@ def interrupted(signal_name: str, run_dir: Path) -> str:
 
 def left_behind(run_dir: Path) -> str:
     """What a run that stopped before its end leaves, and how to go on."""
-    intact = Checkpoints(run_dir).latest()
-    if intact is None and logged_a_save(run_dir):  # its one save, at max_iters, cut short (or deleted since)
+    if intact := Checkpoints(run_dir).latest():
+        return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
+    if logged_a_save(run_dir):  # its one save, at max_iters, cut short (or deleted since)
         return (
             f"no checkpoint is left, and its {METRICS} reads as a run that saved one, so resume={run_dir} "
             f"refuses it: train into another out_dir, or delete {run_dir} to run it again there"
         )
-    if intact is None:
-        return f"stopped before the first checkpoint; resume={run_dir} starts the run afresh"
-    return f"the last good checkpoint {intact} is intact, and resume={run_dir} continues from it"
+    return f"stopped before the first checkpoint; resume={run_dir} starts the run afresh"
 
 
 def save_run_config(run_dir: Path, settings: dict) -> None:
-    """The run's settings, resolved (no interpolation left to re-resolve), as config.yaml."""
+    """The run's settings, resolved (no interpolation left), as config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # groups.yaml first: a config.yaml without one is not a run's (see _take_over), even if a kill lands between.
     # A resume's is the run's own (a resume keeps its groups): its command's choices are only defaults.
     if not (run_dir / RUN_GROUPS).exists():
         OmegaConf.save(OmegaConf.create(group_choices()), run_dir / RUN_GROUPS)
-    as_run = {**settings, "resume": None}  # what it trains to, wherever it was resumed from
-    write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml(as_run))  # replaced whole: a resume rewrites it
+    # Replaced whole (a resume rewrites it); resume: null, wherever it was resumed from.
+    write_atomic(run_dir / RUN_CONFIG, OmegaConf.to_yaml({**settings, "resume": None}))
 
 
 def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
-    """With resume set, continue the saved run's own config. Overrides of single
-    values (max_iters=5000) still apply; group choices (model=nano) must be the ones
-    the run started with, so repeating the original command line works."""
+    """With resume set, the saved run's own config: single values (max_iters=5000) still apply, group choices
+    (model=nano) must be the run's own, so repeating the original command line works."""
     if cfg.resume is None or str(cfg.resume).lower() == "false":  # resume=false: a new run, as resume=null
         return OmegaConf.merge(cfg, {"resume": None}), None
     target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
-    if target is not None and _stopped_before_first_checkpoint(Path(target)):
-        merged = _saved_config(Path(target), cfg)  # start it afresh
+    run = Path(str(target))  # a run directory (not a checkpoint: those hold a config.yaml too) without a checkpoint:
+    if target is not None and (run / RUN_CONFIG).is_file() and not (run / WEIGHTS).exists() and not has_checkpoint(run):
+        merged = _saved_config(run, cfg)  # start it afresh
         merged.out_dir, merged.resume = str(target), None
         return merged, None
-    if target is not None and (Path(target) / LOCK).exists() and not (Path(target) / RUN_CONFIG).exists():
+    if target is not None and (run / LOCK).exists() and not (run / RUN_CONFIG).exists():
         raise CheckpointError(
             f"{target} holds a run that stopped before it wrote its {RUN_CONFIG} (only its {LOCK} is "
             f"there): nothing was saved to resume; run the original command with out_dir={target} "
             "to start it there afresh, or delete the directory"
         )
     checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
-    if not (checkpoint.run_dir / RUN_CONFIG).is_file():
-        raise CheckpointError(f"{checkpoint.run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
-    merged = _saved_config(checkpoint.run_dir, cfg)
-    _refuse_reseeding(checkpoint.run_dir, merged)
-    merged.resume = cfg.resume
-    return merged, checkpoint
-
-
-def _refuse_reseeding(run_dir: Path, merged: DictConfig) -> None:
-    """The saved config says what seeded the whole run: a resume that changed seed or
-    seed_scope would record a run that never was (a run started afresh may change them)."""
+    if not ((run_dir := checkpoint.run_dir) / RUN_CONFIG).is_file():
+        raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
+    merged = _saved_config(run_dir, cfg)
+    # The saved config says what seeded the run: a resume that changed it would record a run that never was.
     saved = OmegaConf.merge(OmegaConf.structured(Config), read_run_yaml(run_dir / RUN_CONFIG, run_dir))
     for key in ("seed", "seed_scope"):
         if merged[key] != saved[key]:
@@ -204,11 +186,8 @@ def _refuse_reseeding(run_dir: Path, merged: DictConfig) -> None:
                 f"cannot apply {key}={merged[key]} when resuming {run_dir}: it was started with "
                 f"{key}={saved[key]}, which seeded its steps so far (start a new run instead)"
             )
-
-
-def _stopped_before_first_checkpoint(path: Path) -> bool:
-    """A run directory (not a checkpoint: those hold a config.yaml too) without a checkpoint."""
-    return (path / RUN_CONFIG).is_file() and not (path / WEIGHTS).exists() and not has_checkpoint(path)
+    merged.resume = cfg.resume
+    return merged, checkpoint
 
 
 def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
@@ -218,17 +197,14 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
     values = []
     for override in command_line_overrides():
         key, _, value = override.lstrip("+").partition("=")
-        if key == "resume":
-            continue
         if key in group_choices() or override.startswith("~"):
-            started_with = saved_groups.get(key, NOT_RECORDED)
-            if str(started_with) != value:
+            if str(started_with := saved_groups.get(key, "<not recorded>")) != value:
                 raise ValueError(
                     f"cannot apply '{override}' when resuming {run_dir}: it was started with "
                     f"{key}={started_with}; a run keeps its config groups (start a new run instead)"
                 )
-            continue
-        values.append(f"{key}={value}")
+        elif key != "resume":
+            values.append(f"{key}={value}")
     saved = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
     if isinstance(saved.get("model"), dict):  # the model it built: its vocab_size and eot_id are the tokenizer's
         for key in ("vocab_size", "eot_id"):  # set again
@@ -243,40 +219,28 @@ def _saved_config(run_dir: Path, cfg: DictConfig) -> DictConfig:
 
 
 def read_run_yaml(path: Path, run_dir: Path, *, may_be_empty: bool = False) -> dict:
-    """A run's YAML file as a dict, or one error naming it (truncated, not UTF-8, a
-    tag such as !!python/object that plain YAML refuses to build, or not a mapping)."""
+    """A run's YAML file as a dict, or one error naming it (truncated, not UTF-8, a !!python tag, not a mapping)."""
     try:
         content = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as err:  # yaml and omegaconf raise many types; all mean "unreadable"
-        content = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    if not isinstance(content, dict) or not (content or may_be_empty):
-        reason = (
-            content
-            if isinstance(content, str)
-            else "it is empty"
-            if not content
-            else f"it holds a {type(content).__name__}, not settings"
-        )
-        raise CheckpointError(
-            f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
-            f"weights with init_from=checkpoint model_path={run_dir}"
-        )
-    return content
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    else:
+        if isinstance(content, dict) and (content or may_be_empty):
+            return content
+        reason = f"it holds a {type(content).__name__}, not settings" if content else "it is empty"
+    raise CheckpointError(
+        f"{path} is damaged ({reason}); restore it, or start a new run from the run's "
+        f"weights with init_from=checkpoint model_path={run_dir}"
+    )
 
 
 def group_choices() -> dict[str, str | None]:
-    """Which option of each config group this run uses, e.g. {"model": "nano", ...}
-    (empty when the config was composed from Python rather than by a command)."""
+    """Which option of each config group this run uses, e.g. {"model": "nano"} (none when composed from Python)."""
     if not HydraConfig.initialized():
         return {}
     return {k: v for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")}
 
 
-def _in_sweep() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def command_line_overrides() -> list[str]:
-    """This command's overrides as typed (`model.qk_norm=true`); none when the config was
-    composed from Python rather than by a command."""
+    """This command's overrides as typed (`model.qk_norm=true`); none when composed from Python."""
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []

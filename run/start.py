@@ -7,8 +7,8 @@
         ... build the optimizer ...
         step, best, note = run.restore(...)   a resume's training state; then config.yaml, with the model built
 
-The data is prepared inside start_run: a new run claims its directory before a long
-prepare, and a rank lost during it says what the run leaves behind.
+The data is prepared inside start_run: a new run claims its directory before a long prepare, and a rank
+lost during it says what the run leaves behind.
 """
 
 from __future__ import annotations
@@ -48,12 +48,9 @@ class RunSpec:
 
 
 def resolve_run(cfg: DictConfig) -> RunSpec:
-    """The run a composed config asks for. With resume set, the saved run's own config (this
-    command's single values applied) and its checkpoint. Every rule is checked here, before
-    any heavy work."""
+    """The run a composed config asks for (a resume's own config and checkpoint), its rules checked before any work."""
     cfg, resume_from = resolve_resume(cfg)
-    config = load_config(cfg)
-    return RunSpec(config=config, settings=OmegaConf.to_container(cfg, resolve=True), resume_from=resume_from)
+    return RunSpec(load_config(cfg), OmegaConf.to_container(cfg, resolve=True), resume_from)
 
 
 @dataclass
@@ -71,28 +68,22 @@ class StartedRun:
     def restore(
         self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, config: Config
     ) -> tuple[int, float, str]:
-        """The step, best val loss and a line to print: a resume's, once its checkpoint's weights,
-        optimizer and scaler state and random streams are restored (nothing may draw from those
-        between this and the first step); a new run's (0, inf, ''). Then rank 0 records the run's
-        config: a resume records its own overrides (max_iters=...) for the next one and for report.py,
-        and every run the model it built (from init_from's weights, a resume's checkpoint or the
-        config), so that config.yaml's model section rebuilds exactly the model its checkpoints hold."""
-        step, best_val_loss, resumed = 0, math.inf, ""
-        if self.spec.resume_from:
-            step, best_val_loss, resumed = self.checkpoints.restore(
-                self.spec.resume_from, model, optimizer, scaler, config, self.ranks, self.device
-            )
+        """The step, best val loss and a line to print: a resume's, its checkpoint restored (nothing may draw from
+        the random streams before the first step); a new run's (0, inf, ''). Then rank 0 records config.yaml: a
+        resume's overrides (max_iters=...), and the model built, which its model section rebuilds exactly."""
+        restored = (0, math.inf, "")
+        if resume_from := self.spec.resume_from:
+            restored = self.checkpoints.restore(resume_from, model, optimizer, scaler, config, self.ranks, self.device)
         self.settings = {**self.spec.settings, "model": asdict(model.config)}
         if self.ranks.is_main:
             save_run_config(self.run_dir, self.settings)
-        return step, best_val_loss, resumed
+        return restored
 
 
 @contextlib.contextmanager
 def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[StartedRun]:
-    """The run's directory, made (a new run's) or reopened (a resume's) and locked while the
-    run writes; a rank that loses a peer, or a signal that stops the run at once, says what
-    the run leaves behind."""
+    """The run's directory, made (a new run's) or reopened (a resume's) and locked while the run writes; a rank
+    that loses a peer, or a signal that stops the run at once, says what the run leaves behind."""
     resume_from = spec.resume_from
     # Only rank 0 chooses (a timestamp read on each rank could differ) and locks: one writer.
     run_dir = resume_from.run_dir if resume_from else main_decides(ranks, lambda: new_run_dir(spec.config))
@@ -101,9 +92,7 @@ def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[Sta
         held.enter_context(peers_watched(ranks, lambda: left_behind(run_dir)))
         checkpoints = Checkpoints(run_dir, keep_last=spec.config.keep_last, keep_state=spec.config.keep_state)
         try:
-            yield StartedRun(
-                spec=spec, run_dir=run_dir, checkpoints=checkpoints, takeover=takeover, ranks=ranks, device=device
-            )
+            yield StartedRun(spec, run_dir, checkpoints, takeover, ranks, device)
         except Interrupted as stop:
             stop.detail = interrupted(stop.signal, run_dir)
             raise
@@ -112,8 +101,7 @@ def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[Sta
 def build_model(
     config: Config, resume_from: Checkpoint | None, tokenizer: Tokenizer, device: torch.device
 ) -> tuple[GPT, str]:
-    """The model of this run and a line saying where its weights come from ('' for a fresh
-    one, and for a resume's, whose weights restore loads)."""
+    """The run's model and where its weights come from ('' for a fresh one, and a resume's: restore loads it)."""
     if resume_from and config.init_from != "scratch":
         model_config, initial_state = resume_from.model_config, None  # the imported shape, as saved
         refuse_contradictions(config.model, model_config, f"the checkpoint {resume_from.path}")
@@ -127,10 +115,8 @@ def build_model(
 
 
 def model_without_corpus(config: Config, device: torch.device) -> tuple[GPT, int] | None:
-    """A new run's model and its tokenizer's vocabulary size, where both are known before the
-    corpus is prepared (estimate=true): GPT-2's vocabulary is fixed, a trained BPE has
-    data.vocab_size ids. None for characters (the corpus's own) and for a checkpoint's model
-    on a trained BPE (checked against the corpus's tokenizer)."""
+    """A new run's model and vocabulary size where both are known before the corpus is prepared (estimate=true):
+    GPT-2's, and a trained BPE's data.vocab_size; None for characters and for a checkpoint's model on a BPE."""
     if config.data.tokenizer == "gpt2":
         return build_model(config, None, Gpt2Tokenizer(), device)[0], GPT2_VOCAB_SIZE
     if config.data.tokenizer == "bpe" and config.init_from == "scratch":
