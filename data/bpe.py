@@ -87,12 +87,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     if vocab_size < MIN_BPE_VOCAB:
         raise ValueError(f"vocab_size must be at least {MIN_BPE_VOCAB} (256 bytes and {EOT_TEXT}), got {vocab_size}")
     tokenizer = HfTokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's byte characters
-        ]
-    )
+    split = pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated")
+    as_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # bytes -> GPT-2's byte characters
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, as_bytes])
     tokenizer.decoder = decoders.ByteLevel()  # for transformers' decode; BpeTokenizer decodes by its own table
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(

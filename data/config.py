@@ -86,13 +86,9 @@ class DataConfig:
         ):
             for field, unset in used.items():
                 if self.source != source and getattr(self, field) != unset:
-                    yield _problem(
-                        field,
-                        f"is read only when source is '{source}', and this source is "
-                        f"'{self.source}' (choose a data= preset of source {source}, or leave it "
-                        f"{json.dumps(unset)})",
-                        getattr(self, field),
-                    )
+                    rule = f"is read only when source is '{source}', and this source is '{self.source}'"
+                    hint = f"choose a data= preset of source {source}, or leave it {json.dumps(unset)}"
+                    yield _problem(field, f"{rule} ({hint})", getattr(self, field))
         if self.source == "files" and self.path is None and self.url is None:
             yield _problem("path", "must name a file, directory or glob when source is 'files'", None)
         if self.source == "hub" and self.dataset is None:

@@ -18,14 +18,12 @@ from data.readers import ROWS_PER_BATCH, Corpus, Rows, Stream, check_column
 def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     local = Path(cfg.dataset).expanduser()
     origin = f"data.dataset={cfg.dataset!r}"
-    if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():  # written by save_to_disk
-        table = _text_column(_load_saved(local, cfg), cfg.text_column)
-        description = f"{cfg.dataset} (saved dataset, split {cfg.split})"
-        return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description)
+    saved = (local / "state.json").is_file() or (local / "dataset_dict.json").is_file()  # by save_to_disk
     # A local directory, or only the first documents, are read as a stream: no copy, no full download.
-    streamed = cfg.streaming or local.is_dir() or cfg.max_documents is not None
-    mode = "streaming" if streamed else "map-style"
-    description = f"{cfg.dataset} ({cfg.subset or 'default'}, split {cfg.split}, {mode})"
+    streamed = not saved and (cfg.streaming or local.is_dir() or cfg.max_documents is not None)
+    what = "saved dataset" if saved else cfg.subset or "default"
+    mode = "" if saved else ", streaming" if streamed else ", map-style"
+    description = f"{cfg.dataset} ({what}, split {cfg.split}{mode})"
     if streamed:
         opened = [_open_stream(cfg)]  # fails here, before any work, if the source cannot be read
 
@@ -33,7 +31,7 @@ def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
             return opened.pop() if opened else _open_stream(cfg)
 
         return Corpus(Stream(open_stream, cfg.text_column, origin, piece_chars), description)
-    table = _text_column(_load_hub(cfg, streaming=False), cfg.text_column)
+    table = _text_column(_load_saved(local, cfg) if saved else _load_hub(cfg, streaming=False), cfg.text_column)
     return Corpus(Rows(_table_batches(table), cfg.text_column, origin, piece_chars), description)
 
 
@@ -101,9 +99,7 @@ def _quiet(local: bool):
 
 
 def _table_batches(table: datasets.Dataset):
-    return lambda first_row: (
-        table[i : i + ROWS_PER_BATCH]["text"] for i in range(first_row, len(table), ROWS_PER_BATCH)
-    )
+    return lambda first: (table[i : i + ROWS_PER_BATCH]["text"] for i in range(first, len(table), ROWS_PER_BATCH))
 
 
 def _text_column(documents, column: str):

@@ -141,9 +141,8 @@ class ShardWriter:
             return action()
         except OSError as err:
             done = self.progress["blocks"]
-            resume = "run the same command again" + (
-                f": it resumes after the {done} block(s) already written" if done else ""
-            )
+            after = f": it resumes after the {done} block(s) already written" if done else ""
+            resume = f"run the same command again{after}"
             if err.errno == errno.ENOSPC:
                 raise WriteError(f"no space left on device writing {path}: free some space and {resume}") from err
             raise WriteError(f"cannot write {path} ({err.strerror}): {resume}") from err

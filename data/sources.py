@@ -81,10 +81,8 @@ def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
     files = stdlib_files()
     topics = [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]
     reader = Chain([TextFiles(files, piece_chars), Rows(_list_batches(topics), "text", "pydoc topics", piece_chars)])
-    description = (
-        f"Python {sysconfig.get_python_version()} standard library: {len(files)} .py files + {len(topics)} pydoc topics"
-    )
-    return Corpus(reader, description)
+    version = sysconfig.get_python_version()
+    return Corpus(reader, f"Python {version} standard library: {len(files)} .py files + {len(topics)} pydoc topics")
 
 
 def _files_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:

