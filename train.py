@@ -79,8 +79,7 @@ def main(cfg: DictConfig) -> Path | None:
 
 
 def train(cfg: DictConfig) -> Path | None:
-    """Run training for a composed config; returns the run directory (None for
-    max_iters=0, which evaluates the model, and for estimate=true: both write nothing)."""
+    """Run training for a composed config; returns the run directory (None: max_iters=0 and estimate=true)."""
     # The config: a resume continues its run's own; every rule is checked here, before any heavy work.
     spec = resolve_run(cfg)
     config = spec.config
@@ -125,8 +124,7 @@ class Setup:
 def set_up(
     spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan | None, restore: Callable | None = None
 ) -> Setup:
-    """The one path that builds a run (restore: its StartedRun.restore), an estimate
-    (config.estimate) and max_iters=0's evaluation (plan None), phase by phase."""
+    """The one path that builds a run (restore: its StartedRun.restore), an estimate and an evaluation (no plan)."""
     config = spec.config
     estimate = plan is not None and config.estimate
     # The device: the run's precision, CUDA's matmul mode, this rank's random streams seeded.
@@ -238,8 +236,7 @@ def run_training(run: StartedRun, plan: Plan) -> Path:
 
 
 def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
-    """max_iters=0: the model (its init_from weights, or a run's checkpoint) evaluated on
-    the data, printed; no run directory is made."""
+    """max_iters=0: the model (init_from's weights, or a run's checkpoint) evaluated and printed; nothing written."""
     s = set_up(spec, ranks, device, plan=None)
     block_size = s.model.config.block_size
     metrics = Evaluator.for_run(s.config, s.data, block_size, s.precision, ranks, device)(s.model, final=True)
@@ -258,10 +255,8 @@ def evaluate_only(spec: RunSpec, ranks: Ranks, device: torch.device) -> None:
 
 
 def estimate_only(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan) -> None:
-    """estimate=true: the steps of the run this config describes (its model, micro-batch,
-    precision, compile and processes) timed on random tokens of its vocabulary, the corpus left
-    unprepared where the vocabulary is known without it; prints the run's tokens, time, cost and
-    peak memory; no run directory is made."""
+    """estimate=true: the steps of the run this config describes (model, micro-batch, precision, compile,
+    processes) timed on random tokens of its vocabulary; prints its tokens, time, cost and peak memory."""
     s = set_up(spec, ranks, device, plan)
     config, micro, tokens_per_step = s.config, s.micro, s.tokens_per_step
     batches = RandomBatches(s.vocab_size, micro.size, s.model.config.block_size, device)
@@ -287,8 +282,7 @@ def estimate_only(spec: RunSpec, ranks: Ranks, device: torch.device, plan: Plan)
     if plan.auto:
         print(micro.line(tokens_per_step))
     print(peak_line(memory.peak(), memory.capacity()) if memory else "peak memory: measured on a GPU only")
-    train_tokens = s.data.meta["tokens"]["train"] if s.data else None
-    print(tokens_line(max_iters=config.max_iters, tokens_per_step=tokens_per_step, train_tokens=train_tokens))
+    print(tokens_line(config.max_iters, tokens_per_step, s.data.meta["tokens"]["train"] if s.data else None))
     rate, measured = tokens_per_step * len(timed) / seconds, (timed[0] + 1, timed[-1] + 1)
     print(estimate_line(rate, measured, config.max_iters, tokens_per_step, ranks.world_size, config.cost.gpu_hour))
 

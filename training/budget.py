@@ -1,11 +1,8 @@
-"""How many optimizer steps a run takes: max_iters as given, or derived from the model by one of two
-settings, for ablations whose arms must be fair in a stated way:
-- tokens_per_param: the steps that give each non-embedding parameter of the MHA model
-  of this shape that many training tokens (a size ladder's budget grows with the model,
-  and every attention variant of one shape gets the same tokens);
-- match_mha_flops: max_iters scaled by the MHA model's training FLOPs per token over this
-  model's, so a GQA/MQA arm spends the MHA arm's training compute (it takes more steps).
-"""
+"""How many optimizer steps a run takes: max_iters as given, or derived for ablations whose arms must be fair:
+- tokens_per_param: each non-embedding parameter of the MHA model of this shape gets that many training
+  tokens (a size ladder's budget grows with the model; every attention variant of a shape gets the same);
+- match_mha_flops: max_iters x the MHA model's training FLOPs per token over this model's (a GQA/MQA arm
+  spends the MHA arm's compute)."""
 
 from __future__ import annotations
 

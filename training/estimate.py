@@ -7,9 +7,8 @@ import math
 from dataclasses import dataclass
 
 WARMUP_STEPS = 10
-"""Optimizer steps left out of a measured rate: the first compiles the model (compile=true)
-and the first few settle the CUDA allocator and the kernels' autotuning; the steps after
-run at the rate the run keeps."""
+"""Optimizer steps left out of a measured rate: the first compiles the model (compile=true) and the first
+few settle the CUDA allocator and the kernels' autotuning."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +26,8 @@ def estimate(steps: int, tokens_per_step: int, tok_per_s: float, world_size: int
 
 
 def estimate_steps(micro_batches: int, accum: int) -> tuple[range, range]:
-    """estimate=true's untimed and timed optimizer steps: WARMUP_STEPS and `micro_batches`
-    micro-batches' worth each, in whole steps of `accum` micro-batches (a GPU recipe's step of
-    16 micro-batches settles as fast as 16 steps of one, and the estimate stays near a minute)."""
+    """estimate=true's untimed and timed optimizer steps: WARMUP_STEPS and `micro_batches` micro-batches'
+    worth, in whole steps of `accum` (16 micro-batches settle as fast as 16 steps of one)."""
     warmup = math.ceil(WARMUP_STEPS / accum)
     return range(warmup), range(warmup, warmup + math.ceil(micro_batches / accum))
 

@@ -1,13 +1,9 @@
-"""Evaluation on every rank: the same windows of each split every time, in every run on the same
-data (eval_iters batches drawn once per data directory, context and batch size, whatever the run's
-seed), so differences between runs are differences between models; batch i goes to rank i mod
-world_size, so the result does not depend on the number of processes. A batch goes through the model
-in pieces of the run's micro-batch. With eval_whole_val the val split is covered whole instead, by
-every non-overlapping window, at the final evaluation ("final") or at every one ("always").
-
-Besides the loss in nats per token (the mean over windows) and its standard error over the windows:
-bits per byte, the targets' total loss over the UTF-8 bytes they stand for (the tokenizer's
-token_bytes), which compares across tokenizers.
+"""Evaluation on every rank: the same windows of each split in every run on the same data, whatever its
+seed (differences between runs are the models'), batch i on rank i mod world_size (the result does not
+depend on the number of processes), in pieces of the run's micro-batch; eval_whole_val covers the val
+split whole, by every non-overlapping window, at the final evaluation or at every one. Besides the loss
+(nats per token, the mean over windows) and its standard error: bits per byte, the targets' total loss
+over the UTF-8 bytes they stand for (the tokenizer's token_bytes), comparable across tokenizers.
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ class Evaluator:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, *, final: bool = False) -> dict[str, float]:
-        """{train,val}_loss (the mean over windows), {train,val}_loss_se (its standard error
-        over the windows), {train,val}_windows, {train,val}_ppl and {train,val}_bpb.
+        """{train,val}_ + loss (the mean over windows), loss_se (its standard error), windows, ppl and bpb;
         final: the run's last evaluation, which eval_whole_val=final covers whole."""
         model.eval()
         whole = self.whole_val == "always" or (final and self.whole_val == "final")
@@ -117,8 +112,7 @@ class Evaluator:
             yield loader.get_batch(i)
 
     def _whole(self, loader: BatchLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every non-overlapping window of the split, in batches: the targets cover each
-        token after the first once (the last partial window is left out)."""
+        """Every non-overlapping window of the split, in batches (the last partial window left out)."""
         t, b = loader.block_size, loader.batch_size
         starts = np.arange(0, len(loader.tokens) - t, t)
         for i in range(self.ranks.rank, math.ceil(len(starts) / b), self.ranks.world_size):

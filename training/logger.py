@@ -48,8 +48,7 @@ class RunLogger:
             self.print(f"{self.path}: dropped its last line, cut short by an interrupted write: {torn[:60]!r}")
 
     def log(self, record: dict[str, Any], echo: bool = True) -> None:
-        """One record: {"kind": "train" | "eval" | "micro_batch", "step": ..., metrics...}; `echo`
-        False: the caller prints its own line for it."""
+        """One record: {"kind": "train" | "eval" | "micro_batch", "step": ..., metrics...}; echo=False: not printed."""
         if not self.enabled:
             return
         record = {**record, "time": round(time.time(), 3)}
@@ -57,17 +56,13 @@ class RunLogger:
         self.file.flush()
         if self.wandb_run is not None:
             self.wandb_run.log(
-                {f"{record['kind']}/{k}": v for k, v in record.items() if k not in _META},
-                step=record["step"],
+                {f"{record['kind']}/{k}": v for k, v in record.items() if k not in _META}, step=record["step"]
             )
         if record["kind"] == "train" and not self.bar.disable:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(_format(record, ("loss", "lr", "tok_per_s", "mfu")), refresh=True)
         elif echo:
-            self.print(
-                f"step {record['step']:>6} | {record['kind']:<5} | "
-                + _format(record, [k for k in record if k not in _META])
-            )
+            self.print(f"step {record['step']:>6} | {record['kind']:<5} | " + _format(record))
 
     def print(self, text: str) -> None:
         if self.enabled:
@@ -82,7 +77,9 @@ class RunLogger:
             self.wandb_run.finish()
 
 
-def _format(record: dict[str, Any], keys: Iterable[str]) -> str:
+def _format(record: dict[str, Any], keys: Iterable[str] = ()) -> str:
+    """`keys` of the record (all but _META's when none are named), formatted as the console shows them."""
+    keys = keys or [k for k in record if k not in _META]
     return " | ".join(_part(key, record[key]) for key in keys if record.get(key) is not None)
 
 
@@ -116,13 +113,6 @@ def _start_wandb(settings: dict[str, Any], config: dict[str, Any], run_dir: Path
     check_wandb(mode)
     import wandb
 
-    return wandb.init(
-        project=settings["project"],
-        name=settings.get("name") or run_dir.name,
-        group=settings.get("group"),
-        id=hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16],  # one wandb run per run directory
-        resume="allow",
-        dir=str(run_dir),
-        mode=mode,
-        config=config,
-    )
+    run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # one wandb run per run directory
+    settings = {**settings, "name": settings.get("name") or run_dir.name}  # mode, project, name, group
+    return wandb.init(**settings, id=run_id, resume="allow", dir=str(run_dir), config=config)

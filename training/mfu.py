@@ -48,8 +48,7 @@ def estimate_mfu(flops_per_token: float, tokens_per_second: float, peak_flops: f
 
 
 def gpu_datasheet_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet peak of a GPU known by its exact name (as torch.cuda.get_device_name
-    gives it), for precision bf16 | fp16 | tf32 | fp32; None for any other GPU."""
+    """The datasheet peak of a GPU known by its name (torch.cuda.get_device_name's) at precision; None: unknown."""
     name = _VENDOR_WORDS.sub("", device_name.strip())
     for label, pattern, peaks in GPU_PEAKS:
         if re.fullmatch(pattern, name.upper()) and precision in peaks:
@@ -58,8 +57,7 @@ def gpu_datasheet_peak(device_name: str, precision: str) -> Peak | None:
 
 
 def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> Peak | None:
-    """The peak to measure MFU against: the datasheet figure of a known GPU, the
-    measured matmul rate of a CPU, or None for an unknown GPU."""
+    """The peak MFU is measured against: a known GPU's datasheet figure, a CPU's measured matmul rate, or None."""
     if device.type == "cuda":
         matmul_precision = "tf32" if precision == "fp32" and tf32 else precision
         return gpu_datasheet_peak(torch.cuda.get_device_name(device), matmul_precision)
@@ -76,8 +74,7 @@ def run_peak(setting: float | None, device: torch.device, precision: str, tf32: 
 
 
 def slow_cpu_precision(precision: str) -> str | None:
-    """A warning when `precision` multiplies slower than fp32 on this CPU (bf16 without
-    AVX512-BF16 or AMX, fp16 on most CPUs), with both rates measured just now."""
+    """A warning when `precision` multiplies slower than fp32 on this CPU (bf16 without AVX512-BF16 or AMX)."""
     if precision == "fp32":
         return None
     fp32, chosen = (measure_matmul_flops(size=512, dtype=DTYPES[p]) for p in ("fp32", precision))

@@ -1,14 +1,10 @@
-"""The micro-batch a run steps with: batch_size's number, or for batch_size=auto the largest that fits,
-found on the device before training.
-
-batch_size=auto runs the run's own step (train_step, under the run's precision and compile) on random
-tokens at the micro-batches that divide tokens_per_step, bisecting between the largest that fits (no
-out-of-memory, and a peak MARGIN below what the device holds for this process) and the smallest that
-does not; accumulation keeps tokens_per_step. The trial steps a throwaway optimizer and scaler, then
-puts the weights and random streams back and frees its gradients. Under DDP each rank tries alone (an
-out-of-memory on one would leave the others waiting in an all-reduce), DDP's buckets added to its peak,
-and all take the smallest choice. On a CPU, an allocation past the RAM swaps or is killed rather than
-raising, so batch_size=auto is refused there by name.
+"""The micro-batch a run steps with: batch_size's number, or batch_size=auto's, the largest that fits,
+found by running the run's own step (train_step, its precision and compile) on random tokens at the
+micro-batches that divide tokens_per_step, bisecting; one fits when it raises no out-of-memory and its
+peak stays MARGIN below what the device holds for this process. The trial leaves the run as it was
+(throwaway optimizer and scaler; weights, random streams and gradients restored). Under DDP each rank
+tries alone, DDP's buckets added to its peak, and all take the smallest choice. On a CPU an allocation
+past the RAM swaps instead of raising, so batch_size=auto is refused there by name.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ TRIAL_STEPS = 2  # the second step runs with the optimizer's moments allocated, 
 
 @dataclass(frozen=True)
 class Plan:
-    """The micro-batches a run may step with, largest first: batch_size's one, or for
-    batch_size=auto every one that divides the step's sequences."""
+    """The micro-batches a run may step with, largest first: batch_size's, or every divisor of the sequences."""
 
     sizes: tuple[int, ...]
     sequences: int  # per optimizer step per process: micro-batch x accumulation
@@ -103,12 +98,11 @@ def plan_micro_batches(config: Config, block_size: int, world_size: int, device:
     return Plan(tuple(size for size in range(sequences, 0, -1) if sequences % size == 0), sequences, auto=True)
 
 
+@dataclass
 class CudaMemory:
-    """CUDA's caching allocator: the bytes it reserved (what an allocation fails against); watch(), then
-    peak() reads what ran inside."""
+    """CUDA's caching allocator's reserved bytes (what an allocation fails against), peaked within watch()."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    device: torch.device
 
     def capacity(self) -> int:
         """This process's reserve plus the device's free memory (another process's share excluded)."""
@@ -166,8 +160,7 @@ def choose_micro_batch(
 
 
 def largest_that_fits(sizes: tuple[int, ...], fits: Callable[[int], bool]) -> int | None:
-    """The largest of `sizes` (largest first) that fits, by bisection (fitting is monotone in
-    the size); None when none does."""
+    """The largest of `sizes` (largest first) that fits, by bisection (fitting is monotone); None: none does."""
     fitting, failing = len(sizes), -1  # indices: sizes[fitting] fits, sizes[failing] does not
     while fitting - failing > 1:
         middle = (fitting + failing) // 2
@@ -223,8 +216,7 @@ class Trial:
 
     @contextlib.contextmanager
     def leaving_the_run_as_it_was(self) -> Iterator[None]:
-        """The weights (on the host meanwhile) and the random streams (dropout draws from
-        them; a resume has just restored them) put back after the trials."""
+        """The weights (on the host meanwhile) and the random streams (a resume's, for dropout) put back after."""
         weights = {name: value.detach().to("cpu", copy=True) for name, value in self.model.state_dict().items()}
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             yield

@@ -35,9 +35,8 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, device_type: str) -> t
 
 
 def hidden_matrix_names(model: nn.Module) -> set[str]:
-    """The parameters Muon updates: the weight of every linear layer inside the transformer
-    blocks (attention's c_attn and c_proj, the MLP's c_fc, c_gate and c_proj). Chosen by
-    role, not by shape: the embeddings and an untied head are 2-D too, and stay with AdamW."""
+    """The parameters Muon updates: every linear layer's weight inside the blocks, chosen by role, not by
+    shape (the embeddings and an untied head are 2-D too, and stay with AdamW)."""
     return {
         f"transformer.h.{name}.weight"
         for name, module in model.transformer.h.named_modules()
@@ -46,8 +45,7 @@ def hidden_matrix_names(model: nn.Module) -> set[str]:
 
 
 def adamw(params: list[nn.Parameter], optim: OptimConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW that decays matrices and embeddings (>= 2-D) but not biases or norm gains;
-    fused kernels on CUDA and CPU."""
+    """AdamW that decays matrices and embeddings (>= 2-D) but not biases or norm gains."""
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -72,8 +70,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
 
 
 class MuonWithAdamW:
-    """Muon and AdamW stepped, cleared, saved and restored as one optimizer. GradScaler's
-    unscale_ and the schedule see both parts' param groups; each part keeps its own state."""
+    """Muon and AdamW as one optimizer: both parts' param groups, each part's own state."""
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.AdamW) -> None:
         self.parts = {"muon": muon, "adamw": adamw}

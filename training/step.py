@@ -1,13 +1,9 @@
 """train.py's optimizer step (`train_step` on a `Trainer`) and what it uses besides the model: the
-learning rate, the next batch, and the device-side bookkeeping that keeps the host from waiting.
-
-A step never waits for the GPU: the loss, the gradient norm and the "skip this update" decision stay
-device tensors, read by the host only at boundaries (TrainWindow.read). A step whose loss or gradients
-are not finite applies no update: the fused AdamW kernel takes the flag as its `found_inf` (as
-GradScaler passes it), leaving weights, moments and step count untouched; Muon has no such kernel, so
-with optim.name=muon the host reads the flag before the update. Under DDP a step runs one small
-all-reduce besides the gradients': every rank's loss, non-finite flag and stop request, so that all
-ranks skip, stop and log alike.
+learning rate, the next batch, and the device-side bookkeeping that keeps the host from waiting: the
+loss, the gradient norm and the "skip this update" flag stay device tensors until a boundary
+(TrainWindow.read). A non-finite step applies no update: fused AdamW takes the flag as its `found_inf`
+(as GradScaler passes it); with Muon the host reads it. Under DDP one small all-reduce of every rank's
+loss, non-finite flag and stop request makes all ranks skip, stop and log alike.
 """
 
 from __future__ import annotations
@@ -79,12 +75,8 @@ class Prefetcher:
         self._ahead: tuple[tuple[int, int], tuple[Tensor, Tensor]] | None = None
 
     def get(self, step: int, micro_step: int) -> tuple[Tensor, Tensor]:
-        if self._ahead is not None and self._ahead[0] == (step, micro_step):
-            batch = self._ahead[1]
-        else:
-            batch = self.loader.get_batch(step, micro_step)
-        self._ahead = None
-        return batch
+        ahead, self._ahead = self._ahead, None
+        return ahead[1] if ahead and ahead[0] == (step, micro_step) else self.loader.get_batch(step, micro_step)
 
     def fetch_after(self, step: int, micro_step: int) -> None:
         """Start fetching the micro-batch that follows (step, micro_step)."""
@@ -160,9 +152,8 @@ class Trainer:
 
 
 def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int, stop_requested: bool = False) -> StepResult:
-    """One optimizer step: forward and backward over accum_steps micro-batches, then
-    unscale, measure and clip the gradients, and update. A step whose loss or gradients
-    are not finite updates nothing. The host waits for nothing here."""
+    """One optimizer step: forward and backward over accum_steps micro-batches, unscale, measure and clip
+    the gradients, update (nothing when the loss or gradients are not finite). The host waits for nothing."""
     loss_sum, ddp = 0.0, isinstance(t.model, nn.parallel.DistributedDataParallel)
     for micro in range(t.accum_steps):
         x, y = batches.get(step, micro)
@@ -184,8 +175,7 @@ def train_step(t: Trainer, batches: Prefetcher | RandomBatches, step: int, stop_
     update_unless_skipped(t.optimizer, skipped)
     t.scaler.update()  # fp16: lower the scale after an overflow, raise it after a quiet stretch
     t.optimizer.zero_grad(set_to_none=True)
-    # Under fp16, overflowing gradients are the loss scale's business (skipped, scale
-    # lowered), not a fault of the run; a non-finite loss always is.
+    # Under fp16 overflowing gradients are the loss scale's business, not a fault; a non-finite loss always is.
     nonfinite = loss_bad | (grads_bad & (not t.scaler.is_enabled()))
     return StepResult(loss=loss, grad_norm=grad_norm, skipped=skipped, nonfinite=nonfinite, stop=stop)
 
@@ -233,15 +223,8 @@ class TrainWindow:
         loss_sum, counted, skipped, nonfinite, stop, first, grad_norm = torch.cat(
             [self.sums, self.first_nonfinite.view(1), self.grad_norm.view(1)]
         ).tolist()
-        summary = WindowSummary(
-            steps=self.steps,
-            loss=loss_sum / counted if counted else None,
-            grad_norm=grad_norm,
-            skipped=int(skipped),
-            nonfinite=int(nonfinite),
-            first_nonfinite_step=int(first) if nonfinite else None,
-            stop=stop > 0,
-        )
+        loss, first = loss_sum / counted if counted else None, int(first) if nonfinite else None
+        summary = WindowSummary(self.steps, loss, grad_norm, int(skipped), int(nonfinite), first, stop > 0)
         self.reset()
         return summary
 
@@ -258,11 +241,9 @@ def check_finite(
     if not summary.nonfinite:
         return
     if policy == "stop":
-        rates = (
-            "optim.muon_lr (Muon's, the blocks' matrices) or optim.learning_rate (AdamW's, the rest)"
-            if optimizer == "muon"
-            else "optim.learning_rate"
-        )
+        rates = "optim.learning_rate"
+        if optimizer == "muon":
+            rates = "optim.muon_lr (Muon's, the blocks' matrices) or optim.learning_rate (AdamW's, the rest)"
         raise NonFiniteLoss(
             f"the loss or the gradients became non-finite at step {summary.first_nonfinite_step}; no update "
             f"was applied, and the last good checkpoint ({checkpoint or 'none yet'}) is untouched. Lower "

@@ -30,8 +30,7 @@ class SweepSummary(Callback):
 
 
 def _remove_if_only_hydras(directory: Path) -> None:
-    """Delete the sweep directory when it holds nothing but what Hydra made for it: multirun.yaml
-    and the jobs' empty directories (never a file anything else wrote)."""
+    """Delete the sweep directory when it holds only multirun.yaml and the jobs' empty directories."""
     files = [path for path in directory.rglob("*") if not path.is_dir()]
     if directory.is_dir() and all(path == directory / HYDRA_RECORD for path in files):
         shutil.rmtree(directory)
