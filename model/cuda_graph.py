@@ -22,9 +22,9 @@ def decode_step(model: GPT, cache: KVCache, tokens: Tensor) -> Tensor:
 
 
 class GraphedDecodeStep:
-    """decode_step(model, cache, tokens (B,)) as a CUDA graph, captured at the first call from
-    wherever the cache then stands. Each call replays it (storing keys and values, moving the cache on by one) and
-    returns the next-token logits (B, vocab) in the graph's output tensor, which the next call overwrites."""
+    """decode_step(model, cache, tokens (B,)) as a CUDA graph, captured at the first call from wherever the cache
+    stands. Each call replays it (storing keys and values, moving the cache on by one) and returns the next-token
+    logits (B, vocab) in the graph's output tensor, which the next call overwrites."""
 
     def __init__(self, model: GPT, cache: StaticKVCache) -> None:
         device = cache.keys[0].device

@@ -56,6 +56,5 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tenso
 
 @functools.cache
 def _compiled_flex():
-    """FlexAttention fused into a kernel (without torch.compile it materialises every score);
-    built on first use, so importing the model does not import the compiler."""
+    """FlexAttention fused into a kernel (uncompiled it materialises every score), built on first use."""
     return torch.compile(flex_attention, dynamic=False)

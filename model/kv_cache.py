@@ -65,9 +65,8 @@ class KVCache:
         return _allowed(query_pos, self.length + T, self.pad)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store a layer's keys and values k, v (B, n_kv_head, T, hd) at the next T positions, B being the cache's
-        batch or, in a prefill shared by several rows, its first B rows. Returns the layer's keys and values for all
-        positions so far: (B, n_kv_head, length + T, hd)."""
+        """Store a layer's k, v (B, n_kv_head, T, hd) at the next T positions (B: the batch, or its first B rows in a
+        shared prefill); returns the layer's keys and values so far: (B, n_kv_head, length + T, hd)."""
         B, end = k.size(0), self._check_room(k.size(2))
         self.keys[layer][:B, :, self.length : end] = k
         self.values[layer][:B, :, self.length : end] = v

@@ -90,10 +90,9 @@ class _PackedLinear(nn.Module):
 
 
 class BF16Linear(_PackedLinear):
-    """A Linear whose weight is stored in bf16. On a CPU whose oneDNN computes in bf16 (AVX512 or newer), the
-    product runs on a copy of the weight in oneDNN's blocked layout, which one core streams about twice as fast as
-    torch's bf16 matrix-vector kernel (bench/decode.py), at the cost of a second copy in memory (not in the bytes a
-    decode step reads). Elsewhere, and on other devices, it is F.linear on the bf16 weight."""
+    """A Linear whose weight is stored in bf16. Where oneDNN computes in bf16 (CPUs with AVX512 or newer), the product
+    runs on a second copy of the weight in oneDNN's blocked layout, which one core streams about twice as fast as
+    torch's bf16 matrix-vector kernel (bench/decode.py); elsewhere it is F.linear on the bf16 weight."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
