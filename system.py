@@ -167,7 +167,6 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 
 
 def temp_path(final: Path) -> Path:
-    """Where a file is written before it is renamed to `final`."""
     return final.with_name(f"{final.name}{TEMP_MARK}{os.getpid()}")
 
 

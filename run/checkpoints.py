@@ -320,11 +320,8 @@ class Checkpoints:
 
     def remove_interrupted_saves(self) -> list[Path]:
         """Delete and return the directories of killed saves but one a link leads to (only as the run's writer)."""
-        if not self.root.is_dir():
-            return []
-        kept = self._linked()
-        leftovers = [p for p in self.root.iterdir() if p.name.startswith(LEFTOVERS) and p.is_dir()]
-        leftovers = [p for p in leftovers if p.resolve() not in kept]
+        leftovers = [p for p in self.root.glob(".*") if p.name.startswith(LEFTOVERS) and p.is_dir()]
+        leftovers = [p for p in leftovers if p.resolve() not in self._linked()]
         for leftover in leftovers:
             shutil.rmtree(leftover)
         return leftovers
@@ -379,5 +376,4 @@ class Checkpoints:
         return step, state["best_val_loss"], note
 
     def _linked(self) -> set[Path]:
-        """The checkpoints `latest` and `best` lead to."""
         return {(self.root / name).resolve() for name in ("latest", "best") if (self.root / name).exists()}

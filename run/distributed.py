@@ -69,10 +69,9 @@ def wrap_model(model: nn.Module, ranks: Ranks, device: torch.device) -> nn.Modul
 
 def broadcast_from_main(ranks: Ranks, value: Any) -> Any:
     """Rank 0's value on every rank (e.g. the run directory, which only rank 0 may choose)."""
-    if not ranks.enabled:
-        return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    if ranks.enabled:
+        dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 

@@ -127,13 +127,6 @@ def logged_a_save(run_dir: Path) -> bool:
     return first < len(records) - 1 or not isinstance(max_iters, int) or records[first]["step"] >= max_iters
 
 
-def interrupted(signal_name: str, run_dir: Path) -> str:
-    """What a signal that stopped the run at once leaves behind, and how to go on."""
-    return f"{signal_name}: " + (
-        f"stopped at once, without saving; {left_behind(run_dir)}" if has_checkpoint(run_dir) else left_behind(run_dir)
-    )
-
-
 def left_behind(run_dir: Path) -> str:
     """What a run that stopped before its end leaves, and how to go on."""
     if intact := Checkpoints(run_dir).latest():

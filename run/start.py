@@ -26,10 +26,10 @@ from conf import Config, load_config
 from data import Gpt2Tokenizer, Tokenizer
 from data.tokenizer import GPT2_VOCAB_SIZE
 from model import GPT
-from run.checkpoints import Checkpoint, Checkpoints, load_weights
+from run.checkpoints import Checkpoint, Checkpoints, has_checkpoint, load_weights
 from run.distributed import Ranks, main_decides, peers_watched
 from run.init_from import initial_model, refuse_contradictions, scratch_config
-from run.run_dir import interrupted, left_behind, new_run_dir, resolve_resume, run_lock, save_run_config
+from run.run_dir import left_behind, new_run_dir, resolve_resume, run_lock, save_run_config
 from system import Interrupted
 
 
@@ -93,8 +93,9 @@ def start_run(spec: RunSpec, ranks: Ranks, device: torch.device) -> Iterator[Sta
         checkpoints = Checkpoints(run_dir, keep_last=spec.config.keep_last, keep_state=spec.config.keep_state)
         try:
             yield StartedRun(spec, run_dir, checkpoints, takeover, ranks, device)
-        except Interrupted as stop:
-            stop.detail = interrupted(stop.signal, run_dir)
+        except Interrupted as stop:  # what stopping at once leaves behind, and how to go on
+            at_once = "stopped at once, without saving; " if has_checkpoint(run_dir) else ""
+            stop.detail = f"{stop.signal}: {at_once}{left_behind(run_dir)}"
             raise
 
 
