@@ -63,10 +63,8 @@ def refuse_other_settings(cfg: DataConfig, data_dir: Path) -> None:
         changes = ", ".join(
             f"data.{key}={json.dumps(wanted.get(key))} (it holds {json.dumps(recorded.get(key))})" for key in differing
         )
-        if cfg.data_dir is None:
-            own = f"data.name={cfg.name}_{_suffix({key: wanted.get(key) for key in differing})}"
-        else:
-            own = "another data.data_dir"
+        suffix = _suffix({key: wanted.get(key) for key in differing})
+        own = f"data.name={cfg.name}_{suffix}" if cfg.data_dir is None else "another data.data_dir"
         raise DataError(
             f"{data_dir} {what} with other settings than this run's {changes}: give this data a "
             f"directory of its own ({own}), or delete {data_dir} to prepare it again with these settings"

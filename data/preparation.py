@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import filelock
-import numpy as np
 from tqdm import tqdm
 
 from data.bpe import TOKENIZER_FILE, load_tokenizer, train_on_sample
@@ -66,10 +65,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
     data_dir = cfg.resolved_data_dir()
     fingerprint = fingerprint_of(cfg)
     with _only_preparer(data_dir):
-        for path in (
-            data_dir / META_FILE,
-            *(f(data_dir, split) for f in (shard_path, partial_path) for split in SPLITS),
-        ):
+        for path in [data_dir / META_FILE, *(f(data_dir, s) for f in (shard_path, partial_path) for s in SPLITS)]:
             if path.is_dir():
                 raise DataError(
                     f"{path} is a directory, where prepare keeps a file of the prepared data: move it "
@@ -153,8 +149,7 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
 def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> dict:
     start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": NEW_COUNTERS}
     counters = dict(start["counters"])
-    settings = (cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed)
-    writer = ShardWriter(data_dir, np.dtype(progress["dtype"]), tokenizer.eot_id, settings, progress)
+    writer = ShardWriter(data_dir, tokenizer.eot_id, cfg, progress)
     try:
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
         tokenized = enumerate(_tokenized(pieces, tokenizer, threads, batch_chars))

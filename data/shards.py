@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.config import DataConfig
 from data.errors import DataError
 from data.meta import SPLITS, shard_path, write_json_atomic
 from system import TEMP_MARK
@@ -56,13 +57,11 @@ class _DocumentSpan:
 class ShardWriter:
     """Appends the stream's tokens to the partial shards, one block at a time."""
 
-    def __init__(self, data_dir: Path, dtype: np.dtype, eot_id: int | None, settings: tuple, progress: dict):
-        """`settings` are (block_tokens, val_fraction, seed); `progress` is what progress.json
-        holds, new or read back (then its partial shards are continued)."""
-        self.data_dir, self.dtype, self.eot_id, self.progress = data_dir, dtype, eot_id, progress
-        self.block_tokens, self.val_fraction, self.seed = settings
-        self.spans: list[_DocumentSpan] = []
-        self.filled = 0
+    def __init__(self, data_dir: Path, eot_id: int | None, cfg: DataConfig, progress: dict):
+        """`progress` is what progress.json holds, new or read back (then its partial shards are continued)."""
+        self.data_dir, self.dtype, self.eot_id, self.progress = data_dir, np.dtype(progress["dtype"]), eot_id, progress
+        self.block_tokens, self.val_fraction, self.seed = cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed
+        self.spans, self.filled = [], 0
         self.paths = {split: partial_path(data_dir, split) for split in SPLITS}
         self.files = {}
         # A resumed prepare continues its partial shards: a block written after the last one recorded, again.

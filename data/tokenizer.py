@@ -67,15 +67,8 @@ class Tokenizer(ABC):
         return {}
 
     def unknown_characters(self, text: str) -> list[str]:
-        """The distinct characters of `text` that encode() refuses, sorted (none for GPT-2's byte-level BPE)."""
-        return sorted(c for c in set(text) if not self._encodes(c))
-
-    def _encodes(self, character: str) -> bool:
-        try:
-            self.encode(character)
-        except ValueError:
-            return False
-        return True
+        """The distinct characters of `text` that encode() refuses, sorted (none for a byte-level BPE)."""
+        return []
 
 
 class Gpt2Tokenizer(Tokenizer):
@@ -181,6 +174,9 @@ class CharTokenizer(Tokenizer):
                 "vocabulary, which holds the characters of its training text"
             )
         return ids.astype(np.uint32)
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return sorted(set(text) - set(self.chars))
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self._pieces[i] for i in ids)
