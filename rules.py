@@ -23,8 +23,7 @@ class SettingsError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         header = [f"{len(problems)} settings are wrong:"] if len(problems) > 1 else []
-        lines = header + [("  " if header else "") + problem for problem in problems]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(header + [("  " if header else "") + problem for problem in problems]))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,4 @@
-"""A model loaded for inference, the one way every tool that runs a trained model loads one (sample.py,
-evaluation/, report.py, ablation/, bench/):
+"""The one way every tool that runs a trained model (sample.py, evaluation/, report.py, ablation/, bench/) loads it:
 
     model, tokenizer, checkpoint = load_model("runs/<run>", "runs", device, torch.float32, weights="int8")
 

@@ -1,4 +1,5 @@
-"""Starting a run, new or resumed, in the order train.py needs it:
+"""Starting a run, new or resumed, in the order train.py needs it; the data is prepared inside start_run, so a
+new run claims its directory before a long prepare, and a rank lost during it says what the run leaves behind:
 
     spec = resolve_run(cfg)                   the config (a resume's own), checked once
     with start_run(spec, ranks, device) as run:   the run directory, made or reopened, and held
@@ -6,9 +7,6 @@
         model, origin = build_model(...)      fresh, from init_from's weights, or a checkpoint's shape
         ... build the optimizer ...
         step, best, note = run.restore(...)   a resume's training state; then config.yaml, with the model built
-
-The data is prepared inside start_run: a new run claims its directory before a long prepare, and a rank
-lost during it says what the run leaves behind.
 """
 
 from __future__ import annotations
