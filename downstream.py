@@ -4,12 +4,8 @@
     python downstream.py checkpoint=runs/<run> 'tasks=[hellaswag,arc_easy]' limit=200
     python downstream.py checkpoint=runs/<run> include_path=my_tasks 'tasks=[my_task]'
 
-The story (evaluation/downstream.py): check the settings, load the checkpoint as the
-harness's `gptlab` model (evaluation/lm.py, which loads it as sample.py does), run
-lm_eval.simple_evaluate on the tasks, print the harness's table, and write each task's
-figures to downstream.json in the checkpoint's directory, beside the tasks evaluated there
-before (a task evaluated again replaces its entry); the ablation report reads them from
-there. The harness is the optional `eval` extra: pip install -e ".[eval]".
+The work is evaluation/downstream.py's: each task's figures go to downstream.json in the
+checkpoint's directory, where report.py reads them. The harness is the optional `eval` extra.
 """
 
 from __future__ import annotations

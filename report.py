@@ -3,13 +3,11 @@
     python train.py -m experiment=attention_ablation
     python report.py runs/attention_ablation_<date>_<time>            # writes report.md there
 
-Every number comes from the runs' own files (config.yaml, metrics.jsonl, checkpoints)
-or is measured now (decode speed); none is typed in. Runs are grouped into arms by model
-shape (the block included: GPT-2's and Llama's are separate sections, side by side in
-one table) and `arm`; per shape, every arm is compared with the baseline (MHA from scratch
-unless --baseline names another), paired by seed when both ran the same seeds. Runs
-that stopped before their comparison point, or have no checkpoint, are named and left
-out; runs that differ in more than their arm are refused (ablation/fairness.py).
+Every number comes from the runs' own files or is measured now (decode speed). Runs are grouped
+into arms by model shape (the block included) and `arm`; per shape, every arm is compared with
+the baseline (MHA from scratch unless --baseline names another), paired by seed when both ran
+the same seeds. Runs that stopped before their comparison point, or have no checkpoint, are
+named and left out; runs that differ in more than their arm are refused (ablation/fairness.py).
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ def write_report(
     decode_steps: int = 16,
     effect: float = DEFAULT_EFFECT,
 ) -> Path:
-    """frontier_preset maps a trained layout to the config whose random-weight decode
-    speed the frontier also shows (gpt2_sized for the CLI; None leaves it out); effect is
-    the difference in nats the power section counts the seeds for."""
+    """frontier_preset maps a trained layout to the config whose random-weight decode speed the
+    frontier also shows (gpt2_sized for the CLI; None: not shown)."""
     sweep = read_sweep(sweep_dir)
     check_same_data(sweep.runs)
     arms = group_arms(sweep.runs)
@@ -73,8 +70,7 @@ def write_report(
         per_shape.append((rows[0].arm, rows))
         image = _curves_image(shape) if len(shapes) > 1 else "val_loss.png"
         plot_curves(members, base, out_dir / image, f"Validation loss, {shape_name(shape)}")
-        sections.append(shape_section(shape, rows, image))
-        sections.append(power_section(rows, sweep_dir, effect))
+        sections += [shape_section(shape, rows, image), power_section(rows, sweep_dir, effect)]
         if downstream := downstream_section([r.arm for r in rows], rows[0].arm):  # runs left out of the rows stay out
             sections.append(downstream)
     if len({s[:3] for s in shapes}) > 1:
@@ -92,9 +88,8 @@ def write_report(
     left_out = list(dict.fromkeys(sweep.left_out + [line for r in compared for line in r.left_out]))
     for line in left_out:
         print(f"warning: {line}", file=sys.stderr)
-    text = "\n\n".join([header(sweep_dir, arms, device, left_out), *sections, METHOD]) + "\n"
     path = out_dir / "report.md"
-    path.write_text(text)
+    path.write_text("\n\n".join([header(sweep_dir, arms, device, left_out), *sections, METHOD]) + "\n")
     return path
 
 
@@ -108,9 +103,7 @@ def header(sweep_dir: Path, arms: list[Arm], device: torch.device, left_out: lis
         f"({where['machine']}), torch {where['torch']}, gptlab {where['gptlab']}."
     )
     if left_out:
-        text = "\n".join(
-            [f"{text} Left out of the comparisons ({len(left_out)}):", "", *(f"- {line}" for line in left_out)]
-        )
+        text += f" Left out of the comparisons ({len(left_out)}):\n\n" + "\n".join(f"- {line}" for line in left_out)
     return f"{text}\n\n{trained_as(arms)}" if runs else text
 
 
@@ -125,31 +118,23 @@ def trained_as(arms: list[Arm]) -> str:
 
 def shape_section(shape, rows: list[Result], image: str) -> str:
     lines = [
-        f"## {shape_name(shape)}",
-        "",
+        f"## {shape_name(shape)}\n",
         f"Each arm is compared with the baseline (the first row, at its final {rows[0].tokens:,} training tokens) "
         "on the axis its budget was matched on: 'equal tokens' at the baseline's final tokens; 'equal FLOPs' "
         "(match_mha_flops) at its own final evaluation, where it has spent the baseline's training FLOPs; "
         "'own end' for an arm not evaluated at the baseline's tokens. Mean and 95% confidence interval over "
-        "seeds (Student t); training FLOPs are one run's at those tokens.",
-        "",
+        "seeds (Student t); training FLOPs are one run's at those tokens.\n",
         "| arm | seeds | params | FLOPs/token | compared at | tokens | training FLOPs | val loss (nats) "
         "| val bits/byte | vs baseline (bits/byte) | vs baseline (nats) | p | Holm p | train tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a = r.arm
-        if r.comparison:
+        comparison = "baseline | baseline | |"
+        if c := r.comparison:
             bpb = signed(r.bpb_difference) if r.bpb_difference else "n/a"
-            comparison = (
-                f"{bpb} | {signed(r.comparison.difference)} | {p_value(r.comparison.p_value)} | "
-                f"{p_value(r.comparison.deciding_p)}"
-            )
-        else:
-            comparison = "baseline | baseline | |"
-        train_speed = statistics.median(
-            rec["tok_per_s"] for run in a.runs for rec in run.metrics if rec["kind"] == "train"
-        )
+            comparison = f"{bpb} | {signed(c.difference)} | {p_value(c.p_value)} | {p_value(c.deciding_p)}"
+        train_speed = statistics.median(m["tok_per_s"] for run in a.runs for m in run.metrics if m["kind"] == "train")
         missing = f" ({_seeds(r.missing)} missing)" if r.missing else ""
         lines.append(
             f"| {a.label} | {len(a.runs)}{missing} | {a.params:,} | {a.flops_per_token / 1e6:.2f}M | "
@@ -166,13 +151,11 @@ def shape_section(shape, rows: list[Result], image: str) -> str:
 def power_section(rows: list[Result], sweep_dir: Path, effect: float) -> str:
     """What each comparison could have detected, and the seeds that would detect `effect`."""
     lines = [
-        "### What these seeds can detect",
-        "",
+        "### What these seeds can detect\n",
         f"The smallest difference each test detects {POWER * 100:g}% of the time at alpha {1 - LEVEL:.2g} "
         "(two-sided, noncentral t, from the observed spread of one seed's difference; before Holm's "
         f"adjustment), and the seeds per arm that would detect a difference of {effect:g} nats as often, "
-        "if that spread holds.",
-        "",
+        "if that spread holds.\n",
         f"| comparison | sd of one seed's difference | detectable at these seeds (nats) | seeds for {effect:g} nats |",
         "|---|---|---|---|",
     ]
@@ -185,37 +168,25 @@ def power_section(rows: list[Result], sweep_dir: Path, effect: float) -> str:
     known = [n for n in needed.values() if n]
     targets = [(rows[0].arm, max(known))] if known else []
     targets += [(r.arm, needed[r.arm.name]) for r in rows[1:] if needed[r.arm.name]]
-    commands = add_seeds_commands(targets, sweep_dir)
-    if commands:
-        lines += [
-            "",
-            "To add those seeds to this sweep (report.py then reads them with the others):",
-            "",
-            "```",
-            *commands,
-            "```",
-        ]
+    if commands := add_seeds_commands(targets, sweep_dir):
+        lines += ["", "To add those seeds to this sweep (report.py then reads them with the others):\n", "```"]
+        lines += [*commands, "```"]
     return "\n".join(lines)
 
 
 def ladder_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
     lines = [
-        "## Across model sizes",
-        "",
+        "## Across model sizes\n",
         "The final validation loss difference of each GQA/MQA arm to its size's MHA arm, against the MHA "
         "model's non-embedding parameters. A gap that widens means fewer key/value heads cost more as the "
-        "model grows at this token budget; CIs are 95% over seeds, paired by seed.",
-        "",
+        "model grows at this token budget; CIs are 95% over seeds, paired by seed.\n",
         "| MHA model | non-embedding params | tokens | arm | difference (nats) | 95% CI | p |",
         "|---|---|---|---|---|---|---|",
     ]
     for gap in ladder_gaps(per_shape):
-        d = gap.comparison.difference
-        lines.append(
-            f"| {shape_name(gap.baseline.shape)} | {gap.non_embedding_params:,} | "
-            f"{gap.baseline.runs[0].final['tokens']:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)} | "
-            f"{p_value(gap.comparison.p_value)} |"
-        )
+        d, tokens = gap.comparison.difference, gap.baseline.runs[0].final["tokens"]
+        cells = f"{gap.non_embedding_params:,} | {tokens:,} | {gap.kind} | {d.mean:+.4f} | {ci(d, signed=True)}"
+        lines.append(f"| {shape_name(gap.baseline.shape)} | {cells} | {p_value(gap.comparison.p_value)} |")
     return "\n".join(lines + ["", "![gap against model size](ladder.png)"])
 
 
@@ -225,22 +196,19 @@ def blocks_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
     seeds = {g.baseline.shape[3]: g.baseline.seeds for g in gaps}  # block -> its baseline's seeds
     cells: dict[tuple[str, str], dict[str, Estimate]] = {}
     for g in gaps:
-        cells.setdefault((size_name(g.baseline.shape), layout_name(g.arm.config)), {})[g.baseline.shape[3]] = (
-            g.comparison.difference
-        )
+        cell = cells.setdefault((size_name(g.baseline.shape), layout_name(g.arm.config)), {})
+        cell[g.baseline.shape[3]] = g.comparison.difference
     lines = [
-        "## The blocks side by side",
-        "",
+        "## The blocks side by side\n",
         "Each block's arms against its own MHA baseline, never against the other block's runs: the final "
         "validation loss difference (nats) and its 95% CI over seeds, paired by seed. Seeds: "
         + "; ".join(f"{block} {_seeds(s)}" for block, s in seeds.items())
-        + ".",
-        "",
+        + ".\n",
         "| shape | layout - MHA | " + " | ".join(seeds) + " |",
         "|---|---|" + "---|" * len(seeds),
     ]
     for (size, layout), found in cells.items():
-        shown = [f"{found[b].mean:+.4f} ({ci(found[b], signed=True)})" if b in found else "not run" for b in seeds]
+        shown = [signed(found[b]) if b in found else "not run" for b in seeds]
         lines.append(f"| {size} | {layout} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
 
@@ -248,13 +216,11 @@ def blocks_section(per_shape: list[tuple[Arm, list[Result]]]) -> str:
 def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -> str:
     plot_uptraining(arms, rows, out_dir / "uptraining.png")
     lines = [
-        "## Uptraining against training from scratch",
-        "",
+        "## Uptraining against training from scratch\n",
         "Each uptrained arm starts from the MHA run of the same seed, its K/V heads mean-pooled per group "
         "(Ainslie et al., 2023), and trains on; 'converted' is its evaluation before any step. It is "
         "compared with the same layout trained from scratch, at the same total training tokens (the MHA "
-        "source's included). 95% CIs over seeds.",
-        "",
+        "source's included). 95% CIs over seeds.\n",
         "| arm | tokens in all | converted (step 0) | after uptraining | from scratch at those tokens |",
         "|---|---|---|---|---|",
     ]
@@ -268,19 +234,18 @@ def uptraining_section(arms: list[Arm], rows: list[Uptraining], out_dir: Path) -
 
 
 def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, preset, steps: int) -> str:
-    """Decode speed of each layout on its trained model and, at a size where the cache
-    matters, on random weights of the same layout."""
+    """Decode speed of each layout on its trained model and, at a size where the cache matters, on random weights."""
     groups = [("trained", [(r, r.arm.runs[0].model(device)) for r in rows])]
     if preset is not None:
         groups.append(("random weights", [(r, _random_model(preset(r.arm.config), device)) for r in rows]))
+    n = torch.get_num_threads()
+    threads = f"{n} thread{'s' if n > 1 else ''}"
     lines = [
-        "## Quality and decode speed",
-        "",
+        "## Quality and decode speed\n",
         f"Greedy KV-cached decode steps timed when the cache already holds a short or a long context "
-        f"(fp32, {device.type}, {threads()}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
+        f"(fp32, {device.type}, {threads}, best of {DECODE_REPEATS} passes of {steps} steps, sample.py's "
         "weight layout); tokens/s count every row. KV cache: keys and values of every layer in fp32, exact "
-        "from the config.",
-        "",
+        "from the config.\n",
         "| model | layout | KV cache bytes/token | KV cache MiB (one full context) | "
         + " | ".join(f"tok/s b={b} {length}" for b in DECODE_BATCHES for length in ("short", "long"))
         + " |",
@@ -294,12 +259,9 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
             short, long = sorted({s.context for s in speeds})
             cache = kv_cache_bytes_per_token(model.config)
             layout = row.arm.label if model.config == row.arm.config else layout_name(model.config)
-            lines.append(
-                f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | "
-                f"{kv_cache_bytes(model.config, model.config.block_size) / 2**20:.3f} | "
-                + " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds)
-                + " |"
-            )
+            mib = kv_cache_bytes(model.config, model.config.block_size) / 2**20
+            head = f"| {title} ({_size(model.config)}, context {short} / {long}) | {layout} | {cache:,} | {mib:.3f} | "
+            lines.append(head + " | ".join(f"{s.tokens_per_s:,.0f}" for s in speeds) + " |")
             at_long = [s for s in speeds if s.batch == DECODE_BATCHES[-1] and s.context == long][0]
             points.append((layout, row.val_loss, at_long.tokens_per_s, f"{cache / 1024:g} KiB/token"))
         panels.append((f"{title} ({_size(models[0][1].config)}): batch {DECODE_BATCHES[-1]}, context {long}", points))
@@ -308,24 +270,17 @@ def frontier_section(rows: list[Result], out_dir: Path, device: torch.device, pr
 
 
 def attention_section(arms: list[Arm], prompt: str, out_dir: Path) -> str:
-    tokenizer = arms[0].runs[0].tokenizer()
-    unknown = tokenizer.unknown_characters(prompt)
+    tokenizer = arms[0].runs[0].checkpoint.tokenizer()
     note = ""
-    if unknown:  # a char tokenizer knows only its training text's characters
+    if unknown := tokenizer.unknown_characters(prompt):  # a char tokenizer knows only its training text's characters
         prompt = "".join(c for c in prompt if c not in unknown) or "".join(tokenizer.chars[:24])
-        note = (
-            f"\n\nThe {tokenizer.name} tokenizer lacks {' '.join(map(repr, unknown))}, so the prompt shown is "
-            f"{prompt!r}."
-        )
+        lacks = " ".join(map(repr, unknown))
+        note = f"\n\nThe {tokenizer.name} tokenizer lacks {lacks}, so the prompt shown is {prompt!r}."
     ids = tokenizer.encode(prompt)[: arms[0].config.block_size]
     last_layer = [attention_maps(a.runs[0].model(torch.device("cpu")), torch.tensor([ids]))[-1][0] for a in arms]
     layouts = [AttentionLayout(a.label, a.config.n_kv_head, weights) for a, weights in zip(arms, last_layer)]
-    plot_attention(
-        layouts,
-        token_labels([tokenizer.decode([i]) for i in ids]),
-        out_dir / "attention.png",
-        f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}",
-    )
+    title = f"Last-layer attention of each layout (seed {arms[0].seeds[0]}) for {prompt!r}"
+    plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), out_dir / "attention.png", title)
     return "## Attention patterns\n\n![attention](attention.png)" + note
 
 
@@ -359,19 +314,12 @@ def estimate(e: Estimate) -> str:
 
 
 def ci(e: Estimate, signed: bool = False) -> str:
-    if math.isnan(e.low):  # one value on a side: no spread to build an interval from
-        return "no CI"
-    fmt = "{:+.4f}" if signed else "{:.4f}"
-    return f"{fmt.format(e.low)}..{fmt.format(e.high)}"
+    fmt = "{:+.4f}" if signed else "{:.4f}"  # no CI: one value on a side, no spread to build an interval from
+    return "no CI" if math.isnan(e.low) else f"{fmt.format(e.low)}..{fmt.format(e.high)}"
 
 
 def _seeds(seeds: list[int]) -> str:
     return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
-
-
-def threads() -> str:
-    n = torch.get_num_threads()
-    return f"{n} thread{'s' if n > 1 else ''}"
 
 
 def _size(config) -> str:
@@ -395,16 +343,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: sweep_dir)")
     parser.add_argument("--baseline", help="the arm every other is compared with (default: MHA from scratch)")
     parser.add_argument("--decode-steps", type=int, default=16, help="decode steps per timed pass")
-    parser.add_argument(
-        "--no-gpt2-decode", action="store_true", help="skip the decode measurement of each layout at GPT-2 small size"
-    )
+    skip = "skip the decode measurement of each layout at GPT-2 small size"
+    parser.add_argument("--no-gpt2-decode", action="store_true", help=skip)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose attention the heatmaps show")
-    parser.add_argument(
-        "--effect",
-        type=float,
-        default=DEFAULT_EFFECT,
-        help="the loss difference in nats to count the seeds for, at 80%% power (default 0.01)",
-    )
+    effect = "the loss difference in nats to count the seeds for, at 80%% power (default 0.01)"
+    parser.add_argument("--effect", type=float, default=DEFAULT_EFFECT, help=effect)
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         sys.exit(f"error: {args.sweep_dir} is not a directory")
@@ -417,15 +360,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         sys.exit(f"error: --out {args.out} is a file: pass a directory for report.md and the plots")
     with exits(writing=str(args.out or args.sweep_dir)):  # ValueError: a malformed metrics.jsonl or --baseline
-        path = write_report(
-            args.sweep_dir,
-            args.out or args.sweep_dir,
-            prompt=args.prompt,
-            baseline=args.baseline,
-            frontier_preset=None if args.no_gpt2_decode else gpt2_sized,
-            decode_steps=args.decode_steps,
-            effect=args.effect,
-        )
+        preset = None if args.no_gpt2_decode else gpt2_sized
+        kwargs = dict(prompt=args.prompt, baseline=args.baseline, decode_steps=args.decode_steps, effect=args.effect)
+        path = write_report(args.sweep_dir, args.out or args.sweep_dir, frontier_preset=preset, **kwargs)
     print(f"wrote {path}")
 
 

@@ -1,6 +1,5 @@
-"""The report's attention heatmaps: one row per attention layout (MHA, GQA, MQA), one
-panel per query head, with token labels, one shared colour bar and a coloured frame per
-key/value group, so a reader sees which query heads share a key/value head.
+"""The report's attention heatmaps: a row per layout (MHA, GQA, MQA), a panel per query head,
+one colour bar, and a coloured frame per key/value group (which query heads share one).
 
     layouts = [AttentionLayout(label, n_kv_head, attention_maps(model, ids)[-1][0]) ...]
     plot_attention(layouts, token_labels([tokenizer.decode([i]) for i in ids]), path, title)
@@ -45,17 +44,15 @@ class AttentionLayout:
 @torch.no_grad()
 def attention_maps(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     """Attention weights of every layer of `model` for idx (B, T): a list of (B, n_head, T, T),
-    each row a query's distribution over the keys. A hook on each attention layer recomputes
-    its weights from the layer's input, on the explicit path (torch's fused kernel never
-    forms them)."""
+    each row a query's distribution over the keys, recomputed by a hook on each attention layer
+    on the explicit path (torch's fused kernel never forms them)."""
     maps: list[torch.Tensor] = []
 
     def record(layer: CausalSelfAttention, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         q, k, v = layer.heads(inputs[0])
         maps.append(manual_attention(q, k, v, nn.Identity())[1])
 
-    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-    hooks = [layer.register_forward_hook(record) for layer in layers]
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, CausalSelfAttention)]
     try:
         model(idx)
     finally:
@@ -68,13 +65,10 @@ def token_labels(pieces: Sequence[str]) -> list[str]:
     """Each token's text as a readable tick label: space '·', newline '⏎', tab '→',
     another unprintable character as its escape (repr without quotes: '\\r', '\\x00'),
     the empty string '∅'. Applying it twice changes nothing."""
-    return [_label(piece) for piece in pieces]
-
-
-def _label(piece: str) -> str:
-    if piece == "":
-        return "∅"
-    return "".join(_SHOWN.get(ch) or (ch if ch.isprintable() else repr(ch)[1:-1]) for ch in piece)
+    return [
+        "".join(_SHOWN.get(ch) or (ch if ch.isprintable() else repr(ch)[1:-1]) for ch in piece) or "∅"
+        for piece in pieces
+    ]
 
 
 def kv_head_of(head: int, n_head: int, n_kv_head: int) -> int:
@@ -89,13 +83,11 @@ def sharing(n_head: int, n_kv_head: int) -> str:
     if n_kv_head == 1:
         return "all heads share one kv head"
     size = n_head // n_kv_head
-    spans = [f"{g * size}-{(g + 1) * size - 1} share kv {g}" for g in range(n_kv_head)]
-    return "heads " + ", ".join(spans)
+    return "heads " + ", ".join(f"{g * size}-{(g + 1) * size - 1} share kv {g}" for g in range(n_kv_head))
 
 
 def plot_attention(layouts: Sequence[AttentionLayout], tokens: Sequence[str], path: Path, title: str) -> None:
-    """Heatmaps of each layout's attention (same n_head and T = len(tokens) for all)
-    saved as a PNG at path. tokens are the pieces' texts; they go through token_labels."""
+    """Each layout's attention heatmaps (same n_head, T = len(tokens)) as a PNG; tokens go through token_labels."""
     fig = _figure(layouts, tokens, title)
     fig.savefig(path, dpi=DPI, format="png")
     fig.clear()  # a bare Figure, not pyplot's: nothing else holds it once it goes
@@ -104,16 +96,13 @@ def plot_attention(layouts: Sequence[AttentionLayout], tokens: Sequence[str], pa
 def _figure(layouts: Sequence[AttentionLayout], tokens: Sequence[str], title: str) -> Figure:
     n_head, T = _check(layouts, tokens)
     labels = token_labels(tokens)
-    stride = math.ceil(T / MAX_LABELS)
-    ticks = list(range(0, T, stride))
+    ticks = list(range(0, T, math.ceil(T / MAX_LABELS)))
     shown = [_cut(labels[i]) for i in ticks]
     panel = min(max(1.2 + 0.085 * len(ticks), 2.0), 5.2)  # inches per heatmap
     fontsize = min(max(0.8 * panel * 72 / len(ticks), 5.0), 8.0)  # points: about 6 at 48 labels
     label_in = max(len(s) for s in shown) * fontsize * 0.62 / 72 + fontsize * 1.6 / 72  # ticks + axis title
-    n_rows = len(layouts)
-    grid_w = n_head * (panel + label_in + 0.15)
-    width = grid_w + 1.1
-    height = n_rows * (panel + label_in + 0.75) + 0.45
+    n_rows, grid_w = len(layouts), n_head * (panel + label_in + 0.15)
+    width, height = grid_w + 1.1, n_rows * (panel + label_in + 0.75) + 0.45
 
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     grid, side = fig.subfigures(1, 2, width_ratios=[grid_w, width - grid_w])
@@ -123,39 +112,28 @@ def _figure(layouts: Sequence[AttentionLayout], tokens: Sequence[str], title: st
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     image = None
     for r, (layout, row) in enumerate(zip(layouts, rows)):
-        row.suptitle(
-            f"{layout.label}: {sharing(n_head, layout.n_kv_head)}",
-            x=0.0,
-            ha="left",
-            fontsize=10,
-            fontweight="bold",
-            parse_math=False,
-        )
+        label = f"{layout.label}: {sharing(n_head, layout.n_kv_head)}"
+        row.suptitle(label, x=0.0, ha="left", fontsize=10, fontweight="bold", parse_math=False)
         colours = _group_colours(layout.n_kv_head)
         weights = layout.weights.detach().float().cpu().numpy()
         for h, ax in enumerate(row.subplots(1, n_head, squeeze=False)[0]):
             g = kv_head_of(h, n_head, layout.n_kv_head)
-            image = ax.imshow(
-                np.ma.masked_array(weights[h], mask=future),
-                cmap=cmap,
-                norm=norm,
-                interpolation="nearest",
-                aspect="equal",
+            shown_weights = np.ma.masked_array(weights[h], mask=future)
+            image = ax.imshow(shown_weights, cmap=cmap, norm=norm, interpolation="nearest", aspect="equal")
+            ax.set_title(
+                f"q head {h} → kv head {g}", fontsize=8.5, color=tuple(c * 0.75 for c in colours[g]), parse_math=False
             )
-            ax.set_title(f"q head {h} → kv head {g}", fontsize=8.5, color=_darker(colours[g]), parse_math=False)
             ax.set_xticks(ticks, shown, rotation=90, fontsize=fontsize, parse_math=False)
             ax.set_yticks(ticks, shown, fontsize=fontsize, parse_math=False)
             ax.tick_params(length=2, pad=1)
             for spine in ax.spines.values():
-                spine.set_edgecolor(colours[g])
-                spine.set_linewidth(FRAME_WIDTH)
+                spine.set(edgecolor=colours[g], linewidth=FRAME_WIDTH)
             if r == n_rows - 1:
                 ax.set_xlabel("key", fontsize=9)
             if h == 0:
                 ax.set_ylabel("query", fontsize=9)
     cax = side.add_subplot(side.add_gridspec(3, 1, height_ratios=[1, 4, 1])[1])
-    colorbar = fig.colorbar(image, cax=cax)
-    colorbar.set_label("attention weight")
+    fig.colorbar(image, cax=cax).set_label("attention weight")
     cax.set_box_aspect(18)
     fig.suptitle(title, fontsize=11, parse_math=False)
     return fig
@@ -164,8 +142,7 @@ def _figure(layouts: Sequence[AttentionLayout], tokens: Sequence[str], title: st
 def _check(layouts: Sequence[AttentionLayout], tokens: Sequence[str]) -> tuple[int, int]:
     if not layouts:
         raise ValueError("no attention layouts to plot")
-    T = len(tokens)
-    if T == 0:
+    if not (T := len(tokens)):
         raise ValueError("no tokens to plot")
     n_head = layouts[0].weights.shape[0]
     for layout in layouts:
@@ -181,15 +158,9 @@ def _check(layouts: Sequence[AttentionLayout], tokens: Sequence[str]) -> tuple[i
 
 
 def _group_colours(n_groups: int) -> list[tuple[float, float, float]]:
-    """One qualitative colour per kv group: tab10, then tab20's ten lighter shades (they
-    repeat past 20 groups)."""
-    tab20 = matplotlib.colormaps["tab20"].colors
-    colours = list(matplotlib.colormaps["tab10"].colors) + list(tab20[1::2])
+    """One qualitative colour per kv group: tab10, then tab20's ten lighter shades (they repeat past 20 groups)."""
+    colours = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
     return [tuple(colours[g % len(colours)]) for g in range(n_groups)]
-
-
-def _darker(colour: tuple[float, float, float], by: float = 0.25) -> tuple[float, float, float]:
-    return tuple(c * (1 - by) for c in colour)
 
 
 def _cut(label: str) -> str:

@@ -1,10 +1,7 @@
-"""The train.py command that adds seeds to an arm of a sweep, rebuilt from its runs' files.
-
-A run records its config-group choices (groups.yaml, e.g. experiment=attention_ablation)
-and its resolved settings (config.yaml). Composing the same groups and comparing leaf by
-leaf gives the settings the run changed on top of them; those, new seeds and the sweep
-directory make a command whose runs join the same arm of the same sweep.
-"""
+"""The train.py command that adds seeds to an arm of a sweep, rebuilt from its runs' files:
+composing a run's config-group choices (groups.yaml) and comparing leaf by leaf with its
+resolved settings (config.yaml) gives what it changed on top of them; those, new seeds and
+the sweep directory make a command whose runs join the same arm of the same sweep."""
 
 from __future__ import annotations
 
@@ -17,14 +14,11 @@ from omegaconf import OmegaConf
 
 from ablation.runs import Arm, flatten
 from conf import CONF_DIR
-from run.run_dir import RUN_GROUPS, group_choices, read_run_yaml
+from run.run_dir import group_choices
 
-NOT_CARRIED = {
-    "seed",
-    "out_dir",
-    "resume",  # what differs from run to run, or would make a run anything but new
-    "model.vocab_size",
-}  # recorded from the tokenizer (or the weights), which sets it whatever a command says
+# What differs from run to run, or would make a run anything but new; and model.vocab_size, recorded from
+# the tokenizer (or the weights), which sets it whatever a command says.
+NOT_CARRIED = {"seed", "out_dir", "resume", "model.vocab_size"}
 
 
 def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
@@ -35,38 +29,28 @@ def _composed(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any], dic
     HydraConfig.instance().set_config(cfg)  # ${hydra:sweep.dir} resolves as in a sweep's job
     choices = group_choices()
     settings = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return (flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)), choices)
+    return flatten(OmegaConf.to_container(settings, resolve=True)), flatten(OmegaConf.to_container(settings)), choices
 
 
 def _value(value: Any) -> str:
     """A value as Hydra's override grammar reads it back."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    text = str(value)
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return f"'{text}'" if any(c in text for c in " ,=[]{}()'\"$\\") else text
 
 
 def arm_overrides(arm: Arm, sweep_dir: Path) -> list[str]:
-    """The overrides that, with the arm's group choices, give its first run's settings
-    (seeds, out_dir and resume aside); a setting that follows from the others, the seed
-    and the sweep directory by interpolation (arm: kv${model.n_kv_head}, an uptraining
-    run's model_path: ${hydra:sweep.dir}/mha_seed${seed}) is left out."""
+    """The overrides that, with the arm's group choices, give its first run's settings (but NOT_CARRIED),
+    less those that follow from the others, the seed and the sweep directory by interpolation
+    (arm: kv${model.n_kv_head}, an uptraining run's model_path: ${hydra:sweep.dir}/mha_seed${seed})."""
     run = arm.runs[0]
-    groups_file = run.path / RUN_GROUPS
-    groups = read_run_yaml(groups_file, run.path, may_be_empty=True) if groups_file.is_file() else {}
+    groups = run.groups
     base = [f"experiment={groups['experiment']}"] if groups.get("experiment") else []
     chosen = _composed(base)[2]
-    base += [
-        f"{'' if k in chosen else '+'}{k}={v}"
-        for k, v in groups.items()
-        if k != "experiment" and v is not None and chosen.get(k) != v
-    ]  # +: a group the defaults lack
+    wanted = {k: v for k, v in groups.items() if k != "experiment" and v is not None and chosen.get(k) != v}
+    base += [f"{'' if k in chosen else '+'}{k}={v}" for k, v in wanted.items()]  # +: a group the defaults lack
     composed, unresolved, _ = _composed(base)
-    changed = {
-        k: v for k, v in flatten(run.settings).items() if k not in NOT_CARRIED and composed.get(k, object()) != v
-    }
+    settings = flatten(run.settings)
+    changed = {k: v for k, v in settings.items() if k not in NOT_CARRIED and composed.get(k, object()) != v}
     derived = {k for k in changed if "${" in str(unresolved.get(k, ""))}
     if derived:
         rest = [f"{k}={_value(v)}" for k, v in changed.items() if k not in derived]
@@ -76,8 +60,7 @@ def arm_overrides(arm: Arm, sweep_dir: Path) -> list[str]:
 
 
 def _seeds(first: int, count: int) -> str:
-    seeds = list(range(first, first + count))
-    return ",".join(map(str, seeds)) if count <= 6 else f"'range({first},{first + count})'"
+    return ",".join(map(str, range(first, first + count))) if count <= 6 else f"'range({first},{first + count})'"
 
 
 def add_seeds_commands(targets: list[tuple[Arm, int]], sweep_dir: Path) -> list[str]:
@@ -88,14 +71,11 @@ def add_seeds_commands(targets: list[tuple[Arm, int]], sweep_dir: Path) -> list[
         missing = seeds - len(arm.runs)
         if missing > 0:
             pending.setdefault((max(arm.seeds) + 1, missing), []).append(arm_overrides(arm, sweep_dir))
-    commands = []
-    for (first, count), override_lists in pending.items():
-        for overrides in _merged(override_lists):
-            commands.append(
-                f"python train.py -m {' '.join(overrides)} seed={_seeds(first, count)} "
-                f"hydra.sweep.dir={_value(str(sweep_dir))}"
-            )
-    return commands
+    return [
+        f"python train.py -m {' '.join(overrides)} seed={_seeds(first, count)} hydra.sweep.dir={_value(str(sweep_dir))}"
+        for (first, count), override_lists in pending.items()
+        for overrides in _merged(override_lists)
+    ]
 
 
 def _merged(override_lists: list[list[str]]) -> list[list[str]]:

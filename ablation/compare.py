@@ -22,9 +22,7 @@ class Result:
     comparison: Comparison | None  # against the baseline; None for the baseline itself
     verdict: str | None
     left_out: list[str] = field(default_factory=list)  # a line for each run of the arm not evaluated at `tokens`
-    missing: list[int] = field(
-        default_factory=list
-    )  # seeds the other arms ran (of those the baseline ran), not this one
+    missing: list[int] = field(default_factory=list)  # seeds the other arms ran (of the baseline's), not this one
     bpb_difference: Estimate | None = None  # against the baseline in bits per byte, where both logged it
 
     @property
@@ -36,9 +34,7 @@ class Result:
 def difference(baseline: list[float], baseline_seeds: list[int], values: list[float], seeds: list[int]) -> Comparison:
     """Paired by seed when both arms ran the same seeds (the same batches, the same
     initial weights where the shapes allow); otherwise an unpaired Welch test."""
-    if baseline_seeds == seeds:
-        return paired_difference(baseline, values)
-    return welch_difference(baseline, values)
+    return (paired_difference if baseline_seeds == seeds else welch_difference)(baseline, values)
 
 
 def baseline_of(arms: list[Arm], name: str | None) -> Arm:
@@ -55,13 +51,11 @@ def baseline_of(arms: list[Arm], name: str | None) -> Arm:
 
 
 def results(arms: list[Arm], baseline: Arm) -> list[Result]:
-    """The baseline first, then every arm trained from scratch (uptrained arms have their
-    own comparison), each on the axis its budget was matched on: a match_mha_flops arm at
-    its own final evaluation, which spends the baseline's training FLOPs; any other at the
-    baseline's final tokens, or at its own end where it was not evaluated there. A run not
-    evaluated where its arm is compared (it stopped before) is left out of the row, and
-    said so; the compared runs must be alike (ablation/fairness.py). The comparisons form
-    one family for Holm's adjustment, which the verdicts decide by."""
+    """The baseline first, then every arm trained from scratch (uptrained arms have their own
+    comparison), each on the axis its budget was matched on: a match_mha_flops arm at its own
+    final evaluation (the baseline's training FLOPs); any other at the baseline's final tokens,
+    or at its own end where it was not evaluated there. A run not evaluated there is left out,
+    and said so. The comparisons are one family for Holm's adjustment, which the verdicts use."""
     tokens = _end(baseline)
     ran = [baseline] + [a for a in arms if a is not baseline and not a.uptrained]
     compared = [_compared(arm, tokens, _windows(baseline, tokens)) for arm in ran]
@@ -69,8 +63,7 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
     rows = []
     for (arm, at, axis, left_out), missing in zip(compared, _missing_seeds(ran, [c[0] for c in compared])):
         check_seeds_alike(arm)
-        losses = arm.at_tokens(at)
-        bpb = _bpb(arm, at)
+        losses, bpb = arm.at_tokens(at), _bpb(arm, at)
         comparison = bpb_difference = None
         if arm is not base:
             check_against_baseline(arm, base)
@@ -79,20 +72,8 @@ def results(arms: list[Arm], baseline: Arm) -> list[Result]:
             base_bpb = _bpb(base, tokens)
             if bpb and base_bpb:
                 bpb_difference = difference(base_bpb, base.seeds, bpb, arm.seeds).difference
-        rows.append(
-            Result(
-                arm,
-                at,
-                axis,
-                mean_ci(losses),
-                mean_ci(bpb) if bpb else None,
-                comparison,
-                None,
-                left_out,
-                missing,
-                bpb_difference,
-            )
-        )
+        bpb_ci = mean_ci(bpb) if bpb else None
+        rows.append(Result(arm, at, axis, mean_ci(losses), bpb_ci, comparison, None, left_out, missing, bpb_difference))
     adjusted = holm([r.comparison for r in rows[1:]])
     return rows[:1] + [
         replace(r, comparison=c, verdict=verdict(r.arm.label, base.label, c)) for r, c in zip(rows[1:], adjusted)
@@ -106,10 +87,9 @@ def _bpb(arm: Arm, tokens: int) -> list[float] | None:
 
 
 def _compared(arm: Arm, baseline_tokens: int, baseline_windows: set) -> tuple[Arm, int, str, list[str]]:
-    """The arm with the runs evaluated where it is compared, the tokens there, the axis, and
-    a line for each run left out. Equal tokens needs an evaluation there on the baseline's
-    windows: an arm that trains longer under eval_whole_val=final was evaluated on a sample
-    there, not on the whole split."""
+    """The arm with the runs evaluated where it is compared, the tokens there, the axis, and a
+    line for each run left out. Equal tokens needs an evaluation there on the baseline's windows:
+    an arm that trains longer under eval_whole_val=final was evaluated on a sample there."""
     if arm.matched_flops:
         at, axis, windows = _end(arm), EQUAL_FLOPS, None
     elif any(_evaluated(arm, run, baseline_tokens, baseline_windows) for run in arm.runs):
@@ -134,7 +114,6 @@ def _end(arm: Arm) -> int:
 
 
 def _evaluated(arm: Arm, run: Run, tokens: int, windows: set | None) -> bool:
-    """Whether the run was evaluated at `tokens` (on one of `windows`, unless None)."""
     return any(
         r["tokens"] + arm.pretraining_tokens == tokens and (windows is None or r.get("val_windows") in windows)
         for r in run.evals
@@ -142,10 +121,10 @@ def _evaluated(arm: Arm, run: Run, tokens: int, windows: set | None) -> bool:
 
 
 def _why_left_out(arm: Arm, run: Run, tokens: int) -> str:
-    end = run.final
-    if end["tokens"] + arm.pretraining_tokens < tokens:
+    end = run.final["tokens"] + arm.pretraining_tokens
+    if end < tokens:
         return (
-            f"{run.path}: stopped at {end['tokens'] + arm.pretraining_tokens:,} tokens (step {end['step']}), before "
+            f"{run.path}: stopped at {end:,} tokens (step {run.final['step']}), before "
             f"the {tokens:,} tokens arm {arm.name} is compared at; left out of that comparison"
         )
     return (
@@ -155,9 +134,8 @@ def _why_left_out(arm: Arm, run: Run, tokens: int) -> str:
 
 
 def _missing_seeds(ran: list[Arm], compared: list[Arm]) -> list[list[int]]:
-    """Per arm (the baseline first; as run, and as compared), the seeds it lacks of those
-    run by the arms sharing a seed with the baseline (an arm run under other seeds on
-    purpose lacks none)."""
+    """Per arm (the baseline first; as run, and as compared), the seeds it lacks of those run by the
+    arms sharing a seed with the baseline (an arm run under other seeds on purpose lacks none)."""
     seeds = [set(arm.seeds) for arm in ran]
     expected = set().union(*(s for s in seeds if s & seeds[0]))
     return [sorted(expected - set(arm.seeds)) if s & seeds[0] else [] for s, arm in zip(seeds, compared)]
@@ -205,27 +183,16 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
         scratch = [
             a for a in arms if not a.uptrained and a.shape == arm.shape and a.config.n_kv_head == arm.config.n_kv_head
         ]
-        scratch.sort(key=lambda a: not any(_evaluated(a, run, total, None) for run in a.runs))  # evaluated there first
         if not scratch:
             continue
-        source, not_there = scratch[0], []
-        if any(_evaluated(source, run, total, None) for run in source.runs):
-            source, not_there = _reaching(source, total)
+        there = [a for a in scratch if any(_evaluated(a, run, total, None) for run in a.runs)]
+        source, not_there = _reaching(there[0], total) if there else (scratch[0], [])
+        left_out += not_there
         at_total = source.at_tokens(total)
         comparison = None if at_total is None else difference(at_total, source.seeds, arm.finals(), arm.seeds)
-        rows.append(
-            Uptraining(
-                arm,
-                source,
-                mean_ci([r.evals[0]["val_loss"] for r in arm.runs]),
-                mean_ci(arm.finals()),
-                total,
-                mean_ci(at_total) if at_total is not None else None,
-                comparison,
-                None,
-                left_out + not_there,
-            )
-        )
+        converted, final = mean_ci([r.evals[0]["val_loss"] for r in arm.runs]), mean_ci(arm.finals())
+        scratch_ci = mean_ci(at_total) if at_total is not None else None
+        rows.append(Uptraining(arm, source, converted, final, total, scratch_ci, comparison, None, left_out))
     tested = [r for r in rows if r.comparison is not None]  # one family for Holm's adjustment
     for row, comparison in zip(tested, holm([r.comparison for r in tested])):
         row.comparison = comparison
@@ -248,9 +215,9 @@ def ladder_gaps(shapes: list[tuple[Arm, list[Result]]]) -> list[Gap]:
     """Per shape (its baseline and results), the difference of each scratch GQA/MQA arm to it."""
     gaps = []
     for baseline, rows in shapes:
-        size = baseline.non_embedding_params
+        block = "" if baseline.shape[3] == GPT2_BLOCK else f", {baseline.shape[3]}"
         for row in rows:
             if row.comparison is not None and not row.arm.uptrained and row.arm.config.attention_kind != "MHA":
-                block = "" if baseline.shape[3] == GPT2_BLOCK else f", {baseline.shape[3]}"
-                gaps.append(Gap(row.arm.config.attention_kind + block, row.arm, baseline, size, row.comparison))
+                kind = row.arm.config.attention_kind + block
+                gaps.append(Gap(kind, row.arm, baseline, baseline.non_embedding_params, row.comparison))
     return gaps

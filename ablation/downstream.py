@@ -1,13 +1,9 @@
-"""The report's downstream section: per arm, the tasks that downstream.py scored on its
-runs' final checkpoints (downstream.json beside each), as the mean over seeds with its
-95% interval and the difference to the baseline, paired by seed where the seeds match,
-with the loss's statistics (ablation/stats.py, through compare.difference) and Holm's
-adjustment across the arms of each task.
-
-A task enters when every baseline run has it; an arm's row holds the runs that have it.
-Each task shows one metric, the first it has of PRIMARY: acc_norm for HellaSwag. The
-files are checked as they are read (every problem of every file in one error), and task
-names are escaped for Markdown, since a task file may name its task anything.
+"""The report's downstream section: per arm, the tasks downstream.py scored on its runs'
+final checkpoints (downstream.json), as the mean over seeds with its 95% interval and the
+difference to the baseline with the loss's statistics (compare.difference), Holm-adjusted
+across the arms of each task. A task enters when every baseline run has it; an arm's row
+holds the runs that have it; each task shows the first metric of PRIMARY it has. Every
+problem of every file is one error; task names are escaped for Markdown.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ablation.compare import difference
-from ablation.runs import Arm, Run
+from ablation.runs import Arm
 from ablation.stats import Comparison, Estimate, holm, mean_ci, p_value
 from evaluation.results import RESULTS, read_results
 from system import UserError
@@ -44,6 +40,7 @@ def checked_results(arms: list[Arm]) -> dict[Path, dict[str, dict[str, Any]]]:
     one UserError names every problem, in every file."""
     found, problems = {}, []
     for run in (run for arm in arms for run in arm.runs):
+        path = run.checkpoint.path / RESULTS
         try:
             tasks = read_results(run.checkpoint.path)
         except UserError as err:
@@ -51,20 +48,12 @@ def checked_results(arms: list[Arm]) -> dict[Path, dict[str, dict[str, Any]]]:
             continue
         except RecursionError:  # json's own limit, met before read_results can judge the file
             problems.append(
-                f"{run.checkpoint.path / RESULTS} is nested too deeply to be a results file of "
-                "downstream.py; delete it and evaluate the tasks again"
+                f"{path} is nested too deeply to be a results file of downstream.py; delete it and evaluate the "
+                "tasks again"
             )
             continue
-        fields = [
-            f"[{json.dumps(task)}]{field} {why}"
-            for task, entry in tasks.items()
-            for field, why in _entry_problems(entry)
-        ]
-        if fields:
-            problems.append(
-                f"{run.checkpoint.path / RESULTS}: {', '.join(fields)}; mend the file, or delete it and "
-                "evaluate the tasks again"
-            )
+        if fields := [f"[{json.dumps(task)}]{f} {why}" for task, e in tasks.items() for f, why in _entry_problems(e)]:
+            problems.append(f"{path}: {', '.join(fields)}; mend the file, or delete it and evaluate the tasks again")
         found[run.path] = tasks
     if problems:
         raise UserError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: {'; '.join(problems)}")
@@ -94,20 +83,11 @@ def _kind(value: Any) -> str:
     return {dict: "an object", list: "an array"}.get(type(value)) or json.dumps(value)
 
 
-def _count(items: int | None) -> str:
-    return "?" if items is None else f"{items:,}"
-
-
-def _scores(run: Run, results: dict[Path, dict]) -> dict[str, dict[str, float]]:
-    """task -> metrics, for the tasks downstream.py evaluated on every item (a score taken
-    with limit= is a quick look, not comparable: left out)."""
-    return {task: entry["metrics"] for task, entry in results[run.path].items() if entry.get("limit") is None}
-
-
 def partial_scores(arms: list[Arm], results: dict[Path, dict]) -> list[str]:
     """A line for each score left out because it was taken on part of its task (limit=)."""
     return [
-        f"{markdown_text(run.path.name)}: {markdown_text(task)} was scored on {_count(entry.get('items'))} items "
+        f"{markdown_text(run.path.name)}: {markdown_text(task)} was scored on "
+        f"{'?' if entry.get('items') is None else format(entry['items'], ',')} items "
         f"(limit={entry['limit']}); left out: score it again without limit to compare it"
         for arm in arms
         for run in arm.runs
@@ -122,7 +102,11 @@ def task_rows(
     """(task, metric) -> a row per arm that has the task, the baseline first; `results`
     as checked_results(arms) returns them (read here when not given)."""
     results = checked_results(arms) if results is None else results
-    by_arm = {id(arm): {run.seed: _scores(run, results) for run in arm.runs} for arm in arms}
+    # task -> metrics, of the tasks evaluated on every item (one taken with limit= is a quick look, not comparable)
+    full = {
+        run: {t: e["metrics"] for t, e in tasks.items() if e.get("limit") is None} for run, tasks in results.items()
+    }
+    by_arm = {id(arm): {run.seed: full[run.path] for run in arm.runs} for arm in arms}
     base = by_arm[id(baseline)]
     common = set.intersection(*(set(tasks) for tasks in base.values())) if base else set()
     tables = {}
@@ -136,24 +120,12 @@ def task_rows(
             }
             for arm in arms
         }
-        tables[(task, metric)] = _rows(arms, baseline, values)
+        rows = [baseline] + [arm for arm in arms if arm is not baseline and values[id(arm)]]
+        seeds = [list(values[id(arm)]) for arm in rows]
+        scores = [list(values[id(arm)].values()) for arm in rows]
+        comparisons = [None] + holm([difference(scores[0], seeds[0], v, s) for s, v in zip(seeds[1:], scores[1:])])
+        tables[(task, metric)] = [TaskRow(a, s, mean_ci(v), c) for a, s, v, c in zip(rows, seeds, scores, comparisons)]
     return tables
-
-
-def _rows(arms: list[Arm], baseline: Arm, values: dict[int, dict[int, float]]) -> list[TaskRow]:
-    base = values[id(baseline)]
-    others = [arm for arm in arms if arm is not baseline and values[id(arm)]]
-    comparisons = holm(
-        [
-            difference(list(base.values()), list(base), list(values[id(arm)].values()), list(values[id(arm)]))
-            for arm in others
-        ]
-    )
-    rows = [TaskRow(baseline, list(base), mean_ci(list(base.values())), None)]
-    return rows + [
-        TaskRow(arm, list(values[id(arm)]), mean_ci(list(values[id(arm)].values())), comparison)
-        for arm, comparison in zip(others, comparisons)
-    ]
 
 
 def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
@@ -163,23 +135,17 @@ def downstream_section(arms: list[Arm], baseline: Arm) -> str | None:
     if not tables and not partial:
         return None
     lines = [
-        "### Downstream tasks",
-        "",
+        "### Downstream tasks\n",
         "Scored by `python downstream.py` on each run's final checkpoint: mean and 95% confidence interval "
         "over seeds (Student t), and the difference to the baseline (paired t-test where the seeds match, "
-        "Welch otherwise; Holm-adjusted across the arms). Accuracies are in percent.",
-        "",
+        "Welch otherwise; Holm-adjusted across the arms). Accuracies are in percent.\n",
     ]
     for (task, metric), rows in tables.items():
         lines += [
             f"| arm | seeds | {markdown_text(task)} {metric} | vs baseline (95% CI) | p | Holm p |",
             "|---|---|---|---|---|---|",
         ]
-        for row in rows:
-            lines.append(
-                f"| {row.arm.label} | {', '.join(map(str, row.seeds))} | {_value(row.value, metric)} | "
-                f"{_difference(row.comparison, metric)} |"
-            )
+        lines += [f"| {row.arm.label} | {', '.join(map(str, row.seeds))} | {_cells(row, metric)} |" for row in rows]
         lines.append("")
     lines += [f"- {line}" for line in partial]
     return "\n".join(lines).rstrip("\n")
@@ -193,20 +159,12 @@ def markdown_text(text: str) -> str:
     return "".join(repr(c)[1:-1] if not c.isprintable() else c for c in escaped)
 
 
-def _scale(metric: str) -> tuple[float, str]:
-    return (100.0, "{:.2f}") if metric in PERCENT else (1.0, "{:.4f}")
-
-
-def _value(e: Estimate, metric: str) -> str:
-    scale, fmt = _scale(metric)
-    return fmt.format(e.mean * scale) + ("" if math.isnan(e.low) else " ± " + fmt.format(e.half_width * scale))
-
-
-def _difference(c: Comparison | None, metric: str) -> str:
+def _cells(row: TaskRow, metric: str) -> str:
+    """A row's value and comparison cells; accuracies in percent."""
+    (scale, digits), e, c = (100.0, 2) if metric in PERCENT else (1.0, 4), row.value, row.comparison
+    value = f"{e.mean * scale:.{digits}f}" + ("" if math.isnan(e.low) else f" ± {e.half_width * scale:.{digits}f}")
     if c is None:
-        return "baseline | |"
-    scale, fmt = _scale(metric)
-    signed = fmt.replace("{:", "{:+")
+        return f"{value} | baseline | |"
     d = c.difference
-    interval = "no CI" if math.isnan(d.low) else f"{signed.format(d.low * scale)}..{signed.format(d.high * scale)}"
-    return f"{signed.format(d.mean * scale)} ({interval}) | {p_value(c.p_value)} | {p_value(c.deciding_p)}"
+    interval = "no CI" if math.isnan(d.low) else f"{d.low * scale:+.{digits}f}..{d.high * scale:+.{digits}f}"
+    return f"{value} | {d.mean * scale:+.{digits}f} ({interval}) | {p_value(c.p_value)} | {p_value(c.deciding_p)}"

@@ -16,6 +16,13 @@ from ablation.stats import Estimate, mean_ci, paired_difference  # noqa: E402
 
 ZOOM_FROM = 0.6  # the zoomed panels show the last 40% of training, where the arms separate
 COLOURS = plt.get_cmap("tab10").colors
+LOSS = "validation loss (nats/token)"
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def curve(arm: Arm, metric: str = "val_loss") -> tuple[list[int], list[Estimate]]:
@@ -32,9 +39,7 @@ def curve(arm: Arm, metric: str = "val_loss") -> tuple[list[int], list[Estimate]
 def _band(ax, x: list[float], estimates: list[Estimate], colour, label: str) -> None:
     ax.plot(x, [e.mean for e in estimates], color=colour, marker="o", markersize=2.5, label=label)
     if all(e.n > 1 for e in estimates):
-        ax.fill_between(
-            x, [e.low for e in estimates], [e.high for e in estimates], color=colour, alpha=0.2, linewidth=0
-        )
+        ax.fill_between(x, [e.low for e in estimates], [e.high for e in estimates], color=colour, alpha=0.2, lw=0)
 
 
 def _zoomed(ax, arms: list[Arm], x_of) -> None:
@@ -58,27 +63,20 @@ def plot_curves(arms: list[Arm], baseline: Arm, path: Path, title: str) -> None:
     for colour, arm in zip(COLOURS, arms):
         tokens, estimates = curve(arm)
         _band(full, tokens, estimates, colour, arm.label)
-    full.set(xlabel="training tokens", ylabel="validation loss (nats/token)", title="all of training, mean over seeds")
+    full.set(xlabel="training tokens", ylabel=LOSS, title="all of training, mean over seeds")
     _zoomed(zoom, arms, lambda arm, t: t)
     zoom.set(
-        xlabel="training tokens",
-        ylabel="validation loss (nats/token)",
-        title=f"last {1 - ZOOM_FROM:.0%} of training, 95% CI band over seeds",
+        xlabel="training tokens", ylabel=LOSS, title=f"last {1 - ZOOM_FROM:.0%} of training, 95% CI band over seeds"
     )
     _zoomed(flops, arms, lambda arm, t: t * arm.flops_per_token)
-    flops.set(
-        xlabel="training FLOPs (tokens x the arm's FLOPs per token)",
-        ylabel="validation loss (nats/token)",
-        title="the same against training compute",
-    )
+    xlabel = "training FLOPs (tokens x the arm's FLOPs per token)"
+    flops.set(xlabel=xlabel, ylabel=LOSS, title="the same against training compute")
     _plot_differences(diff, arms, baseline)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     full.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _plot_differences(ax, arms: list[Arm], baseline: Arm) -> None:
@@ -90,11 +88,8 @@ def _plot_differences(ax, arms: list[Arm], baseline: Arm) -> None:
         estimates = [paired_difference(baseline.at_tokens(t), arm.at_tokens(t)).difference for t in shared]
         _band(ax, shared, estimates, colour, arm.label)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(
-        xlabel="training tokens",
-        ylabel=f"validation loss minus {baseline.label}'s (nats)",
-        title="difference to the baseline, paired by seed, 95% CI band",
-    )
+    ax.set(xlabel="training tokens", ylabel=f"validation loss minus {baseline.label}'s (nats)")
+    ax.set_title("difference to the baseline, paired by seed, 95% CI band")
 
 
 def plot_ladder(gaps: list[Gap], path: Path) -> None:
@@ -109,16 +104,11 @@ def plot_ladder(gaps: list[Gap], path: Path) -> None:
         ax.errorbar(x, [e.mean for e in d], yerr=yerr, color=colour, marker="o", capsize=4, label=f"{kind} - MHA")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set(
-        xlabel="non-embedding parameters of the MHA model",
-        ylabel="final validation loss difference (nats)",
-        title="Cost of fewer key/value heads against model size (95% CI over seeds)",
-    )
+    ax.set(xlabel="non-embedding parameters of the MHA model", ylabel="final validation loss difference (nats)")
+    ax.set_title("Cost of fewer key/value heads against model size (95% CI over seeds)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_uptraining(arms: list[Arm], rows: list[Uptraining], path: Path) -> None:
@@ -131,22 +121,13 @@ def plot_uptraining(arms: list[Arm], rows: list[Uptraining], path: Path) -> None
         _band(full, tokens, estimates, colour, arm.label)
         keep = [i for i, t in enumerate(tokens) if t >= start * 0.9]
         _band(zoom, [tokens[i] for i in keep], [estimates[i] for i in keep], colour, arm.label)
-    full.set(
-        xlabel="training tokens in all (the source's included)",
-        ylabel="validation loss (nats/token)",
-        title="uptrained from MHA vs trained from scratch",
-    )
-    zoom.set(
-        xlabel="training tokens in all",
-        ylabel="validation loss (nats/token)",
-        title="from the conversion on, 95% CI band over seeds",
-    )
+    xlabel = "training tokens in all (the source's included)"
+    full.set(xlabel=xlabel, ylabel=LOSS, title="uptrained from MHA vs trained from scratch")
+    zoom.set(xlabel="training tokens in all", ylabel=LOSS, title="from the conversion on, 95% CI band over seeds")
     for ax in (full, zoom):
         ax.grid(alpha=0.3)
     zoom.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_frontier(panels: list[tuple[str, list[tuple[str, Estimate, float, str]]]], path: Path) -> None:
@@ -161,6 +142,4 @@ def plot_frontier(panels: list[tuple[str, list[tuple[str, Estimate, float, str]]
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Quality against decode speed (upper left is worse on both; labels: KV cache per token)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)

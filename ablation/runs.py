@@ -1,12 +1,7 @@
-"""The runs of a sweep, grouped the way an ablation compares them.
-
-A run is a directory with checkpoints and metrics.jsonl, at any depth under the sweep
-directory; one without a checkpoint is named and left out. Runs sharing a model shape
-(layers, width, query heads, and the block: GPT-2's, Llama's, or the settings of
-another) and an arm (the `arm` setting; the directory name without its `_seed<N>`
-suffix for runs that predate it) form an Arm; within a shape the arms are compared with
-a baseline, paired by seed. Runs of different blocks are never compared with each other.
-"""
+"""The runs of a sweep (run directories at any depth; one without a checkpoint is named and
+left out), grouped into Arms: runs sharing a model shape (layers, width, query heads and the
+block) and an `arm` setting (for runs that predate it, the directory name less `_seed<N>`).
+Within a shape the arms are compared with a baseline; runs of two blocks never are."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ from typing import Any
 import torch
 
 import model.config
-from data import Tokenizer
 from model import GPT, GPTConfig
 from run.checkpoints import CHECKPOINTS, Checkpoint, CheckpointError, find_checkpoint, has_checkpoint, load_checkpoint
 from run.load import load_model
@@ -34,10 +28,6 @@ class Run:
     settings: dict[str, Any]  # the run's config.yaml
     metrics: list[dict]
     groups: dict[str, Any] = field(default_factory=dict)  # its groups.yaml: recipe, model, data... (empty if none)
-
-    @property
-    def model_config(self) -> GPTConfig:
-        return self.checkpoint.model_config
 
     @property
     def seed(self) -> int:
@@ -56,16 +46,11 @@ class Run:
         return self.evals[-1]
 
     @property
-    def uptrained_from(self) -> str | None:
-        """The run an uptraining run started from (init_from=checkpoint), else None."""
+    def uptrained_from(self) -> str | None:  # the run an uptraining run started from (init_from=checkpoint)
         return self.settings.get("model_path") if self.settings.get("init_from") == "checkpoint" else None
 
-    def model(self, device: torch.device) -> GPT:
-        """The run's model for inference on device, in fp32 (load_model, from the checkpoint already read)."""
+    def model(self, device: torch.device) -> GPT:  # for inference on device, in fp32
         return load_model(self.checkpoint, None, device, torch.float32)[0]
-
-    def tokenizer(self) -> Tokenizer:
-        return self.checkpoint.tokenizer()
 
 
 @dataclass
@@ -76,7 +61,7 @@ class Arm:
 
     @property
     def config(self) -> GPTConfig:
-        return self.runs[0].model_config
+        return self.runs[0].checkpoint.model_config
 
     @property
     def seeds(self) -> list[int]:
@@ -91,8 +76,7 @@ class Arm:
         return self.runs[0].uptrained_from is not None
 
     @property
-    def matched_flops(self) -> bool:
-        """Trained with match_mha_flops: more steps, so as to spend the MHA model's training FLOPs."""
+    def matched_flops(self) -> bool:  # trained with match_mha_flops: as many training FLOPs as the MHA model
         return all(r.settings.get("match_mha_flops") for r in self.runs)
 
     @property
@@ -132,8 +116,7 @@ def layout_name(config: GPTConfig) -> str:
 
 Shape = tuple[int, int, int, str]  # layers, width, query heads, block
 GPT2_BLOCK, LLAMA_BLOCK = "GPT-2 block", "Llama block"
-BLOCK_NAMES = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}  # model.config.BLOCKS' presets, as the report names them
-# (another preset is "<name> block")
+BLOCK_NAMES = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}  # model.config.BLOCKS' presets ("<name> block" for others)
 
 
 def shape_of(config: GPTConfig) -> Shape:
@@ -159,10 +142,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     """Nested settings as one level of dotted keys: {"optim.learning_rate": 0.002, ...}."""
     leaves = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
-            leaves.update(flatten(value, f"{prefix}{key}."))
-        else:
-            leaves[f"{prefix}{key}"] = value
+        leaves |= flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
     return leaves
 
 
@@ -171,8 +151,7 @@ def shape_name(shape: Shape) -> str:
 
 
 def size_name(shape: Shape) -> str:
-    n_layer, n_embd, n_head, _ = shape
-    return f"{n_layer} layers x {n_embd} dims, {n_head} query heads"
+    return f"{shape[0]} layers x {shape[1]} dims, {shape[2]} query heads"
 
 
 @dataclass
@@ -182,13 +161,18 @@ class Sweep:
 
 
 def read_sweep(sweep_dir: Path) -> Sweep:
-    """Every run directory under sweep_dir (one holding config.yaml or checkpoints/, at
-    any depth): its run, or a line saying why it is left out. A `latest` link that leads
-    nowhere falls back to the newest complete checkpoint, as resume does."""
+    """Every run directory under sweep_dir: its run, or a line saying why it is left out (a `latest`
+    link that leads nowhere falls back to the newest complete checkpoint, as resume does)."""
     runs, left_out = [], []
-    for run_dir in _run_dirs(sweep_dir):
-        why = _no_checkpoint(run_dir)
-        if why:
+    found = {p.parent for name in (RUN_CONFIG, CHECKPOINTS) for p in sweep_dir.glob(f"**/{name}")}
+    # not those inside a checkpoints/ (each checkpoint holds a config.yaml) or Hydra's .hydra/
+    for run_dir in sorted(d for d in found if not {CHECKPOINTS, ".hydra"} & set(d.relative_to(sweep_dir).parts)):
+        if not has_checkpoint(run_dir):
+            why = (
+                f"its checkpoints are gone (its {METRICS} has evaluations past step 0, each followed by a save)"
+                if logged_a_save(run_dir)
+                else "it has no checkpoint: the run stopped before its first, or is still running"
+            )
             left_out.append(f"{run_dir}: {why}; left out")
             continue
         if not (run_dir / RUN_CONFIG).is_file():
@@ -205,22 +189,6 @@ def read_sweep(sweep_dir: Path) -> Sweep:
     return Sweep(runs, left_out)
 
 
-def _run_dirs(sweep_dir: Path) -> list[Path]:
-    """Directories holding a run's config.yaml or its checkpoints/, not those inside a
-    checkpoints/ (each checkpoint holds a config.yaml) or Hydra's .hydra/."""
-    found = {p.parent for name in (RUN_CONFIG, CHECKPOINTS) for p in sweep_dir.glob(f"**/{name}")}
-    return sorted(d for d in found if not {CHECKPOINTS, ".hydra"} & set(d.relative_to(sweep_dir).parts))
-
-
-def _no_checkpoint(run_dir: Path) -> str | None:
-    """Why a run directory has no checkpoint to read, or None if it has one."""
-    if has_checkpoint(run_dir):
-        return None
-    if logged_a_save(run_dir):
-        return f"its checkpoints are gone (its {METRICS} has evaluations past step 0, each followed by a save)"
-    return "it has no checkpoint: the run stopped before its first, or is still running"
-
-
 def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
     settings = read_run_yaml(run_dir / RUN_CONFIG, run_dir)
     if not (run_dir / METRICS).is_file():
@@ -228,14 +196,8 @@ def _read_run(run_dir: Path, checkpoint: Checkpoint) -> Run:
     metrics = read_metrics(run_dir)
     if not any(r["kind"] == "eval" for r in metrics):
         raise CheckpointError(f"{run_dir / METRICS} has no evaluation records")
-    groups = run_dir / RUN_GROUPS
-    return Run(
-        run_dir,
-        checkpoint,
-        settings,
-        metrics,
-        read_run_yaml(groups, run_dir, may_be_empty=True) if groups.is_file() else {},
-    )
+    groups = read_run_yaml(run_dir / RUN_GROUPS, run_dir, may_be_empty=True) if (run_dir / RUN_GROUPS).is_file() else {}
+    return Run(run_dir, checkpoint, settings, metrics, groups)
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:
@@ -243,7 +205,7 @@ def group_arms(runs: list[Run]) -> list[Arm]:
     fewer key/value heads after, scratch before uptrained, then by name."""
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
-        by_key.setdefault((shape_of(run.model_config), run.arm), []).append(run)
+        by_key.setdefault((shape_of(run.checkpoint.model_config), run.arm), []).append(run)
     arms = []
     for (_, name), members in by_key.items():
         members.sort(key=lambda r: r.seed)
@@ -255,12 +217,7 @@ def group_arms(runs: list[Run]) -> list[Arm]:
 
 
 def _source_tokens(run: Run, runs: list[Run]) -> int:
-    if run.uptrained_from is None:
-        return 0
-    source = Path(run.uptrained_from).resolve()
-    for other in runs:
-        if (
-            other.path.resolve() == source or other.path.resolve() in source.parents
-        ):  # the run or one of its checkpoints
-            return other.final["tokens"]
-    return 0  # the source is outside the sweep: tokens counted from the conversion on
+    """The tokens of the run an uptraining run started from (it, or one of its checkpoints); 0 for a run
+    from scratch, or a source outside the sweep (tokens counted from the conversion on)."""
+    source = None if run.uptrained_from is None else Path(run.uptrained_from).resolve()
+    return next((o.final["tokens"] for o in runs if source and o.path.resolve() in (source, *source.parents)), 0)

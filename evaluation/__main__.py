@@ -1,11 +1,9 @@
-"""lm-eval's command line with the `gptlab` model registered (lm-eval 0.4's own `lm_eval`
-command knows only the harness's models):
+"""lm-eval's command line with the `gptlab` model registered (lm-eval's own knows only its models):
 
     python -m evaluation --model gptlab --model_args checkpoint=runs/<run> --device cuda --tasks hellaswag
 
-Every option is lm-eval's (`python -m evaluation --help`). Two are checked first, where the
-harness would fail later, naming something else: --include_path (a directory whose task
-files all load) and --limit (above 0: 0 would evaluate no item).
+Every option is lm-eval's. --include_path (a directory whose task files all load) and --limit
+(above 0) are checked first, where the harness would fail later, naming something else.
 """
 
 import argparse
@@ -32,10 +30,10 @@ def check_arguments(argv: list[str]) -> None:
     if known.include_path is not None:
         check_include_path(known.include_path, "--include_path ")
     try:
-        limit = None if known.limit is None else float(known.limit)
+        refused = known.limit is not None and not float(known.limit) > 0
     except ValueError:  # not a number: the harness refuses it in its own words
-        limit = None
-    if limit is not None and not limit > 0:
+        refused = False
+    if refused:
         raise UserError(
             f"--limit {known.limit} evaluates no item of a task: give a count (200) or a fraction "
             "(0.1) above 0, or leave it out for every item"

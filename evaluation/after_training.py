@@ -1,17 +1,8 @@
-"""Downstream tasks at the end of every run of a sweep: a Hydra callback that an experiment
-names, so that each final checkpoint has its downstream.json when the sweep ends and
-report.py shows the tasks beside the loss (conf/experiment/attention_ablation_gpt2.yaml):
-
-    hydra:
-      callbacks:
-        downstream:
-          _target_: evaluation.after_training.DownstreamAfterTraining
-          tasks: [hellaswag]
-
-It runs downstream.py's evaluation (evaluation/downstream.py) on the latest checkpoint of
-the run the job wrote, on the run's device, in rank 0 alone (under torchrun the other
-ranks end). A failure (the harness not installed, a task's data out of reach) costs no
-training: it is a warning with the command that evaluates the run later.
+"""Downstream tasks at the end of every run of a sweep, so report.py shows them beside the
+loss: a Hydra callback an experiment names (conf/experiment/attention_ablation_gpt2.yaml:
+hydra.callbacks.downstream._target_: evaluation.after_training.DownstreamAfterTraining).
+It evaluates the latest checkpoint of the run the job wrote, on the run's device, in rank 0
+alone. A failure costs no training: a warning with the command that evaluates it later.
 """
 
 from __future__ import annotations
@@ -37,8 +28,7 @@ class DownstreamAfterTraining(Callback):
         from conf.downstream_config import DownstreamConfig  # imported here: train.py starts without them
         from evaluation.downstream import evaluate
 
-        run = job_return.return_value  # the directory train.py wrote (None for max_iters=0)
-        if run is None:
+        if (run := job_return.return_value) is None:  # the directory train.py wrote (None for max_iters=0)
             return
         try:
             evaluate(
@@ -46,10 +36,6 @@ class DownstreamAfterTraining(Callback):
             )
         except (UserError, ValueError, OSError) as err:
             include = f" include_path={self.settings['include_path']}" if self.settings["include_path"] else ""
-            print(
-                f"warning: the downstream tasks were not evaluated: {err}\n"
-                f"evaluate them later: python downstream.py checkpoint={run}{include} "
-                f"'tasks=[{','.join(self.settings['tasks'])}]'",
-                file=sys.stderr,
-                flush=True,
-            )
+            later = f"python downstream.py checkpoint={run}{include} 'tasks=[{','.join(self.settings['tasks'])}]'"
+            message = f"warning: the downstream tasks were not evaluated: {err}\nevaluate them later: {later}"
+            print(message, file=sys.stderr, flush=True)

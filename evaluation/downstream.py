@@ -1,8 +1,6 @@
-"""Score a checkpoint on downstream tasks: the work of downstream.py and of the sweep's
-after-training callback. It loads the checkpoint as the harness's `gptlab` model (lm.py),
-runs lm_eval.simple_evaluate on the tasks, prints the harness's table, and writes each
-task's figures to downstream.json in the checkpoint's directory (results.py). The harness
-is imported only here, when tasks run."""
+"""Score a checkpoint on downstream tasks (downstream.py's and the after-training callback's
+work): the checkpoint as the harness's `gptlab` model (lm.py), lm_eval.simple_evaluate, the
+harness's table printed, each task's figures into downstream.json (results.py)."""
 
 from __future__ import annotations
 
@@ -29,18 +27,11 @@ def evaluate(config: DownstreamConfig) -> Path:
 
     if config.include_path:  # before the model loads: the harness would only say its tasks are not found
         check_include_path(config.include_path, "include_path=")
-    model = GptlabLM(
-        checkpoint=config.checkpoint,
-        runs_root=config.runs_root,
-        device=config.device,
-        precision=config.precision,
-        weights=config.weights,
-        batch_size=config.batch_size,
-    )
+    c = config
+    model = GptlabLM(c.checkpoint, c.runs_root, c.device, c.precision, c.weights, c.batch_size)
     print(f"evaluating {model.checkpoint.path} on {', '.join(config.tasks)}", file=sys.stderr)
     tasks = TaskManager(include_path=config.include_path)
-    missing = [name for name in config.tasks if name not in tasks.all_tasks]
-    if missing:
+    if missing := [name for name in config.tasks if name not in tasks.all_tasks]:
         where = f"the harness or {config.include_path}" if config.include_path else "the harness"
         raise UserError(
             f"tasks {missing} are not tasks of {where}: `lm_eval ls tasks` lists them; "
@@ -55,17 +46,14 @@ def evaluate(config: DownstreamConfig) -> Path:
 
 def task_results(result: dict[str, Any], config: DownstreamConfig) -> dict[str, dict[str, Any]]:
     """Per task: its metrics (the harness's `acc,none` is `acc`), its item count and how it was run."""
-    tasks = {}
-    for task, figures in result["results"].items():
-        metrics = {
-            key.removesuffix(",none"): value
-            for key, value in figures.items()
-            if "," in key and isinstance(value, (int, float))
-        }
-        tasks[task] = {
-            "metrics": metrics,
+    return {
+        task: {
+            "metrics": {
+                k.removesuffix(",none"): v for k, v in figures.items() if "," in k and isinstance(v, (int, float))
+            },
             "items": result["n-samples"].get(task, {}).get("effective"),
             "num_fewshot": result["n-shot"].get(task),
             "limit": config.limit,
         }
-    return tasks
+        for task, figures in result["results"].items()
+    }

@@ -3,30 +3,19 @@
     lm = GptlabLM(checkpoint="runs/<run>", device="cpu", batch_size=8)
     lm_eval.simple_evaluate(model=lm, tasks=["hellaswag"])
 
-It loads any checkpoint (a run directory or one step, any attention layout, any weight
-format) with the tokenizer the model was trained with, through run/load.py's
-load_model as sample.py does, and scores requests as the harness's own transformers
-model (`hf`) does, so that the figures compare with any transformers model's:
-- loglikelihood: context and continuation are encoded together and split on token ids
-  (the harness's TemplateLM), the last block_size + 1 tokens are kept, and the
-  continuation's log-probabilities are summed over the model's whole (padded) vocabulary;
-  an empty context is <|endoftext|>.
-- loglikelihood_rolling: every token of the text is predicted once, in windows of
-  block_size predicted tokens (stride block_size): a window's input is the block_size
-  tokens just before its last token, so a whole window sees its own tokens and the one
-  before it (<|endoftext|> for the first), and the last, shorter one earlier text too.
-- generate_until: the KV-cached engine (model/engine.py), greedy unless the task sets
-  do_sample; a sample ends at <|endoftext|>, at max_gen_toks (256 by default), or at the
-  first stop string (`until`), which is left out, even when it spans several tokens.
-Scoring runs longest first in batches of batch_size, right-padded: causal attention keeps
-padding after a token from changing it, so the batch size does not change the results.
-A char tokenizer without <|endoftext|> starts from a newline instead, as sample.py does.
+It loads any checkpoint with its tokenizer as sample.py does (load_model) and scores requests
+as the harness's transformers model (`hf`) does, so the figures compare: loglikelihood sums the
+continuation's log-probabilities over the whole (padded) vocabulary, context and continuation
+encoded together and split on token ids, the last block_size + 1 tokens kept; loglikelihood_rolling
+predicts every token once, in windows of block_size; generate_until runs the KV-cached engine,
+greedy unless the task sets do_sample, to <|endoftext|>, max_gen_toks (256) or the first stop
+string (left out). Batches run longest first, right-padded (causal attention keeps the padding
+from changing the results). An empty context is <|endoftext|> (a newline for a char tokenizer).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import lm_eval.models  # noqa: F401  the harness's own models: its registry fills itself only while empty
@@ -35,6 +24,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from model import Sampling, cut_at_stop, generate, stop_string_check
@@ -57,9 +47,8 @@ class GptlabLM(TemplateLM):
         batch_size: int | str = 8,
     ) -> None:
         """checkpoint: a checkpoint or run directory (None: the newest run under runs_root);
-        precision: the activations' (fp32, as the harness's transformers model computes GPT-2;
-        bf16 or fp16 for speed; auto: bf16 on CUDA that has it, else fp16; fp32 on a CPU);
-        weights: fp32, bf16 or int8 (CPU only), as for sample.py."""
+        precision: the activations' (fp32 as the harness's transformers model; bf16, fp16 or auto
+        for speed); weights: fp32, bf16 or int8 (CPU only), as for sample.py."""
         super().__init__()
         self.batch_size = _positive_int(batch_size)
         self._device = resolve_device(device or "auto")
@@ -127,8 +116,7 @@ class GptlabLM(TemplateLM):
 
     def _generate(self, contexts: list[str], settings: dict[str, Any]) -> list[str]:
         """Continuations of contexts under one request's generation settings."""
-        unknown = sorted(set(settings) - set(GENERATION_SETTINGS))
-        if unknown:
+        if unknown := sorted(set(settings) - set(GENERATION_SETTINGS)):
             raise ValueError(
                 f"the task asks for generation settings the gptlab model does not have: {unknown} "
                 f"(it takes {', '.join(GENERATION_SETTINGS)})"
@@ -137,24 +125,18 @@ class GptlabLM(TemplateLM):
         stops = [stop for stop in ([until] if isinstance(until, str) else until) if stop]
         sampling = Sampling(temperature=0.0)  # greedy, as the harness's transformers model
         if settings.get("do_sample"):
-            sampling = Sampling(
-                float(settings.get("temperature", 1.0)), settings.get("top_k"), float(settings.get("top_p", 1.0))
-            )
+            get = settings.get
+            sampling = Sampling(float(get("temperature", 1.0)), get("top_k"), float(get("top_p", 1.0)))
         prompts = [
             (self.tok_encode(context) if context else [self.prefix_token_id])[-self.max_length :]
             for context in contexts
         ]
-        eot = self.text_tokenizer.eot_id
+        tokenizer, steps = self.text_tokenizer, int(settings.get("max_gen_toks", MAX_GEN_TOKS))
+        eots, stop = [] if tokenizer.eot_id is None else [tokenizer.eot_id], stop_string_check(tokenizer.decode, stops)
         outputs = generate(
-            self.model,
-            prompts,
-            int(settings.get("max_gen_toks", MAX_GEN_TOKS)),
-            sampling,
-            stop_tokens=[] if eot is None else [eot],
-            stop=stop_string_check(self.text_tokenizer.decode, stops),
-            vocab_size=self.text_tokenizer.vocab_size,
+            self.model, prompts, steps, sampling, stop_tokens=eots, stop=stop, vocab_size=tokenizer.vocab_size
         )
-        return [cut_at_stop(self.text_tokenizer.decode(tokens), stops)[0] for tokens in outputs]
+        return [cut_at_stop(tokenizer.decode(tokens), stops)[0] for tokens in outputs]
 
     @torch.inference_mode()
     def _score(self, sequences: list[list[int]], scored: list[int], disable_tqdm: bool) -> list[tuple[float, bool]]:
@@ -162,19 +144,13 @@ class GptlabLM(TemplateLM):
         given the tokens before it, and whether every one of them was the most likely."""
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(sequences)
-        starts = range(0, len(order), self.batch_size)
-        for start in tqdm(starts, disable=disable_tqdm, desc="gptlab loglikelihood"):
+        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm, desc="gptlab loglikelihood"):
             rows = order[start : start + self.batch_size]
-            logits, _ = self.model(self._right_padded([sequences[i][:-1] for i in rows]))
+            batch = pad_sequence([torch.tensor(sequences[i][:-1], dtype=torch.long) for i in rows], batch_first=True)
+            logits, _ = self.model(batch.to(self._device))  # right-padded
             for row, i in enumerate(rows):
                 results[i] = _continuation_score(logits[row], sequences[i], scored[i])
         return results
-
-    def _right_padded(self, rows: Sequence[list[int]]) -> torch.Tensor:
-        batch = torch.zeros(len(rows), max(len(row) for row in rows), dtype=torch.long)
-        for i, row in enumerate(rows):
-            batch[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return batch.to(self._device)
 
 
 def _continuation_score(logits: torch.Tensor, sequence: list[int], scored: int) -> tuple[float, bool]:

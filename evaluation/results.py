@@ -1,10 +1,7 @@
-"""downstream.json: the downstream figures of one checkpoint, in its directory.
+"""downstream.json: the downstream figures of one checkpoint, in its directory, written by
+downstream.py (a task evaluated again replaces its entry) and read by report.py (no harness needed).
 
-    {"hellaswag": {"metrics": {"acc": 0.29, "acc_norm": 0.31, ...}, "items": 10042,
-                   "num_fewshot": 0, "limit": null}, ...}
-
-downstream.py writes it (a task evaluated again replaces its entry, the others stay);
-the ablation report reads it. No lm-eval import here: reading needs no harness.
+    {"hellaswag": {"metrics": {"acc": 0.29, "acc_norm": 0.31, ...}, "items": 10042, "num_fewshot": 0, "limit": null}}
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ def read_results(checkpoint: Path) -> dict[str, dict[str, Any]]:
         tasks = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"cannot read {path}: {err}; delete it and evaluate the tasks again") from err
-    if not isinstance(tasks, dict) or not all(
-        isinstance(t, dict) and isinstance(t.get("metrics"), dict) for t in tasks.values()
-    ):
+    entries = tasks.values() if isinstance(tasks, dict) else [None]
+    if not all(isinstance(t, dict) and isinstance(t.get("metrics"), dict) for t in entries):
         raise UserError(
             f"{path} is not a results file of downstream.py (task: {{metrics: ...}}); delete it and "
             "evaluate the tasks again"

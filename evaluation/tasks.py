@@ -12,8 +12,8 @@ from system import UserError
 
 
 def check_include_path(path: str, setting: str) -> None:
-    """UserError naming `setting` (as the command spells it: "include_path=" or "--include_path ")
-    when `path` is not a directory, or holds a task file that the harness cannot read."""
+    """UserError naming `setting` ("include_path=" or "--include_path ") when `path` is not a
+    directory, or holds a task file that the harness cannot read."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         what = "does not exist" if not directory.exists() else "is not a directory"
