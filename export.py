@@ -26,10 +26,8 @@ from system import exits
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> list[str]:
-    """Write the checkpoint directory `checkpoint` as a transformers directory out_dir
-    (new or empty). Returns one line per thing written, for the user. The weights are
-    exported as saved: nothing runs, so no model is built (load_model is for running
-    one); a checkpoint that names no tokenizer exports its weights only."""
+    """Write the checkpoint directory as a transformers directory out_dir (new or empty), the weights as saved (no
+    model is built); returns one line per thing written. A checkpoint that names no tokenizer exports weights only."""
     loaded = load_checkpoint(checkpoint)
     loaded.check_finite()
     tokenizer = loaded.tokenizer() if loaded.config.get("tokenizer") else None

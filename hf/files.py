@@ -1,11 +1,9 @@
-"""Hugging Face directories in and out of gptlab; the conversions are in hf/gpt2.py, hf/llama.py and hf/nanochat.py.
+"""Hugging Face directories in and out of gptlab (the conversions: hf/gpt2.py, hf/llama.py, hf/nanochat.py).
 
-Import: `load_hf_pretrained` reads a transformers directory (config.json plus model.safetensors or
-pytorch_model.bin) or, when the network allows, a Hub name, into a GPTConfig and a state dict for GPT(config);
-`hf_tokenizer` gives the gptlab tokenizer that reads its text. Export: `save_hf` writes a GPTConfig and its state
-dict as a directory that transformers loads: config.json, model.safetensors and, for the gpt2 tokenizer and a
-trained bpe one, the tokenizer's files. Nothing here knows gptlab's runs or checkpoints: run/ reads these
-directories (init_from=hf, load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
+`load_hf_pretrained` reads a transformers directory or a Hub name into a GPTConfig and a state dict, `hf_tokenizer`
+its tokenizer; `save_hf` writes a GPTConfig and its state dict as a directory that transformers loads, with the
+tokenizer's files for gpt2 and a trained bpe. Nothing here knows gptlab's runs: run/ reads these directories
+(init_from=hf, load_model) and export.py writes a checkpoint through save_hf. Every refusal is an HFError.
 """
 
 from __future__ import annotations
@@ -62,8 +60,7 @@ def load_hf_pretrained(
 
 
 def resolve_hf_dir(model_path: str) -> Path:
-    """A local directory as it is; anything shaped like a Hub name that is not a local
-    path is fetched from the Hub (or its local cache) into the cache."""
+    """A local directory as it is; a Hub name that is no local path fetched from the Hub (or its cache)."""
     return local_hf_dir(model_path) or _download(model_path)
 
 
@@ -119,8 +116,7 @@ def _read_hf_config(directory: Path) -> dict:
 
 
 def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
-    """model.safetensors, else pytorch_model.bin unpickled with weights_only=True
-    (tensors and plain containers only: a pickle cannot run code on load)."""
+    """model.safetensors, else pytorch_model.bin unpickled with weights_only=True (no code runs on load)."""
     safetensors_file, pickle_file = directory / HF_SAFETENSORS, directory / HF_PICKLE
     if safetensors_file.is_file():
         try:
@@ -141,10 +137,9 @@ def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
 
 
 def hf_tokenizer(directory: Path) -> Tokenizer:
-    """The gptlab tokenizer of the transformers model in `directory`, from its tokenizer.json:
-    GPT-2's byte-level BPE, or a byte-level BPE trained by data.tokenizer=bpe (gptlab's exports
-    of such runs). A GPT-2-family directory without the file gets GPT-2's; anything else is
-    refused in one line (HFError)."""
+    """The gptlab tokenizer of the transformers model in `directory`, from its tokenizer.json: GPT-2's byte-level
+    BPE, or one trained by data.tokenizer=bpe (gptlab's exports of such runs); GPT-2's for a GPT-2-family directory
+    without the file. Anything else is an HFError."""
     path = directory / HF_TOKENIZER
     if not path.is_file():
         kind = _read_hf_config(directory).get("model_type")
@@ -175,8 +170,8 @@ def hf_tokenizer(directory: Path) -> Tokenizer:
 def save_hf(
     out_dir: str | Path, config: GPTConfig, state: dict[str, Tensor], tokenizer: Tokenizer | None = None
 ) -> list[str]:
-    """Write (config, state) as a transformers model in out_dir (new or empty), with the
-    tokenizer's files when it is gpt2 or a trained bpe. Returns one line per thing written."""
+    """Write (config, state) and the tokenizer's files as a transformers model in out_dir (new or empty); returns one
+    line per thing written."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise HFError(

@@ -23,7 +23,7 @@ from model.gpt import GPT
 from model.state import fit_problems, non_finite
 
 from . import llama, nanochat
-from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, split_qkv, tied, unsupported
+from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, split_qkv, tied
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}
@@ -44,17 +44,10 @@ _BOTH = {
     "add_cross_attention": (False, (False,)),
     "tie_word_embeddings": (True, (True, False)),  # read into tie_embeddings
 }
-SAME_FUNCTION = {
-    GPT2: {
-        **_BOTH,
-        "activation_function": ("gelu_new", tuple(ACTIVATIONS)),  # read into mlp
-        "scale_attn_by_inverse_layer_idx": (False, (False,)),
-    },
-    BIGCODE: {
-        **_BOTH,
-        "activation_function": ("gelu_pytorch_tanh", tuple(ACTIVATIONS)),
-        "multi_query": (True, (True,)),
-    },  # GPTBigCode imports only as multi-query attention
+GPT2_ONLY = {"scale_attn_by_inverse_layer_idx": (False, (False,))}
+SAME_FUNCTION = {  # activation_function is read into mlp; GPTBigCode imports only as multi-query attention
+    GPT2: {**_BOTH, "activation_function": ("gelu_new", (*ACTIVATIONS,)), **GPT2_ONLY},
+    BIGCODE: {**_BOTH, "activation_function": ("gelu_pytorch_tanh", (*ACTIVATIONS,)), "multi_query": (True, (True,))},
 }
 # The rotary families by model_type, each module with DEFAULTS (its config class's defaults for keys config.json
 # may leave out), read_config (config.json -> GPTConfig, the MLP at its default width), write_config (GPTConfig,
@@ -63,11 +56,8 @@ ROTARY = {LLAMA: llama, NANOCHAT: nanochat}
 
 
 def config_from_hf(hf_config: dict) -> GPTConfig:
-    """The GPTConfig of a GPT-2, GPTBigCode (multi-query), Llama or NanoChat config.json.
-
-    Dropout is 0.0 and attn_impl "sdpa": neither changes the weights, so set them to
-    taste with dataclasses.replace. Raises ValueError for anything else.
-    """
+    """The GPTConfig of a GPT-2, GPTBigCode (multi-query), Llama or NanoChat config.json, with dropout 0.0 and
+    attn_impl "sdpa" (neither changes the weights: dataclasses.replace sets them). ValueError for anything else."""
     kind = hf_config.get("model_type")
     if kind in ROTARY:
         width = hf_config.get("intermediate_size", ROTARY[kind].DEFAULTS["intermediate_size"])
@@ -78,16 +68,12 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
             f"GPTBigCode ({BIGCODE!r}), Llama ({LLAMA!r}) and NanoChat ({NANOCHAT!r}) models only"
         )
     same_function = SAME_FUNCTION[kind]
-    problems = unsupported(hf_config, SHAPE_KEYS, same_function)
+    problems = llama.unsupported(hf_config, SHAPE_KEYS, same_function)
     if problems:
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
     config = GPTConfig(
-        vocab_size=hf_config["vocab_size"],
-        block_size=hf_config["n_positions"],
-        n_layer=hf_config["n_layer"],
-        n_head=hf_config["n_head"],
+        **{ours: hf_config[key] for key, ours in zip(SHAPE_KEYS, llama.SHAPE_FIELDS)},
         n_kv_head=1 if kind == BIGCODE else hf_config["n_head"],
-        n_embd=hf_config["n_embd"],
         dropout=0.0,
         bias=True,
         mlp=ACTIVATIONS[hf_config.get("activation_function", same_function["activation_function"][0])],
@@ -97,9 +83,8 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
 
 
 def _with_mlp_width(config: GPTConfig, width: int | None, key: str) -> GPTConfig:
-    """config with an MLP `width` wide (None: the default). Besides its default width
-    (gelu: 4 * n_embd; swiglu: 2/3 of that, rounded up to a multiple of 8), our MLP can
-    only be as wide as match_mha_params makes it, which our GQA/MQA exports may be."""
+    """config with an MLP `width` wide (None: the default). Besides its default width (gelu: 4 * n_embd; swiglu: 2/3
+    of that, rounded up to a multiple of 8), our MLP can only be as wide as match_mha_params makes it."""
     if width is None or width == config.mlp_hidden:
         return config
     widened = replace(config, match_mha_params=True)
@@ -112,11 +97,9 @@ def _with_mlp_width(config: GPTConfig, width: int | None, key: str) -> GPTConfig
 
 
 def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
-    """config.json for `config`: LlamaForCausalLM for the Llama block, NanoChatForCausalLM for
-    nanochat's; for GPT-2's, GPT2LMHeadModel for MHA and GPTBigCodeForCausalLM for MQA.
-    eos_token_id (also used as bos, as GPT-2 does) is the tokenizer's end-of-text id. U-net skips
-    are refused: no transformers class computes them. Document masks export: they change no
-    weight, and generation reads one document."""
+    """config.json for `config` (block_family chooses the class; in GPT-2's block, GPT2LMHeadModel for MHA and
+    GPTBigCodeForCausalLM for MQA), eos_token_id also its bos, as GPT-2's. U-net skips are refused: no transformers
+    class computes them. Document masks export: they change no weight, and generation reads one document."""
     if config.unet_skips:
         raise ValueError(
             "model.unet_skips=True: no transformers class computes U-net skips, so this model does not export; "
@@ -137,11 +120,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
     return {
         "architectures": [ARCHITECTURE_CLASS[kind]],
         "model_type": kind,
-        "vocab_size": config.vocab_size,
-        "n_positions": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
+        **{key: getattr(config, ours) for key, ours in zip(SHAPE_KEYS, llama.SHAPE_FIELDS)},
         "n_inner": config.mlp_hidden,
         "activation_function": gelu if config.mlp == "gelu" else config.mlp,
         **({"multi_query": True} if kind == BIGCODE else {}),
@@ -153,12 +132,9 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """A transformers GPT-2 / GPTBigCode (MQA) / Llama / NanoChat model as our (GPTConfig, state dict).
-
-    A tied model's state dict has no lm_head.weight (it is wte's matrix), like our checkpoints.
-    Raises ValueError when the weights do not fit the config or are not finite (a damaged file,
-    refused at import rather than found as a diverging loss).
-    """
+    """A transformers GPT-2 / GPTBigCode (MQA) / Llama / NanoChat model as our (GPTConfig, state dict), a tied one
+    without lm_head.weight, like our checkpoints. ValueError when the weights do not fit the config or are not finite
+    (a damaged file, refused at import rather than found as a diverging loss)."""
     config, kind = config_from_hf(hf_config), hf_config["model_type"]
     broken = non_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
     if broken:
@@ -179,11 +155,8 @@ def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, di
 
 
 def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None) -> tuple[dict, dict[str, Tensor]]:
-    """Our (GPTConfig, state dict) as a transformers (config.json dict, state dict).
-
-    A bias=False model gets zero biases: a zero bias computes what no bias does, and
-    the GPT-2 family always has them. Raises ValueError for GQA or ill-fitting weights.
-    """
+    """Our (GPTConfig, state dict) as a transformers (config.json dict, state dict). In the GPT-2 family, which always
+    has biases, a bias=False model gets zero ones. ValueError for a block no class computes or ill-fitting weights."""
     hf_config = config_to_hf(config, eos_token_id)
     kind = hf_config["model_type"]
     state = {name: tensor for name, tensor in state.items() if name not in shared_names(config)}
@@ -195,15 +168,10 @@ def to_hf(config: GPTConfig, state: dict[str, Tensor], eos_token_id: int | None)
 
 
 def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """Fewer key/value heads by mean-pooling: each new K (and V) head is the mean of the
-    heads in its group, weights and biases (Ainslie et al. 2023, "GQA: Training
-    Generalized Multi-Query Transformer Models from Multi-Head Checkpoints").
-
-    From MHA this gives GQA or MQA (n_kv_head=1); in general n_kv_head must divide
-    config.n_kv_head. Query head h keeps reading the group of its old kv head, so
-    groups of identical heads pool without loss; otherwise the model needs a little
-    further training ("uptraining") to recover. Returns the new config and state.
-    """
+    """Fewer key/value heads (n_kv_head must divide the model's), each new K and V head the mean of the heads in its
+    group, weights and biases (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from
+    Multi-Head Checkpoints"). Query head h keeps reading the group of its old kv head, so groups of identical heads
+    pool without loss; otherwise the model needs a little further training ("uptraining") to recover."""
     # Pooling leaves the MLP as it is: 4 * n_embd wide, not widened for the new head count.
     target = replace(config, n_kv_head=n_kv_head, match_mha_params=False)  # validates n_kv_head
     if config.kv_heads % n_kv_head:
@@ -216,8 +184,7 @@ def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -
     group = config.kv_heads // n_kv_head
 
     def pool(fused: Tensor) -> Tensor:
-        """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,), k and v pooled:
-        (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group."""
+        # (n_kv_head_old * hd, ...) -> (n_kv_head, group, hd, ...) -> mean over group
         q, k, v = split_qkv(fused, config)
         kv = [heads.unflatten(0, (n_kv_head, group, config.head_dim)).mean(dim=1).flatten(0, 1) for heads in (k, v)]
         return torch.cat([q, *kv])
@@ -228,9 +195,8 @@ def pool_kv_heads(state: dict[str, Tensor], config: GPTConfig, n_kv_head: int) -
 def crop_block_size(
     state: dict[str, Tensor], config: GPTConfig, block_size: int
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """A shorter context: keep the first block_size rows of the position table (rotary
-    positions have none). Every sequence of at most block_size tokens gets the same
-    logits as before."""
+    """A shorter context: the first block_size rows of the position table (rotary has none); every sequence of at
+    most block_size tokens gets the same logits as before."""
     if not 0 < block_size <= config.block_size:
         raise ValueError(f"block_size {block_size} must be in [1, {config.block_size}], the model's context")
     wpe = PREFIX + "wpe.weight"
@@ -240,16 +206,12 @@ def crop_block_size(
 
 def parameter_shapes(config: GPTConfig) -> dict[str, torch.Size]:
     """Our parameter names and shapes for `config`, without a tied head."""
-    return {
-        name: tensor.shape
-        for name, tensor in GPT.shapes_only(config).state_dict().items()
-        if name not in shared_names(config)
-    }
+    shapes = GPT.shapes_only(config).state_dict()
+    return {name: tensor.shape for name, tensor in shapes.items() if name not in shared_names(config)}
 
 
 def _hf_layout(name: str, tensor: Tensor, transposed: bool) -> Tensor:
-    """Between our layout and the Hugging Face one, either way: GPT-2's Conv1D matrices
-    are (in, out), nn.Linear's (out, in); everything else is stored alike."""
+    """Between our layout and GPT-2's, either way: its Conv1D matrices are (in, out), nn.Linear's (out, in)."""
     return tensor.t() if transposed and name.endswith(CONV1D_WEIGHTS) else tensor
 
 

@@ -1,10 +1,8 @@
 """Weights in and out of Hugging Face's LlamaForCausalLM, as plain dicts (no files here).
 
-Our Llama block (position=rope, norm=rmsnorm, mlp=swiglu, bias=false) computes what
-LlamaForCausalLM computes with tied or untied embeddings (tie_word_embeddings), any
-number of key/value heads (MHA, GQA, MQA), rotary in the rotate-half layout and RMSNorm with eps 1e-5. Both use
-nn.Linear, so the only changes are names and the split of our fused c_attn rows
-[q | k | v] into q_proj, k_proj and v_proj: no transposes, no permutations.
+Our Llama block (position=rope, norm=rmsnorm, mlp=swiglu, bias=false) computes what LlamaForCausalLM computes with
+tied or untied embeddings, any number of key/value heads, rotary in the rotate-half layout and RMSNorm with eps 1e-5.
+Both use nn.Linear: only the names change, and our fused c_attn rows [q | k | v] split into q_proj, k_proj and v_proj.
 block_family, here, decides which family a model exports as: GPT-2's, Llama's or NanoChat's (hf/nanochat.py).
 """
 
@@ -12,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,6 +19,7 @@ from model.config import GPT2_BLOCK, LLAMA_BLOCK, NANOCHAT_BLOCK, NORM_EPS, GPTC
 
 LLAMA, NANOCHAT = "llama", "nanochat"
 SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
+SHAPE_FIELDS = ("vocab_size", "block_size", "n_embd", "n_layer", "n_head")  # GPTConfig's, for any family's SHAPE_KEYS
 # Llama settings under which it computes our function: key -> (transformers' default, allowed values).
 SAME_FUNCTION = {
     "hidden_act": ("silu", ("silu",)),
@@ -71,9 +71,8 @@ def shared_names(config: GPTConfig) -> set[str]:
 
 
 def block_family(config: GPTConfig) -> str:
-    """'gpt2', 'llama' or 'nanochat': the transformers family that computes config's block. Any
-    other block is refused in one line, naming the settings the nearest family (one with the same
-    position encoding first, then the fewest settings off) needs, and the blocks that export."""
+    """'gpt2', 'llama' or 'nanochat': the transformers family that computes config's block. Any other block is refused,
+    naming what the nearest family (the same position encoding first, then the fewest settings off) needs."""
     off = {
         family: [key for key, values in allowed.items() if getattr(config, key) not in values]
         for family, allowed in FAMILY_BLOCKS.items()
@@ -105,8 +104,7 @@ def write_config(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def rotary_decoder_config(config: GPTConfig, eos_token_id: int | None) -> dict:
-    """The config.json keys Llama and NanoChat share: the shape, rotary, no attention biases,
-    dropout, the head's tying and the end-of-text token."""
+    """The config.json keys Llama and NanoChat share: shape, rotary, attention biases, dropout, tying, end of text."""
     return {
         "vocab_size": config.vocab_size,
         "max_position_embeddings": config.block_size,
@@ -124,9 +122,8 @@ def rotary_decoder_config(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def unsupported(hf_config: dict, shape_keys: tuple[str, ...], same_function: dict) -> list[str]:
-    """For any family's config.json: ValueError when a size in shape_keys is missing or not
-    an integer (GPTConfig trusts its types: they are checked where they are read), else a
-    line for each setting under which the model computes another function than ours."""
+    """For any family's config.json: ValueError when a size in shape_keys is missing or not an integer (GPTConfig
+    trusts its types), else a line for each setting under which the model computes another function than ours."""
     missing = [key for key in shape_keys if key not in hf_config]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
@@ -153,12 +150,10 @@ def read_config(hf_config: dict) -> GPTConfig:
 
 
 def rotary_base(hf_config: dict, problems: list[str]) -> float:
-    """For Llama's and NanoChat's config.json (their sizes checked by `unsupported`, its lines in
-    problems): the rotary base. ValueError naming every setting gptlab cannot reproduce: those in
-    problems, rotary scaling, a base that is no positive number, a head_dim of its own.
-
-    transformers 4.x's rope_scaling, when set, replaces 5's rope_parameters; rope_theta comes from
-    that dict, else the top level (4.x), else the default; rope_type, else its 4.x spelling "type"."""
+    """The rotary base of Llama's and NanoChat's config.json (sizes checked by `unsupported`, its lines in problems);
+    ValueError naming every setting gptlab cannot reproduce: those, rotary scaling, a base that is no positive number,
+    a head_dim of its own. transformers 4.x's rope_scaling, when set, replaces 5's rope_parameters, whose rope_theta
+    comes before the top level's (4.x) and rope_type before its 4.x spelling "type"."""
     key = "rope_scaling" if hf_config.get("rope_scaling") else "rope_parameters"
     rope = hf_config.get(key) or {}
     if not isinstance(rope, dict):
@@ -181,67 +176,52 @@ def rotary_base(hf_config: dict, problems: list[str]) -> float:
 
 def rotary_shape(hf_config: dict, theta: float) -> dict:
     """GPTConfig's shape settings from a Llama or NanoChat config.json that rotary_base checked."""
-    return dict(
-        vocab_size=hf_config["vocab_size"],
-        block_size=hf_config["max_position_embeddings"],
-        n_layer=hf_config["num_hidden_layers"],
-        n_head=hf_config["num_attention_heads"],
-        n_kv_head=hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"],
-        n_embd=hf_config["hidden_size"],
-        dropout=0.0,
-        rope_base=theta,
-    )
+    shape = {ours: hf_config[key] for key, ours in zip(SHAPE_KEYS, SHAPE_FIELDS)}
+    return shape | dict(n_kv_head=hf_config.get("num_key_value_heads") or shape["n_head"], dropout=0.0, rope_base=theta)
 
 
-def _same(rows: Tensor, config: GPTConfig) -> Tensor:
-    return rows
+class Layout(NamedTuple):
+    """A Llama-like family's names: `outside` the blocks, `layers` in each after "model.layers.<i>." (c_attn split
+    into QKV), and what converts the q and k rows, either way (Llama's: nothing)."""
+
+    outside: dict[str, str]
+    layers: dict[str, str]
+    turn_qk: Callable[[Tensor, GPTConfig], Tensor] = lambda rows, config: rows
 
 
-def to_theirs(
-    config: GPTConfig,
-    state: dict[str, Tensor],
-    outside: dict[str, str] = OUTSIDE,
-    layer_names: dict[str, str] = LAYER_NAMES,
-    turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
-) -> dict[str, Tensor]:
-    """Our state dict under LlamaForCausalLM's names, or a Llama-like family's (`outside` the blocks,
-    `layer_names` in each after "model.layers.<i>."), c_attn split into q_proj, k_proj and v_proj,
-    whose q and k rows `turn_qk` converts; a tied head left out."""
-    named = {theirs: state[ours] for ours, theirs in outside.items()}
+LLAMA_LAYOUT = Layout(OUTSIDE, LAYER_NAMES)
+
+
+def to_theirs(config: GPTConfig, state: dict[str, Tensor], layout: Layout = LLAMA_LAYOUT) -> dict[str, Tensor]:
+    """Our state dict under LlamaForCausalLM's names, or those of another `layout`; a tied head left out."""
+    named = {theirs: state[ours] for ours, theirs in layout.outside.items()}
     if not config.tie_embeddings:
         named[TIED_HEAD] = state[TIED_HEAD]  # the same name in both
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {theirs + name: state[ours + name_ours] for name_ours, name in layer_names.items()}
+        named |= {theirs + name: state[ours + name_ours] for name_ours, name in layout.layers.items()}
         q, k, v = split_qkv(state[ours + FUSED], config)
-        named |= dict(zip((theirs + name for name in QKV), (turn_qk(q, config), turn_qk(k, config), v)))
+        named |= dict(zip((theirs + name for name in QKV), (layout.turn_qk(q, config), layout.turn_qk(k, config), v)))
     return named
 
 
-def from_theirs(
-    config: GPTConfig,
-    hf_state: dict[str, Tensor],
-    outside: dict[str, str] = OUTSIDE,
-    layer_names: dict[str, str] = LAYER_NAMES,
-    turn_qk: Callable[[Tensor, GPTConfig], Tensor] = _same,
-) -> dict[str, Tensor]:
-    """to_theirs's inverse (turn_qk its own inverse too), c_attn fused again; a tied model's stored
-    lm_head must be the embedding itself. The names are checked before."""
-    check_tied_head(config, hf_state, outside["transformer.wte.weight"])
-    named = {ours: hf_state[theirs] for ours, theirs in outside.items()}
+def from_theirs(config: GPTConfig, hf_state: dict[str, Tensor], layout: Layout = LLAMA_LAYOUT) -> dict[str, Tensor]:
+    """to_theirs's inverse, c_attn fused again; a tied model's stored lm_head must be the embedding itself. The
+    names are checked before."""
+    check_tied_head(config, hf_state, layout.outside["transformer.wte.weight"])
+    named = {ours: hf_state[theirs] for ours, theirs in layout.outside.items()}
     if not config.tie_embeddings:
         named[TIED_HEAD] = hf_state[TIED_HEAD]
     for layer in range(config.n_layer):
         ours, theirs = f"transformer.h.{layer}.", f"model.layers.{layer}."
-        named |= {ours + name_ours: hf_state[theirs + name] for name_ours, name in layer_names.items()}
+        named |= {ours + name_ours: hf_state[theirs + name] for name_ours, name in layout.layers.items()}
         q, k, v = (hf_state[theirs + name] for name in QKV)
-        named[ours + FUSED] = torch.cat([turn_qk(q, config), turn_qk(k, config), v])
+        named[ours + FUSED] = torch.cat([layout.turn_qk(q, config), layout.turn_qk(k, config), v])
     return named
 
 
 def check_tied_head(config: GPTConfig, hf_state: dict[str, Tensor], embedding: str) -> None:
-    """ValueError when config ties the head to the embedding but hf_state stores an
-    lm_head.weight that is another matrix (the file holds two models: refuse to pick one)."""
+    """ValueError when config ties the head but hf_state stores another matrix as lm_head.weight (two models)."""
     head = hf_state.get(TIED_HEAD)
     if config.tie_embeddings and head is not None and not torch.equal(head, hf_state[embedding]):
         raise ValueError(f"{TIED_HEAD} differs from {embedding}, but config.json ties them (tie_word_embeddings)")

@@ -48,7 +48,16 @@ LAYER_NAMES = {
     "mlp.c_proj.weight": "mlp.fc2.weight",
 }
 WTE = "transformer.wte.weight"
-EMBEDDING = {WTE: "model.embed_tokens.weight"}
+
+
+def flip_rotary(rows: Tensor, config: GPTConfig) -> Tensor:
+    """A q or k projection's rows (heads * head_dim, n_embd) with the second half of every head
+    negated: between our rotary's turn and transformers' nanochat's, either way (see the docstring)."""
+    halves = rows.unflatten(0, (-1, 2, config.head_dim // 2))  # (heads, 2, head_dim / 2, n_embd)
+    return torch.cat([halves[:, :1], -halves[:, 1:]], dim=1).flatten(0, 2)
+
+
+LAYOUT = llama.Layout({WTE: "model.embed_tokens.weight"}, LAYER_NAMES, flip_rotary)
 
 
 def write_config(config: GPTConfig, eos_token_id: int | None) -> dict:
@@ -87,7 +96,7 @@ def read_config(hf_config: dict) -> GPTConfig:
 
 def to_theirs(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our nanochat-block state dict (a tied head left out) under NanoChatForCausalLM's names, folded."""
-    return llama.to_theirs(as_stored(config), fold(config, state), EMBEDDING, LAYER_NAMES, flip_rotary)
+    return llama.to_theirs(as_stored(config), fold(config, state), LAYOUT)
 
 
 def as_stored(config: GPTConfig) -> GPTConfig:
@@ -122,14 +131,7 @@ def fold(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def from_theirs(config: GPTConfig, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """NanoChatForCausalLM's state dict under our names (llama.from_theirs)."""
-    return llama.from_theirs(config, hf_state, EMBEDDING, LAYER_NAMES, flip_rotary)
-
-
-def flip_rotary(rows: Tensor, config: GPTConfig) -> Tensor:
-    """A q or k projection's rows (heads * head_dim, n_embd) with the second half of every head
-    negated: between our rotary's turn and transformers' nanochat's, either way (see the docstring)."""
-    halves = rows.unflatten(0, (-1, 2, config.head_dim // 2))  # (heads, 2, head_dim / 2, n_embd)
-    return torch.cat([halves[:, :1], -halves[:, 1:]], dim=1).flatten(0, 2)
+    return llama.from_theirs(config, hf_state, LAYOUT)
 
 
 def transformers_line(out_dir: str) -> str:
