@@ -3,11 +3,9 @@
     python export.py runs/2025-01-01_12-00-00 hf/my-model   # a run: its latest checkpoint
     python export.py runs/.../checkpoints/best hf/my-model  # one checkpoint
 
-In GPT-2's block MHA models become GPT2LMHeadModel and MQA models GPTBigCodeForCausalLM;
-in the Llama block (model/block=llama) every layout, GQA included, becomes
-LlamaForCausalLM, and in nanochat's (model/block=nanochat) NanoChatForCausalLM (transformers >= 5.0).
-A gpt2-tokenized model also gets its tokenizer files, so in the output directory
-`AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` work.
+In GPT-2's block MHA models become GPT2LMHeadModel and MQA models GPTBigCodeForCausalLM; in the Llama block every
+layout, GQA included, becomes LlamaForCausalLM, and in nanochat's NanoChatForCausalLM (transformers >= 5.0). With a
+gpt2 or trained bpe tokenizer's files, `AutoModelForCausalLM` and `AutoTokenizer` load the directory.
 """
 
 from __future__ import annotations

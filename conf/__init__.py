@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
@@ -27,11 +28,8 @@ from model import GPTConfig
 from rules import NOT_EMPTY, SEED, above, all_problems, at_least, between, check_rules, matching, one_of, setting
 
 CONF_DIR = Path(__file__).resolve().parent
-NONFINITE_POLICIES = ("stop", "skip")
+HYDRA_DETAILS = ("full_key:", "object_type=", "reference_type=")  # lines of Hydra's errors one_line_errors leaves out
 WHOLE_VAL = ("never", "final", "always")
-SEED_SCOPES = ("all", "weights", "data")
-OPTIMIZERS = ("adamw", "muon")
-MUON_ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 MUON_TORCH = "2.9"  # the first torch release with torch.optim.Muon
 # The precisions train.py, sample.py and downstream.py compute in, and the torch dtype each
 # names; auto is resolved for the device when it is known (run/runtime.py resolve_precision).
@@ -47,7 +45,7 @@ class OptimConfig:
     """AdamW, or Muon for the blocks' hidden matrices with AdamW for the rest (`name`), with linear
     warmup and a cosine or warmup-stable-decay schedule: every learning rate follows it, scaled to its own peak."""
 
-    name: str = setting("adamw", one_of(*OPTIMIZERS))
+    name: str = setting("adamw", one_of("adamw", "muon"))
     """adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for embeddings, head, norms, biases."""
     learning_rate: float = setting(2e-3, above(0))
     """AdamW's peak learning rate, reached after warmup_iters."""
@@ -73,7 +71,7 @@ class OptimConfig:
     """name=muon: Muon's momentum (Nesterov)."""
     muon_weight_decay: float = setting(0.0, at_least(0))
     """name=muon: Muon's decoupled weight decay on the hidden matrices (each step multiplies them by 1 - lr * this)."""
-    muon_adjust_lr: str = setting("original", one_of(*MUON_ADJUST_LR))
+    muon_adjust_lr: str = setting("original", one_of("original", "match_rms_adamw"))
     """name=muon: the update's per-shape scale: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))."""
 
     def __post_init__(self) -> None:
@@ -144,7 +142,7 @@ class Config:
     cost: CostConfig = setting(factory=CostConfig)
     seed: int = setting(1337, SEED)
     """Seeds the weights, the batches' order and dropout: the same seed and settings give the same run."""
-    seed_scope: str = setting("all", one_of(*SEED_SCOPES))
+    seed_scope: str = setting("all", one_of("all", "weights", "data"))
     """all, weights or data: what `seed` varies (the other part uses seed 0): weights and dropout, or the batches' order."""
     max_iters: int = setting(600, at_least(0))
     """Optimizer steps; 0 evaluates the model (init_from or resume) and writes nothing."""
@@ -182,7 +180,7 @@ class Config:
     """torch.compile the model."""
     pad_vocab_to: int = setting(64, at_least(1))
     """Round the tokenizer's vocabulary up to a multiple of this (model.vocab_size)."""
-    on_nonfinite: str = setting("stop", one_of(*NONFINITE_POLICIES))
+    on_nonfinite: str = setting("stop", one_of("stop", "skip"))
     """What a step with a NaN or inf loss or gradient does: stop the run, or skip the update."""
     out_dir: str | None = setting(None, NOT_EMPTY)
     """The run directory; null: <runs_root>/<date>_<time>."""
@@ -267,11 +265,8 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except (HydraException, OmegaConfBaseException) as err:
-        lines = [
-            line
-            for line in str(err).split("Config search path:")[0].splitlines()
-            if not line.strip().startswith(("full_key:", "object_type=", "reference_type="))
-        ]
+        text = str(err).split("Config search path:")[0]
+        lines = [line for line in text.splitlines() if not line.strip().startswith(HYDRA_DETAILS)]
         if err.__cause__ is not None:
             lines.append(": " + str(err.__cause__).splitlines()[0])
         where = f" (at {err.full_key})" if getattr(err, "full_key", None) else ""
@@ -282,8 +277,6 @@ def model_preset(name: str, *overrides: str) -> GPTConfig:
     """A model preset from conf/model/ as a GPTConfig, without running an app: `model_preset("gpt2",
     "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`, overrides as on the command line. It
     comes with GPT-2's recipe and block (recipe=gpt2) unless an override chooses another recipe or block."""
-    from hydra import compose, initialize_config_dir
-
     recipe = [] if any(o.startswith("recipe=") for o in overrides) else ["recipe=gpt2"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[f"model={name}", *recipe, *overrides])

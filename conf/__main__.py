@@ -22,6 +22,7 @@ from model.config import BLOCK_SETTINGS
 from rules import rule_of
 
 REFERENCE = CONF_DIR.parent / "docs" / "configuration.md"
+MODEL_GROUPS = ("model", "model/attention", "model/block")  # the preset tables after model's
 INTRO = """\
 # Configuration reference
 
@@ -54,19 +55,10 @@ def reference() -> str:
     for name in ("optim", "logging", "logging.wandb", "cost", "model", "data"):
         schema = setting_type(name, Config)[0]
         parts += [f"### {name}\n", inspect.getdoc(schema) + "\n", table(schema, f"{name}.")]
-        parts += [
-            presets(group)
-            for group in ("model", "model/attention", "model/block", "data")
-            if group.split("/")[0] == name
-        ]
-    parts += ["## Recipes\n", RECIPES_INTRO, recipes()]
-    parts += [
-        "## Experiments\n",
-        "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n",
-        presets("experiment", what_it_is=True),
-    ]
-    parts += ["## sample.py\n", table(SampleConfig, "")]
-    parts += ["## downstream.py\n", table(DownstreamConfig, "")]
+        parts += [presets(group) for group in {"model": MODEL_GROUPS, "data": ("data",)}.get(name, ())]
+    experiments = "Named recipes of train.py (`experiment=<name>`), which may set anything above:\n"
+    parts += ["## Recipes\n", RECIPES_INTRO, recipes(), "## Experiments\n", experiments, presets("experiment", True)]
+    parts += ["## sample.py\n", table(SampleConfig, ""), "## downstream.py\n", table(DownstreamConfig, "")]
     return "\n".join(part for part in parts if part)
 
 

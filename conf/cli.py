@@ -25,10 +25,9 @@ from rules import SettingsError
 # key=value, +key=value or key@package=value: Hydra's overrides; anything else is text.
 OVERRIDE = re.compile(r"^[+~]{0,2}[\w./@-]+=")
 PARSER = OverridesParser.create()
-# Hydra's own command-line options, as its docs list them (hydra.cc/docs/advanced/hydra-command-line-flags),
-# and what each takes: nothing, the next word, or optionally one of some words. No public API of
-# Hydra lists them (hydra.main builds its argparse parser in hydra._internal); tests/test_cli.py
-# checks this table against that parser, so a Hydra that changes them fails there first.
+# Hydra's own command-line options (hydra.cc/docs/advanced/hydra-command-line-flags) and what each takes: nothing, the
+# next word, or optionally one of some words. No public API of Hydra lists them (hydra.main builds its argparse parser
+# in hydra._internal); tests/test_cli.py checks this table against that parser.
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 HYDRA_OPTIONS: dict[str, bool | tuple[str, ...]] = {
     **dict.fromkeys(("--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r"), False),
@@ -168,13 +167,10 @@ def setting_type(key: str, schema: type) -> tuple[Any, str | None]:
             return None, f"{'.'.join(path)} is a value, not a section: it has no {part}"
         known = [f.name for f in fields(hint)]
         if part not in known:
-            close = (
-                [OTHER_NAMES[part]] if OTHER_NAMES.get(part) in known else difflib.get_close_matches(part, known, n=1)
-            )
-            suggestion = f" (did you mean {'.'.join([*path, close[0]])}?)" if close else ""
-            return None, (
-                f"{'.'.join([*path, part])} is not a setting of {hint.__name__}{suggestion}; known: {', '.join(known)}"
-            )
+            near = [OTHER_NAMES[part]] if OTHER_NAMES.get(part) in known else difflib.get_close_matches(part, known, 1)
+            suggestion = f" (did you mean {'.'.join([*path, near[0]])}?)" if near else ""
+            where = ".".join([*path, part])
+            return None, f"{where} is not a setting of {hint.__name__}{suggestion}; known: {', '.join(known)}"
         path.append(part)
         hint = typing.get_type_hints(hint)[part]
     return hint, None

@@ -14,7 +14,6 @@ from model.engine import TEMPERATURE, TOP_K, TOP_P
 from rules import NOT_EMPTY, SEED, at_least, check_rules, one_of, setting
 
 DECODE = tuple(mode for mode in DECODE_MODES if mode != "static")  # static is for checking the graph's step
-SOURCES = ("checkpoint", "hf")
 
 
 @dataclass
@@ -25,7 +24,7 @@ class SampleConfig:
     """A checkpoint or run directory; null: the newest run's latest checkpoint."""
     runs_root: str = setting("runs", NOT_EMPTY)
     """Where the newest run is looked for."""
-    init_from: str = setting("checkpoint", one_of(*SOURCES))
+    init_from: str = setting("checkpoint", one_of("checkpoint", "hf"))
     """Where the model comes from: checkpoint (a gptlab run) or hf (Hugging Face, model_path), as in train.py."""
     model_path: str | None = setting(None, NOT_EMPTY)
     """init_from=hf: a transformers directory or a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)."""

@@ -29,8 +29,7 @@ from system import UserError, temp_path
 
 HF_CONFIG, HF_SAFETENSORS, HF_PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
 HF_TOKENIZER = "tokenizer.json"  # the `tokenizers` library's one-file form
-# A Hub repository id: "name" or "owner/name".
-HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")  # a Hub repository id: "name" or "owner/name"
 
 
 class HFError(UserError):

@@ -49,9 +49,8 @@ SAME_FUNCTION = {  # activation_function is read into mlp; GPTBigCode imports on
     GPT2: {**_BOTH, "activation_function": ("gelu_new", (*ACTIVATIONS,)), **GPT2_ONLY},
     BIGCODE: {**_BOTH, "activation_function": ("gelu_pytorch_tanh", (*ACTIVATIONS,)), "multi_query": (True, (True,))},
 }
-# The rotary families by model_type, each module with DEFAULTS (its config class's defaults for keys config.json
-# may leave out), read_config (config.json -> GPTConfig, the MLP at its default width), write_config (GPTConfig,
-# eos id -> config.json) and to_theirs / from_theirs (our state dict to theirs and back).
+# The rotary families by model_type, each module with DEFAULTS (its config class's defaults), read_config (config.json
+# -> GPTConfig, the MLP at its default width), write_config and to_theirs / from_theirs (state dicts).
 ROTARY = {LLAMA: llama, NANOCHAT: nanochat}
 
 

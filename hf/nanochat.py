@@ -2,21 +2,19 @@
 
 Our nanochat block (model/block=nanochat: rotary, weightless RMSNorms, one more after the token embedding, weightless
 per-head QK-norm, a relu2 MLP of two matrices, no biases) computes what NanoChatForCausalLM computes, with a tied or
-untied head, any number of key/value heads and an optional logit soft-cap (final_logit_softcapping). What differs
-converts exactly:
+untied head, any number of key/value heads and an optional logit soft-cap. What differs converts exactly:
 - its rotate_half gives (x2, -x1) where ours (and Llama's) gives (-x2, x1): it rotates by minus our angle. Negating
   the second half S of every query and key head turns one into the other: its rotation of S q is S times ours of q,
-  and the dot products of queries with keys, both carrying S, are ours.
+  and S cancels in the dot products of queries with keys.
 - it norms q and k after rotary, we before: a rotation keeps each head's norm, so both give the same.
-- its norms are weightless RMSNorms; ours may have gains (norm_weight; never the embedding's norm), be LayerNorms
-  (without biases), and the blocks' writes may be scaled (branch_scale). Each folds into the weights exactly. A gain g
-  before a matrix W is W's columns times g: W (g * n(x)) = (W diag g) n(x), so ln_1's folds into c_attn, ln_2's into
-  c_fc and ln_f's into the head. A LayerNorm is an RMSNorm of the centred vector, so with the embedding's rows centred
-  and every write into the stream centred (c_proj's columns), NanoChat's stream is ours centred, and each of its
-  RMSNorms is our LayerNorm. branch_scale multiplies c_proj. The head, where a gain or the centring changes the
-  embedding, is a matrix of its own (untied).
-The names change: c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj; c_fc and c_proj are fc1 and fc2.
-A NanoChat read back has weightless RMSNorms: the same function, as the file holds it.
+- its norms are weightless RMSNorms; ours may have gains (norm_weight), be LayerNorms (without biases), and the
+  blocks' writes may be scaled (branch_scale): each folds into the weights. A gain g before a matrix W is W's columns
+  times g (ln_1's into c_attn, ln_2's into c_fc, ln_f's into the head). A LayerNorm is an RMSNorm of the centred
+  vector: with the embedding's rows and every write into the stream (c_proj's columns) centred, NanoChat's stream is
+  ours centred, and each of its RMSNorms our LayerNorm. branch_scale multiplies c_proj. The head, where a gain or the
+  centring changes the embedding, is a matrix of its own (untied).
+c_attn's rows [q | k | v] split into q_proj, k_proj and v_proj; c_fc and c_proj are fc1 and fc2. A NanoChat read back
+has weightless RMSNorms: the same function, as the file holds it.
 """
 
 from __future__ import annotations
@@ -84,14 +82,9 @@ def read_config(hf_config: dict) -> GPTConfig:
     cap = hf_config.get("final_logit_softcapping", DEFAULTS["final_logit_softcapping"])
     if cap is not None and (type(cap) not in (int, float) or not cap > 0):
         problems.append(f"final_logit_softcapping={cap!r} (supported: a positive number, or null)")
-    theta = rotary_base(hf_config, problems)
-    return GPTConfig(
-        **rotary_shape(hf_config, theta),
-        norm_eps=float(eps),
-        logit_softcap=None if cap is None else float(cap),
-        tie_embeddings=tied(hf_config, SAME_FUNCTION),
-        **NANOCHAT_BLOCK,
-    )
+    shape = rotary_shape(hf_config, rotary_base(hf_config, problems))
+    cap, tie = None if cap is None else float(cap), tied(hf_config, SAME_FUNCTION)
+    return GPTConfig(**shape, norm_eps=float(eps), logit_softcap=cap, tie_embeddings=tie, **NANOCHAT_BLOCK)
 
 
 def to_theirs(config: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
