@@ -31,8 +31,8 @@ CONF_DIR = Path(__file__).resolve().parent
 HYDRA_DETAILS = ("full_key:", "object_type=", "reference_type=")  # lines of Hydra's errors one_line_errors leaves out
 WHOLE_VAL = ("never", "final", "always")
 MUON_TORCH = "2.9"  # the first torch release with torch.optim.Muon
-# The precisions train.py, sample.py and downstream.py compute in, and the torch dtype each
-# names; auto is resolved for the device when it is known (run/runtime.py resolve_precision).
+# The precisions train.py, sample.py and downstream.py compute in, and the torch dtype each names; auto is resolved
+# for the device when it is known (run/runtime.py resolve_precision).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("auto", *DTYPES)
 PRECISION = one_of(*PRECISIONS)
@@ -243,16 +243,14 @@ class Config:
 
 
 def load_config(cfg: DictConfig, schema: type = Config, prefix: str = "") -> Any:
-    """The composed config (or its section `prefix`) as validated dataclasses of `schema` (a SettingsError naming
-    every setting that breaks a rule)."""
+    """The composed config (or its section `prefix`) as validated dataclasses of `schema` (else a SettingsError)."""
     _reject_unknown_keys(cfg, schema, prefix)
     with one_line_errors(), all_problems():
         return OmegaConf.to_object(cfg)
 
 
 def read_settings(schema: type, values: Any) -> Any:
-    """Settings read from a file (a checkpoint's config.yaml) as the dataclass `schema`: typed by OmegaConf's merge,
-    then checked by the dataclass (a SettingsError naming every bad setting)."""
+    """Settings read from a file (a checkpoint's config.yaml) as the validated dataclass `schema`, typed by merging."""
     with one_line_errors(), all_problems():
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
 
@@ -274,9 +272,8 @@ def one_line_errors() -> Iterator[None]:
 
 
 def model_preset(name: str, *overrides: str) -> GPTConfig:
-    """A model preset from conf/model/ as a GPTConfig, without running an app: `model_preset("gpt2",
-    "model/attention=mqa")` or `model_preset("nano", "model.n_kv_head=2")`, overrides as on the command line. It
-    comes with GPT-2's recipe and block (recipe=gpt2) unless an override chooses another recipe or block."""
+    """A model preset from conf/model/ as a GPTConfig, without an app: `model_preset("nano", "model.n_kv_head=2")`
+    (overrides as on the command line), with recipe=gpt2 unless an override chooses another recipe or block."""
     recipe = [] if any(o.startswith("recipe=") for o in overrides) else ["recipe=gpt2"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=[f"model={name}", *recipe, *overrides])

@@ -117,8 +117,7 @@ def _leaves(values: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 def attribute_docs(schema: type) -> dict[str, str]:
     """Each field's docstring: the string literal right under its annotation."""
-    tree = ast.parse(inspect.getsource(sys.modules[schema.__module__]))
-    body = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == schema.__name__).body
+    body = ast.parse(inspect.getsource(schema)).body[0].body
     docs = {}
     for node, after in zip(body, body[1:] + [None]):
         if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):

@@ -1,7 +1,6 @@
-"""The command line before Hydra reads it. An override Hydra would refuse gets one `error:`
-line here instead of Hydra's several: a setting that does not exist (Hydra would suggest
-appending it with `+`, which then fails), a preset that does not exist, a value of the wrong
-type, or text its override grammar cannot read. And sample.py's prompt needs no Hydra quoting."""
+"""The command line before Hydra reads it. An override Hydra would refuse gets one `error:` line here instead of
+Hydra's several: a setting that does not exist (Hydra would suggest appending it with `+`, which then fails), a preset
+that does not exist, a value of the wrong type, or text its grammar cannot read. sample.py's prompt needs no quoting."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def check_overrides(args: list[str], schema: type, config_name: str) -> None:
     multirun = any(args[i] in ("-m", "--multirun") for i in options)
     groups = config_groups(config_name)
     checked = [(arg, argument_problem(arg, schema, groups, multirun)) for i, arg in enumerate(args) if i not in options]
-    problems = [problem for _, problem in checked if problem]
-    if problems:
+    if problems := [problem for _, problem in checked if problem]:
         readable = [arg for arg, problem in checked if problem is None]
         sys.exit(f"error: {SettingsError(problems + broken_rules_of(readable, schema, config_name))}")
 
@@ -105,9 +103,8 @@ def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = 
 def config_groups(config_name: str) -> set[str]:
     """The config groups that conf/<config_name>.yaml's defaults list chooses from."""
     defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml")).get("defaults", [])
-    return {
-        group for entry in defaults if isinstance(entry, dict) for group in entry if not group.startswith("override ")
-    }
+    entries = [entry for entry in defaults if isinstance(entry, dict)]
+    return {group for entry in entries for group in entry if not group.startswith("override ")}
 
 
 def named_settings(overrides: list[str], section: str) -> dict[str, str]:

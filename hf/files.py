@@ -39,12 +39,10 @@ class HFError(UserError):
 def load_hf_pretrained(
     model_path: str | Path, n_kv_head: int | None = None, block_size: int | None = None
 ) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """GPT-2-family, Llama or NanoChat weights from Hugging Face as (GPTConfig, state dict), ready for
-    `model = GPT(config); load_weights(model, state)`. model_path: a local transformers directory, or a Hub name
-    such as "gpt2" (through the Hugging Face cache; offline, only what is already cached). n_kv_head: fewer key/value
-    heads than the weights have (e.g. 1 for MQA from GPT-2's MHA), mean-pooled (hf.gpt2.pool_kv_heads); block_size:
-    a shorter context (a position table is cropped); None keeps theirs. The config has dropout 0.0 and attn_impl
-    "sdpa" (dataclasses.replace changes them). Raises HFError with the reason on any failure."""
+    """GPT-2-family, Llama or NanoChat weights as (GPTConfig, state dict) from model_path, a local transformers
+    directory or a Hub name such as "gpt2" (through the Hugging Face cache; offline, only what is cached). n_kv_head:
+    fewer key/value heads, mean-pooled (hf.gpt2.pool_kv_heads); block_size: a shorter context; None keeps theirs.
+    Dropout is 0.0 and attn_impl "sdpa" (dataclasses.replace changes them). HFError with the reason on any failure."""
     directory = resolve_hf_dir(str(model_path))
     hf_config, hf_state = _read_hf_config(directory), _read_hf_weights(directory)
     try:
@@ -210,9 +208,8 @@ def save_hf(
 
 
 def _save_gpt2_tokenizer(out_dir: Path, model_max_length: int) -> list[str]:
-    """GPT-2's own files under transformers' names, with <|endoftext|> as its bos, eos and unk token, as in OpenAI's
-    gpt2 repository on the Hub; and the same tokenizer as one tokenizer.json, which fast-only tokenizer classes
-    (GPTBigCode's, for MQA) need. Returns the names written."""
+    """GPT-2's own files under transformers' names, <|endoftext|> its bos, eos and unk token, as in OpenAI's gpt2 on
+    the Hub, and as one tokenizer.json, which fast-only tokenizer classes (GPTBigCode's) need; returns the names."""
     shutil.copyfile(GPT2_FILES_DIR / "encoder.json", out_dir / "vocab.json")
     shutil.copyfile(GPT2_FILES_DIR / "vocab.bpe", out_dir / "merges.txt")
     special = dict.fromkeys(("bos_token", "eos_token", "unk_token"), EOT_TEXT)

@@ -67,8 +67,7 @@ def config_from_hf(hf_config: dict) -> GPTConfig:
             f"GPTBigCode ({BIGCODE!r}), Llama ({LLAMA!r}) and NanoChat ({NANOCHAT!r}) models only"
         )
     same_function = SAME_FUNCTION[kind]
-    problems = llama.unsupported(hf_config, SHAPE_KEYS, same_function)
-    if problems:
+    if problems := llama.unsupported(hf_config, SHAPE_KEYS, same_function):
         raise ValueError("config.json describes a model gptlab's GPT cannot reproduce: " + "; ".join(problems))
     config = GPTConfig(
         **{ours: hf_config[key] for key, ours in zip(SHAPE_KEYS, llama.SHAPE_FIELDS)},
@@ -104,8 +103,7 @@ def config_to_hf(config: GPTConfig, eos_token_id: int | None) -> dict:
             "model.unet_skips=True: no transformers class computes U-net skips, so this model does not export; "
             "train one without them"
         )
-    family = block_family(config)
-    if family in ROTARY:
+    if (family := block_family(config)) in ROTARY:
         return ROTARY[family].write_config(config, eos_token_id)
     if config.attention_kind == "GQA":
         raise ValueError(
@@ -135,8 +133,7 @@ def from_hf(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[GPTConfig, di
     without lm_head.weight, like our checkpoints. ValueError when the weights do not fit the config or are not finite
     (a damaged file, refused at import rather than found as a diverging loss)."""
     config, kind = config_from_hf(hf_config), hf_config["model_type"]
-    broken = non_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)})
-    if broken:
+    if broken := non_finite({name: tensor for name, tensor in hf_state.items() if not GPT2_BUFFERS.search(name)}):
         raise ValueError(f"the weights hold NaN or infinite values, in {broken}")
     meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(config).items()}
     if kind in ROTARY:
@@ -226,6 +223,5 @@ def _with_zero_biases(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def _check_fit(state: dict[str, Tensor], expected: dict[str, torch.Size], against: str) -> None:
     """ValueError naming what is missing, unexpected or differently shaped."""
-    problems = fit_problems(state, expected, "the weights", against)
-    if problems:
+    if problems := fit_problems(state, expected, "the weights", against):
         raise ValueError(f"the weights do not fit {against}: {problems}")

@@ -45,19 +45,15 @@ QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.w
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
 TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transformer.wte.weight, kept once
-# The settings under which each family's transformers classes compute our block: the values allowed.
-# GPT-2's classes take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU)
-# only. Neither has weightless norms, an embedding norm, QK-norm (their presets say so) or a soft-cap,
-# and gptlab writes their norms' eps as 1e-5; NanoChat's class has all four and takes any eps.
+# The settings under which each family's transformers classes compute our block: the values allowed. GPT-2's classes
+# take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU) only. Neither has weightless
+# norms, an embedding norm, QK-norm or a soft-cap, and gptlab writes their norms' eps as 1e-5; NanoChat's has all four
+# and takes any eps, and its gains, LayerNorm and any branch_scale fold into the weights (hf/nanochat.py).
 PLAIN = {"logit_softcap": (None,), "norm_eps": (NORM_EPS,), "branch_scale": (1.0,)}
-FAMILY_BLOCKS = {
+FOLDS = {"norm": ("rmsnorm", "layernorm"), "norm_weight": (False, True)}
+FAMILY_BLOCKS = {  # NanoChat before Llama: the nearer when equal
     "gpt2": {**{key: (value,) for key, value in GPT2_BLOCK.items()}, "mlp": ("gelu", "relu2"), **PLAIN},
-    # before Llama: the nearer when equal; gains, LayerNorm and branch_scale fold into weights (hf/nanochat.py)
-    NANOCHAT: {
-        **{key: (value,) for key, value in NANOCHAT_BLOCK.items() if key != "branch_scale"},  # any folds
-        "norm": ("rmsnorm", "layernorm"),
-        "norm_weight": (False, True),
-    },
+    NANOCHAT: {**{key: (value,) for key, value in NANOCHAT_BLOCK.items() if key != "branch_scale"}, **FOLDS},
     LLAMA: {**{key: (value,) for key, value in LLAMA_BLOCK.items()}, **PLAIN},
 }
 # What turns the modern recipe's block into one NanoChatForCausalLM computes (docs/huggingface.md).
@@ -124,11 +120,9 @@ def rotary_decoder_config(config: GPTConfig, eos_token_id: int | None) -> dict:
 def unsupported(hf_config: dict, shape_keys: tuple[str, ...], same_function: dict) -> list[str]:
     """For any family's config.json: ValueError when a size in shape_keys is missing or not an integer (GPTConfig
     trusts its types), else a line for each setting under which the model computes another function than ours."""
-    missing = [key for key in shape_keys if key not in hf_config]
-    if missing:
+    if missing := [key for key in shape_keys if key not in hf_config]:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
-    not_counts = [f"{key}={hf_config[key]!r}" for key in shape_keys if type(hf_config[key]) is not int]
-    if not_counts:
+    if not_counts := [f"{key}={hf_config[key]!r}" for key in shape_keys if type(hf_config[key]) is not int]:
         raise ValueError(f"config.json's sizes must be integers: {', '.join(not_counts)}")
     return [
         f"{key}={hf_config.get(key, default)!r} (supported: {', '.join(map(repr, allowed))})"
@@ -143,8 +137,7 @@ def tied(hf_config: dict, same_function: dict) -> bool:
 
 
 def read_config(hf_config: dict) -> GPTConfig:
-    """The GPTConfig of a Llama config.json, its MLP at the default width (hf/gpt2.py widens it);
-    ValueError for one gptlab's block cannot reproduce, naming the settings."""
+    """The GPTConfig of a Llama config.json, its MLP at the default width (hf/gpt2.py widens it), else ValueError."""
     theta = rotary_base(hf_config, unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION))
     return GPTConfig(**rotary_shape(hf_config, theta), tie_embeddings=tied(hf_config, SAME_FUNCTION), **LLAMA_BLOCK)
 
@@ -206,8 +199,7 @@ def to_theirs(config: GPTConfig, state: dict[str, Tensor], layout: Layout = LLAM
 
 
 def from_theirs(config: GPTConfig, hf_state: dict[str, Tensor], layout: Layout = LLAMA_LAYOUT) -> dict[str, Tensor]:
-    """to_theirs's inverse, c_attn fused again; a tied model's stored lm_head must be the embedding itself. The
-    names are checked before."""
+    """to_theirs's inverse (the names checked before); a tied model's stored lm_head must be the embedding itself."""
     check_tied_head(config, hf_state, layout.outside["transformer.wte.weight"])
     named = {ours: hf_state[theirs] for ours, theirs in layout.outside.items()}
     if not config.tie_embeddings:

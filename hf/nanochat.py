@@ -73,8 +73,7 @@ def write_config(config: GPTConfig, eos_token_id: int | None) -> dict:
 
 
 def read_config(hf_config: dict) -> GPTConfig:
-    """The GPTConfig of a NanoChat config.json (model_type "nanochat"), its MLP at the default
-    width (hf/gpt2.py widens it); ValueError for one gptlab's block cannot reproduce, naming the settings."""
+    """The GPTConfig of a NanoChat config.json, its MLP at the default width (hf/gpt2.py widens it), else ValueError."""
     problems = unsupported(hf_config, SHAPE_KEYS, SAME_FUNCTION)
     eps = hf_config.get("rms_norm_eps", DEFAULTS["rms_norm_eps"])
     if type(eps) not in (int, float) or not eps > 0:
