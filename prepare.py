@@ -6,8 +6,6 @@
     python prepare.py "data.path='/my notes/book.txt'"      # Hydra's quoting, as for train.py
 """
 
-from __future__ import annotations
-
 import argparse
 import logging
 

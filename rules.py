@@ -6,6 +6,7 @@ typed merge refuses a wrong type where a config enters, and code that builds a d
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -70,16 +71,8 @@ class Rule:
         return f"in {self.ends[0]}{_number(self.low)}, {_number(self.high)}{self.ends[1]}"
 
 
-def at_least(low: float) -> Rule:
-    return Rule(low=low)
-
-
-def above(low: float) -> Rule:
-    return Rule(low=low, ends="(]")
-
-
-def between(low: float, high: float, ends: str = "[]") -> Rule:
-    return Rule(low=low, high=high, ends=ends)
+at_least = between = Rule  # (low, high=inf, ends="[]")
+above = functools.partial(Rule, ends="(]")
 
 
 def one_of(*choices: Any) -> Rule:

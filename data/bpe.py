@@ -7,8 +7,6 @@ JSON (tokenizer.json: data, never code) beside meta.json and in every checkpoint
 sha256 by `describe()`, so a damaged or swapped file is refused.
 """
 
-from __future__ import annotations
-
 import functools
 import hashlib
 import logging

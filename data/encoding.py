@@ -1,13 +1,10 @@
 """Is a source UTF-8 text? Judged from all of it as it is read, and named when it is not.
 
-Other encodings do not fail to decode as UTF-8 (UTF-16/32 become NULs and control characters,
-Shift-JIS mostly U+FFFD), so each file (each table's texts) is refused once too much of what was
-read is not text: after its first SAMPLE_BYTES, every later read and its end, before its tokens
-reach finished shards. The refusal names what it can tell: a byte-order mark, a compressor's magic
-bytes, or a sample decoding as UTF-16/32 into readable text with spaces or line breaks.
+Other encodings do not fail to decode as UTF-8 (UTF-16/32 become NULs and control characters, Shift-JIS mostly U+FFFD),
+so each file (each table's texts) is refused once too much of what was read is not text: after its first SAMPLE_BYTES,
+every later read and its end, before its tokens reach finished shards. The refusal names what it can tell: a byte-order
+mark, a compressor's magic bytes, or a sample decoding as UTF-16/32 into readable text with spaces or line breaks.
 """
-
-from __future__ import annotations
 
 import codecs
 from pathlib import Path
@@ -46,8 +43,7 @@ class EncodingCheck:
         (which aligns UTF-16/32 code units)."""
         if not data:
             return
-        if self.start is None:
-            self.start = offset
+        self.start = offset if self.start is None else self.start
         if offset == 0 and self.path is not None:
             self._check_start(data)
         controls = len(data.translate(None, _NOT_CONTROLS))
@@ -55,8 +51,7 @@ class EncodingCheck:
         self.read, self.controls, self.invalid = self.read + len(data), self.controls + controls, self.invalid + invalid
         self.sample, self.sample_at = data[-SAMPLE_BYTES:], offset + max(0, len(data) - SAMPLE_BYTES)
         if len(data) >= SUSPECT_MIN_BYTES and controls + invalid >= SUSPECT_SHARE * len(data):
-            encoding = wide_encoding(self.sample, self.sample_at)
-            if encoding is not None:
+            if (encoding := wide_encoding(self.sample, self.sample_at)) is not None:
                 raise self._wide(encoding)
         if self.read >= SAMPLE_BYTES:
             self._judge()
@@ -74,8 +69,7 @@ class EncodingCheck:
         raise self._wide(encoding) if encoding is not None else self._not_text()
 
     def _check_start(self, head: bytes) -> None:
-        mark = next((name for mark, name in _MARKS if head.startswith(mark)), None)
-        if mark is not None:
+        if (mark := next((name for bom, name in _MARKS if head.startswith(bom)), None)) is not None:
             raise self._wide(mark, f"it starts with a {mark} byte-order mark")
         tool = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
         if tool is not None and (tool != "bzip2" or head[4:10] == b"1AY&SY"):  # "BZh" alone could be text
@@ -107,13 +101,9 @@ class EncodingCheck:
         )
 
     def _not_text(self) -> DataError:
-        span = (
-            f"its first {self.read:,} bytes"
-            if self.start == 0
-            else f"its {self.read:,} bytes from byte {self.start:,} on"
-        )
-        if self.path is None:
-            span = f"the {self.read:,} bytes of them read"
+        read = f"{self.read:,}"
+        span = f"its first {read} bytes" if self.start == 0 else f"its {read} bytes from byte {self.start:,} on"
+        span = f"the {read} bytes of them read" if self.path is None else span
         if self.controls >= CONTROL_SHARE * self.read:
             found = f"{self.controls:,} of {span} are NUL or other control characters"
             if self.path is None:

@@ -1,5 +1,8 @@
 """The one exception data/ raises for problems with the user's data or files."""
 
+import contextlib
+from collections.abc import Iterator
+
 from system import UserError
 
 
@@ -16,3 +19,24 @@ def describe_error(err: BaseException) -> str:
         seen.add(id(cause))
     text = f"{type(err).__name__}: {err}"
     return text if cause is err else f"{text}; caused by {type(cause).__name__}: {cause}"
+
+
+@contextlib.contextmanager
+def reading(path) -> Iterator[None]:
+    """An OSError inside, reading `path`, as the DataError naming it."""
+    try:
+        yield
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}") from err
+
+
+@contextlib.contextmanager
+def failing_as(what: str, hint: str = "") -> Iterator[None]:
+    """Any error inside but a DataError (datasets raises many types; all mean "did not read") as the DataError
+    "<what> (<the error and its cause>)<hint>"."""
+    try:
+        yield
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise DataError(f"{what} ({describe_error(err)}){hint}") from err

@@ -3,15 +3,13 @@ local dataset directory (a `save_to_disk` one, memory-mapped; else its data file
 Imported only for data.source=hub: datasets takes half a second to import.
 """
 
-from __future__ import annotations
-
 import contextlib
 from pathlib import Path
 
 import datasets
 
 from data.config import DataConfig
-from data.errors import DataError, describe_error
+from data.errors import DataError, failing_as
 from data.readers import ROWS_PER_BATCH, Corpus, Rows, Stream, check_column
 
 
@@ -37,21 +35,13 @@ def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
 
 def _open_stream(cfg: DataConfig):
     stream = _load_hub(cfg, streaming=True)
-    try:
+    with failing_as(f"could not read data.dataset={cfg.dataset!r} through datasets"):
         return _text_column(stream, cfg.text_column)  # reads the first row, for the columns
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
-        raise DataError(
-            f"could not read data.dataset={cfg.dataset!r} through datasets ({describe_error(err)})"
-        ) from err
 
 
 def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
-    try:
+    with failing_as(f"could not load the saved dataset {path}"):
         saved = datasets.load_from_disk(str(path))
-    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
-        raise DataError(f"could not load the saved dataset {path} ({describe_error(err)})") from err
     if isinstance(saved, datasets.DatasetDict):
         if cfg.split not in saved:
             raise DataError(
@@ -67,19 +57,13 @@ def _load_hub(cfg: DataConfig, streaming: bool):
     options = dict(name=cfg.subset, split=cfg.split, revision=cfg.revision, streaming=streaming)
     if not streaming:
         options["num_proc"] = cfg.resolved_num_proc()
-    local = Path(cfg.dataset).expanduser().is_dir()
-    try:
-        with _quiet(local):
-            return datasets.load_dataset(cfg.dataset, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
-    except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not load"
-        hint = ""
-        if local:  # a local directory standing in for a Hub id: the Hub-only settings a preset may carry
-            subset = f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"
-            hints = [subset] * bool(cfg.subset) + [f"data.split={cfg.split!r} must be a split the directory has"]
-            hint = "; a local directory replaces the Hub id here: " + ", and ".join(hints)
-        raise DataError(
-            f"could not load data.dataset={cfg.dataset!r} through datasets ({describe_error(err)}){hint}"
-        ) from err
+    hint = ""
+    if local := Path(cfg.dataset).expanduser().is_dir():  # for a Hub id: the Hub-only settings a preset may carry
+        subset = f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"
+        hints = [subset] * bool(cfg.subset) + [f"data.split={cfg.split!r} must be a split the directory has"]
+        hint = "; a local directory replaces the Hub id here: " + ", and ".join(hints)
+    with failing_as(f"could not load data.dataset={cfg.dataset!r} through datasets", hint), _quiet(local):
+        return datasets.load_dataset(cfg.dataset, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,5 @@
 """BatchLoader: random (x, y) windows from a token shard, reproducible by step."""
 
-from __future__ import annotations
-
 import zlib
 from pathlib import Path
 

@@ -6,15 +6,13 @@ read), so a damaged or edited meta.json is refused; a format-1 directory still r
 checks only (prepare rebuilds it: the format is part of its fingerprint).
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError
+from data.errors import DataError, reading
 from system import write_atomic
 
 FORMAT_VERSION = 3  # bump when the shard layout or meta.json changes: prepare then rebuilds old data
@@ -72,12 +70,9 @@ def with_digest(meta: dict) -> dict:
 def file_sha256(path: Path) -> str:
     """sha256 of a file's content, read in chunks (any size); DataError when it cannot be read."""
     digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err
+    with reading(path), open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -1,16 +1,13 @@
 """The prepare step (python prepare.py): a corpus tokenised once into train.bin / val.bin + meta.json.
 
-The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time by a
-pool of threads (tiktoken releases the GIL) and written block by block (data/shards.py): memory
-holds a batch and a block, whatever the corpus size. A killed prepare resumes at its last
-complete block; a second process preparing the same directory waits for the lock, then reuses.
-The same settings and source reuse the shards; other token settings are refused (data/cache.py).
-A changed source, an older shard format, or a shard (or, unless data.verify=size, a shard's or
-local source file's sha256) that no longer matches meta.json is rebuilt with a warning.
-meta.json is written last, so an interrupted run never leaves shards that look complete.
+The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time by a pool of threads (tiktoken
+releases the GIL) and written block by block (data/shards.py): memory holds a batch and a block, whatever the corpus
+size. A killed prepare resumes at its last complete block; a second process preparing the same directory waits for the
+lock, then reuses. The same settings and source reuse the shards; other token settings are refused (data/cache.py). A
+changed source, an older shard format, or a shard (or, unless data.verify=size, a shard's or local source file's sha256)
+that no longer matches meta.json is rebuilt with a warning. meta.json is written last, so an interrupted run never
+leaves shards that look complete.
 """
-
-from __future__ import annotations
 
 import collections
 import contextlib
@@ -76,7 +73,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
         if meta is not None:
             log.info("reusing the shards in %s (same settings and source)", data_dir)
             return PreparedData(data_dir, meta, reused=True)
-        with _forks_die_with_this_process(), _signals_stop_at_once(data_dir):  # datasets' workers
+        with _building(data_dir):
             return PreparedData(data_dir, _build(cfg, data_dir, fingerprint), reused=False)
 
 
@@ -154,11 +151,11 @@ def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> 
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
         tokenized = enumerate(_tokenized(pieces, tokenizer, threads, batch_chars))
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
-            for index, (piece, document, before, tokens) in tokenized:
+            for index, (piece, before, tokens) in tokenized:
                 opens = piece.new_document
                 if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
                     tokens, opens = tokens[start["skip_tokens"] :], False
-                writer.add(tokens, document, opens, piece.position, before)
+                writer.add(tokens, opens, piece.position, before)
                 bar.update(len(tokens))
         tokens = writer.finish()
     finally:
@@ -225,8 +222,8 @@ def _remove_partials(data_dir: Path) -> None:
 
 
 def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict):
-    """(piece, its document's index, the counters before it), up to max_documents documents;
-    `counters` (documents, non-empty ones, replaced bytes) counts as pieces are read."""
+    """(piece, the counters before it), up to max_documents documents; `counters` (documents, non-empty
+    ones, replaced bytes) counts as pieces are read."""
     for piece in pieces:
         before = dict(counters)
         if piece.new_document:
@@ -237,7 +234,7 @@ def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict
             counters["documents"] += 1
             counters["nonempty"] += bool(piece.text)
         counters["replaced_bytes"] += piece.replaced_bytes
-        yield piece, counters["documents"] - 1, before
+        yield piece, before
 
 
 def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
@@ -246,7 +243,7 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
     if cfg.tokenizer == "gpt2":
         return Gpt2Tokenizer()
     counters = dict(NEW_COUNTERS)
-    texts = (piece.text for piece, _, _ in _numbered(corpus.reader.pieces(), cfg.max_documents, counters))
+    texts = (piece.text for piece, _ in _numbered(corpus.reader.pieces(), cfg.max_documents, counters))
     if cfg.tokenizer == "bpe":
         return train_on_sample(tqdm(texts, desc="training the tokenizer", unit=" pieces"), cfg.vocab_size)
     characters: set[str] = set()
@@ -256,7 +253,7 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
-    """(piece, document, counters before it, its uint32 ids), in reading order: tasks of a few
+    """(piece, counters before it, its uint32 ids), in reading order: tasks of a few
     pieces go to the threads while this thread reads on, about batch_chars in flight at most."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
 
@@ -295,19 +292,11 @@ _preparing_parent: int | None = None  # this process's pid while it prepares
 
 
 @contextlib.contextmanager
-def _forks_die_with_this_process() -> Iterator[None]:
+def _building(data_dir: Path) -> Iterator[None]:
+    """While building, forked processes die with this one, and SIGINT and SIGTERM exit at once: unwinding through
+    datasets' worker pool can wait on busy workers for minutes. meta.json is written last, so nothing left behind
+    looks complete."""
     global _preparing_parent
-    _preparing_parent = os.getpid()  # recorded before the pool starts, for its workers to compare
-    try:
-        yield
-    finally:
-        _preparing_parent = None
-
-
-def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
-    """While building, SIGINT and SIGTERM exit at once: unwinding through datasets' worker pool can
-    wait on busy workers for minutes. The workers die with this process, and meta.json is written
-    last, so nothing left behind looks complete."""
 
     def stop(signum: int, frame) -> None:
         with contextlib.suppress(OSError):  # a worker may still be writing there
@@ -320,7 +309,12 @@ def _signals_stop_at_once(data_dir: Path) -> contextlib.AbstractContextManager:
         )
         os._exit(128 + signum)
 
-    return on_signals(stop)
+    _preparing_parent = os.getpid()  # recorded before the pool starts, for its workers to compare
+    try:
+        with on_signals(stop):
+            yield
+    finally:
+        _preparing_parent = None
 
 
 def _die_with_parent() -> None:

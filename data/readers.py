@@ -1,17 +1,13 @@
 """Readers: a corpus as a stream of text pieces, in bounded memory, resumable.
 
-Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is read as
-`Piece`s of about `piece_chars` characters at most, each marked with whether it starts a
-document and with the position a later reader can resume from. A document is cut only where
-GPT-2's pre-tokeniser would split anyway (`cut_point`), so the tokens never depend on the piece
-size. Bytes that are not UTF-8 become U+FFFD, and are counted; a source that is not UTF-8 text
-at all is refused as it is read (data/encoding.py).
+Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is read as `Piece`s of about
+`piece_chars` characters at most, each marked with whether it starts a document and with the position a later reader can
+resume from. A document is cut only where GPT-2's pre-tokeniser would split anyway (`cut_point`), so the tokens never
+depend on the piece size. Bytes that are not UTF-8 become U+FFFD, and are counted; a source that is not UTF-8 text at
+all is refused as it is read (data/encoding.py).
 """
 
-from __future__ import annotations
-
 import codecs
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -23,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from data.encoding import SAMPLE_BYTES, EncodingCheck
-from data.errors import DataError, describe_error
+from data.errors import DataError, failing_as, reading
 
 ROWS_PER_BATCH = 1000  # rows read at once from a table
 
@@ -83,14 +79,6 @@ def text_pieces(text: str, start: int, limit: int) -> Iterator[tuple[int, str]]:
         start = end
 
 
-def _decoded(text: str) -> tuple[str, int, int]:
-    """replace_escaped(text), and how many bytes of the file `text` was decoded from."""
-    try:
-        return text, 0, len(text.encode("utf-8"))  # the usual case: no undecodable bytes
-    except UnicodeEncodeError:
-        return *replace_escaped(text), len(text.encode("utf-8", "surrogateescape"))
-
-
 def replace_escaped(text: str) -> tuple[str, int]:
     """`text` with each lone surrogate (an undecodable byte) as U+FFFD, and how many there were."""
     return (text, 0) if text.isascii() else _LONE_SURROGATE.subn("\ufffd", text)
@@ -127,10 +115,10 @@ class TextFiles:
             # a separator ends the document (it is skipped, not tokenised)
             found = buffer.find(self.separator, start, end + len(self.separator) - 1) if self.separator else -1
             end, separated = (found, True) if found >= 0 else (end, False)
-            text, replaced, size = _decoded(buffer[start:end])
+            text, replaced = replace_escaped(buffer[start:end])
             replaced_in_file += replaced
             yield Piece(text, new_document, {"file": index, "byte": offset, "new": new_document}, replaced)
-            offset += size
+            offset += len(buffer[start:end].encode("utf-8", "surrogateescape"))  # the bytes it was decoded from
             start, new_document = end, separated
             if separated:
                 offset += len(self.separator.encode("utf-8"))
@@ -155,7 +143,7 @@ class JsonLines:
 
     def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, element: int) -> Iterator[Piece]:
         path = self.files[index]
-        with _reading(path), open(path, "rb") as f:
+        with reading(path), open(path, "rb") as f:
             is_array = f.read(4096).lstrip()[:1] == b"["
         if is_array:
             yield from self._array_pieces(index, element, skip_chars)
@@ -299,18 +287,16 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
     """The stream's texts, `rows` at a time; a failure reading it (network, bad file) is a DataError."""
     batches = stream.iter(batch_size=rows)
     while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
+        with failing_as(f"reading {origin} through datasets failed"):
+            batch = next(batches, None)
+        if batch is None:
             return
-        except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "did not read"
-            raise DataError(f"reading {origin} through datasets failed ({describe_error(err)})") from err
         yield batch["text"]
 
 
 def check_utf8(path: Path) -> None:
     """Refuse a file that is not UTF-8 text by its first SAMPLE_BYTES, before any work."""
-    with _reading(path), open(path, "rb") as f:
+    with reading(path), open(path, "rb") as f:
         head = f.read(SAMPLE_BYTES)
     check = EncodingCheck(str(path), path)
     check.add(head, 0)
@@ -320,7 +306,7 @@ def check_utf8(path: Path) -> None:
 def source_chunks(path: Path, offset: int) -> Iterator[bytes]:
     """The file's bytes from `offset` on, a read at a time, each checked as UTF-8 text before it is yielded."""
     check = EncodingCheck(str(path), path)
-    with _reading(path), open(path, "rb") as f:
+    with reading(path), open(path, "rb") as f:
         f.seek(offset)
         while chunk := f.read(_READ_BYTES):
             check.add(chunk, offset)
@@ -339,11 +325,3 @@ def checked_texts(pieces: Iterator[Piece], origin: str) -> Iterator[Piece]:
         offset += len(data)
         yield piece
     check.finish()
-
-
-@contextlib.contextmanager
-def _reading(path: Path) -> Iterator[None]:
-    try:
-        yield
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err

@@ -1,15 +1,12 @@
 """Writing train.bin and val.bin: the token stream in blocks, each shuffled and split.
 
-The stream (every document's tokens in reading order) is cut into blocks of `block_tokens`. In
-block k the documents (or their parts in it) are shuffled by a generator seeded by (seed, k), a
-document running over the block's end staying last (and first in the next); the block's first
-(1 - val_fraction) of tokens, the separator before each document but the first one written, go
-to train.bin, the rest to val.bin: val.bin samples the whole corpus, and memory holds one block.
-Shards are written as <split>.bin.partial; after each block, progress.json records their sizes
-and where the next block starts in the source, so a killed prepare resumes there.
+The stream (every document's tokens in reading order) is cut into blocks of `block_tokens`. In block k the documents (or
+their parts in it) are shuffled by a generator seeded by (seed, k), a document running over the block's end staying last
+(and first in the next); the block's first (1 - val_fraction) of tokens, the separator before each document but the
+first one written, go to train.bin, the rest to val.bin: val.bin samples the whole corpus, and memory holds one block.
+Shards are written as <split>.bin.partial; after each block, progress.json records their sizes and where the next block
+starts in the source, so a killed prepare resumes there.
 """
-
-from __future__ import annotations
 
 import errno
 import os
@@ -49,7 +46,6 @@ def remove_temp_files(data_dir: Path) -> None:
 class _DocumentSpan:
     """Consecutive tokens of one document within a block: the unit the block shuffles."""
 
-    document: int  # index of the document these tokens belong to
     starts: bool  # whether they open it (else they continue it from the last block)
     parts: list = field(default_factory=list)  # arrays of its tokens, in order
 
@@ -69,15 +65,15 @@ class ShardWriter:
             self.files[split] = self._guarded(path, lambda: open(path, "wb" if progress["resume"] is None else "r+b"))
             self.files[split].seek(progress["bytes"][split])
 
-    def add(self, tokens: np.ndarray, document: int, new_document: bool, position: dict, counters: dict) -> None:
+    def add(self, tokens: np.ndarray, new_document: bool, position: dict, counters: dict) -> None:
         """One piece's tokens (`new_document`: it opens a document, an empty one taking its place in the
         shuffle too); `position` and `counters` are where reading the piece began."""
         if new_document:
-            self.spans.append(_DocumentSpan(document, starts=True))
+            self.spans.append(_DocumentSpan(starts=True))
         consumed = 0
         while consumed < len(tokens):
             if not self.spans:  # the document runs on from the last block
-                self.spans.append(_DocumentSpan(document, starts=False))
+                self.spans.append(_DocumentSpan(starts=False))
             part = tokens[consumed : consumed + self.block_tokens - self.filled]
             self.spans[-1].parts.append(part.astype(self.dtype))
             self.filled += len(part)
@@ -99,7 +95,19 @@ class ShardWriter:
             f.close()
 
     def _write_block(self, final: bool) -> None:
-        tokens = np.concatenate(self._with_separators(self._shuffled_spans(final)))
+        # The spans shuffled, but for one continuing the last block (first) and the last one unless the block is
+        # the corpus's last (it may run on). default_rng([seed, 0]) is default_rng(seed), so a one-block corpus
+        # is shuffled as format 2 shuffled every corpus.
+        spans, blocks = self.spans, self.progress["blocks"]
+        first = 0 if spans[0].starts else 1
+        last = len(spans) if final else max(first, len(spans) - 1)
+        order = np.random.default_rng([self.seed, blocks]).permutation(last - first)
+        parts = []  # the spans' tokens, the separator before each document but the first one written
+        for index, span in enumerate(spans[:first] + [spans[first + i] for i in order] + spans[last:]):
+            if span.starts and span.parts and self.eot_id is not None and (blocks, index) != (0, 0):
+                parts.append(np.array([self.eot_id], dtype=self.dtype))
+            parts += span.parts
+        tokens = np.concatenate(parts)
         n_train = int(len(tokens) * (1 - self.val_fraction))
         for split, chunk in zip(SPLITS, (tokens[:n_train], tokens[n_train:])):
             f = self.files[split]
@@ -107,27 +115,6 @@ class ShardWriter:
             self.progress["bytes"][split] += chunk.nbytes
         self.progress["blocks"] += 1
         self.spans, self.filled = [], 0
-
-    def _shuffled_spans(self, final: bool) -> list[_DocumentSpan]:
-        """The block's spans shuffled, but for one continuing the last block (first) and the last one
-        unless the block is the corpus's last (it may run on). default_rng([seed, 0]) is default_rng(seed),
-        so a one-block corpus is shuffled as format 2 shuffled every corpus."""
-        spans = self.spans
-        first = 0 if spans[0].starts else 1
-        last = len(spans) if final else max(first, len(spans) - 1)
-        middle = spans[first:last]
-        order = np.random.default_rng([self.seed, self.progress["blocks"]]).permutation(len(middle))
-        return spans[:first] + [middle[i] for i in order] + spans[last:]
-
-    def _with_separators(self, spans: list[_DocumentSpan]) -> list[np.ndarray]:
-        """The spans' tokens, the separator before each document but the first one written."""
-        parts = []
-        for index, span in enumerate(spans):
-            opens_corpus = self.progress["blocks"] == 0 and index == 0
-            if span.starts and span.parts and self.eot_id is not None and not opens_corpus:
-                parts.append(np.array([self.eot_id], dtype=self.dtype))
-            parts += span.parts
-        return parts
 
     def _record(self, position: dict, consumed: int, counters: dict) -> None:
         self.progress["resume"] = {"position": position, "skip_tokens": consumed, "counters": counters}

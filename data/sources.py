@@ -7,8 +7,6 @@
   imported only for this source).
 """
 
-from __future__ import annotations
-
 import contextlib
 import glob
 import os

@@ -15,8 +15,6 @@ atomic symlink swap): a kill at any moment leaves the previous good checkpoint; 
 removes its temporary directory and says which checkpoint is intact.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import re

@@ -3,8 +3,6 @@ averages gradients (NCCL on CUDA, gloo on CPU); without torchrun's environment (
 everything here is a no-op. A rank does not train on without its launcher (Ranks.launcher), nor wait on a
 rank that ended: rank 0's refusals reach the others, and a rank that finds a peer gone stops with one line."""
 
-from __future__ import annotations
-
 import contextlib
 import gc
 import os

@@ -6,8 +6,6 @@ as nanoGPT does), and its own dropout and attention path. A recipe's or preset's
 is replaced by theirs, and one named on the command line (model/block=llama) that contradicts them is refused.
 """
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Iterator
 from dataclasses import replace

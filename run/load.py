@@ -6,8 +6,6 @@ The weight format and decode mode are checked against the device before any weig
 checkpoint (safetensors only) or a Hugging Face model (as init_from=hf imports it) is read with its tokenizer.
 """
 
-from __future__ import annotations
-
 from dataclasses import asdict
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """A run's metrics.jsonl: one JSON record per line, read back by resume and by report.py."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Run directories: where a new run goes, its one writer, what `resume=...` continues, the config it records."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 from collections.abc import Iterator

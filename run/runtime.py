@@ -1,7 +1,5 @@
 """Where and in what precision a run computes: device, autocast, gradient scaling."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import platform

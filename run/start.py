@@ -9,8 +9,6 @@ new run claims its directory before a long prepare, and a rank lost during it sa
         step, best, note = run.restore(...)   a resume's training state; then config.yaml, with the model built
 """
 
-from __future__ import annotations
-
 import contextlib
 import math
 from collections.abc import Iterator

@@ -180,8 +180,9 @@ def test_processes_forked_while_preparing_die_with_it(tmp_path):
     """datasets' download processes (num_proc, for a Hub dataset) are forked like this one."""
     script = (
         "import os, time\n"
-        "from data.preparation import _forks_die_with_this_process\n"
-        "with _forks_die_with_this_process():\n"
+        "from pathlib import Path\n"
+        "from data.preparation import _building\n"
+        "with _building(Path('unused')):\n"
         "    child = os.fork()\n"
         "    if child == 0:\n"
         "        time.sleep(60)\n"
