@@ -18,7 +18,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
 
 from data.config import BPE_MIN_PAIR_COUNT, BPE_SAMPLE_BYTES, MIN_BPE_VOCAB
-from data.errors import DataError
+from data.errors import DataError, reading
 from data.meta import META_FILE, read_meta
 from data.tokenizer import EOT_TEXT, CharTokenizer, Gpt2Tokenizer, Tokenizer, gpt2_byte_alphabet
 
@@ -154,12 +154,8 @@ def load_tokenizer(source: dict | str | Path, directory: str | Path | None = Non
             "directory that holds it"
         )
     path = Path(directory) / TOKENIZER_FILE
-    try:
+    with reading(path, role=", the trained tokenizer its directory was made with"):
         content = path.read_bytes()
-    except OSError as err:
-        raise DataError(
-            f"cannot read {path}, the trained tokenizer its directory was made with: {err.strerror}"
-        ) from err
     if hashlib.sha256(content).hexdigest() != description["sha256"]:
         raise DataError(
             f"{path} does not match the sha256 recorded with it (it was edited, damaged or replaced): "

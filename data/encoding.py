@@ -116,10 +116,9 @@ class EncodingCheck:
                 "encoding where they are written"
             )
         return DataError(
-            f"{self.path} is not UTF-8 text: {found}; find its encoding (`file {self.path}` may name it) "
-            f"and convert it, e.g. `iconv -f SHIFT_JIS -t UTF-8 {self.path} > "
-            f"{self.path.stem}.utf8{self.path.suffix}` for Shift-JIS, and point data.path at the result "
-            "(or leave the file out if it is not text)"
+            f"{self.path} is not UTF-8 text: {found}; find its encoding (`file {self.path}` may name it) and convert "
+            f"it, e.g. `iconv -f SHIFT_JIS -t UTF-8 {self.path} > {self.path.stem}.utf8{self.path.suffix}` for "
+            "Shift-JIS, and point data.path at the result (or leave the file out if it is not text)"
         )
 
 

@@ -22,12 +22,12 @@ def describe_error(err: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def reading(path) -> Iterator[None]:
-    """An OSError inside, reading `path`, as the DataError naming it."""
+def reading(path, kind: str = "", role: str = "") -> Iterator[None]:
+    """An OSError inside, reading `path` (a `kind` of file, with a `role`), as the DataError naming it."""
     try:
         yield
     except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err
+        raise DataError(f"cannot read {kind}{path}{role}: {err.strerror}") from err
 
 
 @contextlib.contextmanager

@@ -49,9 +49,8 @@ class BatchLoader:
         needed = batch_size * world_size * accum_steps
         if self.n_windows < needed:
             raise DataError(
-                f"the {split} split has {self.n_windows} distinct windows of {block_size + 1} "
-                f"tokens but a step needs batch_size * world_size * accum_steps = {needed}: "
-                "use a smaller batch or a larger corpus"
+                f"the {split} split has {self.n_windows} distinct windows of {block_size + 1} tokens but a step needs "
+                f"batch_size * world_size * accum_steps = {needed}: use a smaller batch or a larger corpus"
             )
         try:
             self.tokens = np.memmap(self.shard, dtype=meta["dtype"], mode="r")  # (n_tokens,)

@@ -33,10 +33,9 @@ def read_meta(data_dir: Path) -> dict:
     if not path.exists():
         raise DataError(f"{path} does not exist: {PREPARE_HINT}")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err.strerror}") from err
-    except ValueError as err:
+        with reading(path):
+            meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not UTF-8, or not JSON
         raise DataError(f"{path} is not valid JSON ({err}): {PREPARE_HINT}") from err
     tokens = meta.get("tokens") if isinstance(meta, dict) else None
     counts = (meta.get("format"), meta.get("vocab_size"), *map(tokens.get, SPLITS)) if isinstance(tokens, dict) else ()
@@ -87,9 +86,8 @@ def check_shard(data_dir: Path, meta: dict, split: str) -> Path:
     actual = path.stat().st_size
     if actual != expected:
         raise DataError(
-            f"{path} is {actual} bytes but meta.json promises {meta['tokens'][split]} "
-            f"{meta['dtype']} tokens ({expected} bytes): the shard is corrupt or from another "
-            f"prepare run; {PREPARE_HINT}"
+            f"{path} is {actual} bytes but meta.json promises {meta['tokens'][split]} {meta['dtype']} tokens "
+            f"({expected} bytes): the shard is corrupt or from another prepare run; {PREPARE_HINT}"
         )
     return path
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from data.errors import DataError
+from data.errors import DataError, reading
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -119,10 +119,8 @@ def gpt2_encoding(files_dir: Path = GPT2_FILES_DIR) -> tiktoken.Encoding:
 
 
 def _verified_file(path: Path) -> bytes:
-    try:
+    with reading(path, "GPT-2 tokenizer file "):
         content = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"cannot read GPT-2 tokenizer file {path}: {err.strerror}") from err
     digest = hashlib.sha256(content).hexdigest()
     if digest != GPT2_SHA256[path.name]:
         raise DataError(
