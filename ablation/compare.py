@@ -196,9 +196,8 @@ def uptraining(arms: list[Arm]) -> list[Uptraining]:
     tested = [r for r in rows if r.comparison is not None]  # one family for Holm's adjustment
     for row, comparison in zip(tested, holm([r.comparison for r in tested])):
         row.comparison = comparison
-        row.verdict = verdict(
-            f"{row.arm.name} ({row.total_tokens:,} tokens in all)", f"{row.scratch.name} at the same tokens", comparison
-        )
+        name = f"{row.arm.name} ({row.total_tokens:,} tokens in all)"
+        row.verdict = verdict(name, f"{row.scratch.name} at the same tokens", comparison)
     return sorted(rows, key=lambda r: (-r.arm.config.n_kv_head, r.total_tokens))  # 5% before 10%
 
 

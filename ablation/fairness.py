@@ -3,7 +3,8 @@
 A run's settings are its config.yaml with its checkpoint's (resolved) model and tokenizer. All
 runs share data and tokenizer; an arm's seeds differ in their seed only; arms under default
 names (kv<n>) differ from the baseline only in ARM_SETTINGS (one named arm=NAME may change
-anything else, listed in the report); a null arm must run seeds the baseline did not.
+anything else, listed in the report); a null arm must run seeds the baseline did not. The
+block is part of the shape (ablation/runs.py), so block settings are never a difference here.
 """
 
 from __future__ import annotations

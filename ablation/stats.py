@@ -78,9 +78,8 @@ class Comparison:
 
 
 def _comparison(test: str, mean: float, n_baseline: int, n_arm: int, sd=math.nan, se=math.nan, df=math.nan, run=None):
-    """The Comparison of scipy's t-test run() (None: untestable). se == 0 (every seed gave the
-    same difference) leaves t undefined; its limit stands in: an interval of width 0, and
-    p = 1 for a zero difference, p = 0 for any other."""
+    """The Comparison of scipy's t-test run() (None: untestable). se == 0 (every seed gave the same difference)
+    leaves t undefined; its limit stands in: an interval of width 0, p = 1 for a zero difference, else 0."""
     n = n_arm if test == PAIRED else n_baseline + n_arm
     if run is None:
         return Comparison(Estimate(mean, math.nan, math.nan, n), math.nan, test, df, n_baseline, n_arm, sd, se)

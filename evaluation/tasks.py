@@ -1,6 +1,5 @@
-"""The user's own task directory (include_path), checked before the harness reads it: the
-harness's task index passes over a path that is not a directory, and over a YAML file that
-does not load, without a word, and a task in them is then only "not found"."""
+"""The user's own task directory (include_path), checked before the harness reads it: the harness passes
+over a path that is not a directory, or a YAML file that does not load, and only says "not found"."""
 
 from __future__ import annotations
 
