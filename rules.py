@@ -3,8 +3,6 @@ rule)`; `check_rules` enforces it naming the field, and `python -m conf` prints 
 every section notes its problems and one SettingsError lists them all. Types are not checked here: OmegaConf's
 typed merge refuses a wrong type where a config enters, and code that builds a dataclass itself is trusted."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import math
@@ -55,7 +53,7 @@ class Rule:
         below = value < self.high if self.ends[1] == ")" else value <= self.high
         return math.isfinite(value) and above and below  # an interval's members are numbers a run computes with
 
-    def or_words(self, *words: str) -> Rule:
+    def or_words(self, *words: str) -> "Rule":
         """This interval's whole numbers, or one of `words` (a field typed Any holds either)."""
         return replace(self, words=words)
 

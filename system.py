@@ -2,8 +2,6 @@
 (`with exits(out_of_memory="lower batch_size"):` around main()'s body), how it takes a signal and how
 it replaces a file. (Locks are the `filelock` package's.)"""
 
-from __future__ import annotations
-
 import contextlib
 import io
 import os
@@ -27,8 +25,7 @@ class Interrupted(BaseException):
     """A signal ended the command; a BaseException, so no `except Exception` on the way turns it into another error."""
 
     def __init__(self, signum: int) -> None:
-        self.signal = signal.Signals(signum).name
-        self.exit_code = 128 + signum
+        self.signal, self.exit_code = signal.Signals(signum).name, 128 + signum
         self.detail = f"{self.signal}: interrupted"  # what it leaves behind, when the command knows
         super().__init__(self.signal)
 
@@ -139,7 +136,7 @@ class GracefulStop:
             self._requested = f"the launcher (process {self._launcher}) ended"
         return self._requested
 
-    def __enter__(self) -> GracefulStop:
+    def __enter__(self) -> "GracefulStop":
         self._signals.__enter__()
         return self
 

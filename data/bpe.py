@@ -44,8 +44,7 @@ class BpeTokenizer(Tokenizer):
         self.json = tokenizer_json
         self._tokenizer = HfTokenizer.from_str(tokenizer_json)
         self._tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" is text (see Tokenizer.encode)
-        self.vocab_size = self._tokenizer.get_vocab_size()
-        self.eot_id = self._tokenizer.token_to_id(EOT_TEXT)
+        self.vocab_size, self.eot_id = self._tokenizer.get_vocab_size(), self._tokenizer.token_to_id(EOT_TEXT)
         byte_of_char = gpt2_byte_alphabet()
         pieces = [self._tokenizer.id_to_token(i) for i in range(self.vocab_size)]
         if self.eot_id is None or any(

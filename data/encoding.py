@@ -46,8 +46,7 @@ class EncodingCheck:
         self.start = offset if self.start is None else self.start
         if offset == 0 and self.path is not None:
             self._check_start(data)
-        controls = len(data.translate(None, _NOT_CONTROLS))
-        invalid = self.decoder.decode(data).count("\ufffd")
+        controls, invalid = len(data.translate(None, _NOT_CONTROLS)), self.decoder.decode(data).count("\ufffd")
         self.read, self.controls, self.invalid = self.read + len(data), self.controls + controls, self.invalid + invalid
         self.sample, self.sample_at = data[-SAMPLE_BYTES:], offset + max(0, len(data) - SAMPLE_BYTES)
         if len(data) >= SUSPECT_MIN_BYTES and controls + invalid >= SUSPECT_SHARE * len(data):

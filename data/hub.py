@@ -14,8 +14,7 @@ from data.readers import ROWS_PER_BATCH, Corpus, Rows, Stream, check_column
 
 
 def hub_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
-    local = Path(cfg.dataset).expanduser()
-    origin = f"data.dataset={cfg.dataset!r}"
+    local, origin = Path(cfg.dataset).expanduser(), f"data.dataset={cfg.dataset!r}"
     saved = (local / "state.json").is_file() or (local / "dataset_dict.json").is_file()  # by save_to_disk
     # A local directory, or only the first documents, are read as a stream: no copy, no full download.
     streamed = not saved and (cfg.streaming or local.is_dir() or cfg.max_documents is not None)

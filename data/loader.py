@@ -1,6 +1,7 @@
 """BatchLoader: random (x, y) windows from a token shard, reproducible by step."""
 
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from data.errors import DataError
 from data.meta import PREPARE_HINT, check_shard, read_meta
 
 
+@dataclass(eq=False)
 class BatchLoader:
     """Batches of `batch_size` windows of `block_size + 1` tokens from one split's memory-mapped shard.
 
@@ -19,25 +21,23 @@ class BatchLoader:
     and W ranks see exactly the samples one process sees with accum_steps=W.
     """
 
-    def __init__(
-        self,
-        data_dir: str | Path,
-        split: str,
-        block_size: int,
-        batch_size: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        device: str | torch.device = "cpu",
-        accum_steps: int = 1,
-    ):
-        checked = (block_size, batch_size, accum_steps, seed, rank, world_size)  # by train.py's config
-        assert min(block_size, batch_size, accum_steps) >= 1 and seed >= 0 and 0 <= rank < world_size, checked
-        self.split, self.block_size, self.batch_size = split, block_size, batch_size
-        self.seed, self.rank, self.world_size, self.accum_steps = seed, rank, world_size, accum_steps
-        self.device = torch.device(device)
-        meta = read_meta(Path(data_dir))
-        self.shard = check_shard(Path(data_dir), meta, split)
+    data_dir: str | Path
+    split: str
+    block_size: int
+    batch_size: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    device: str | torch.device = "cpu"
+    accum_steps: int = 1
+
+    def __post_init__(self) -> None:
+        split, block_size, needed = self.split, self.block_size, self.batch_size * self.world_size * self.accum_steps
+        assert min(block_size, self.batch_size, self.accum_steps) >= 1 and 0 <= self.rank < self.world_size, self
+        assert self.seed >= 0, self  # all checked by train.py's config
+        self.device = torch.device(self.device)
+        meta = read_meta(Path(self.data_dir))
+        self.shard = check_shard(Path(self.data_dir), meta, split)
         self.vocab_size = meta["vocab_size"]
         n_tokens = meta["tokens"][split]
         self.n_windows = n_tokens - block_size  # window starts 0 .. n_tokens - block_size - 1
@@ -46,7 +46,6 @@ class BatchLoader:
                 f"the {split} split has {n_tokens} tokens, fewer than block_size + 1 = "
                 f"{block_size + 1}: use a smaller block_size or a larger corpus"
             )
-        needed = batch_size * world_size * accum_steps
         if self.n_windows < needed:
             raise DataError(
                 f"the {split} split has {self.n_windows} distinct windows of {block_size + 1} tokens but a step needs "

@@ -82,8 +82,7 @@ def check_shard(data_dir: Path, meta: dict, split: str) -> Path:
     path = shard_path(data_dir, split)
     if not path.is_file():
         raise DataError(f"{path} is missing although meta.json describes it: {PREPARE_HINT}")
-    expected = meta["tokens"][split] * np.dtype(meta["dtype"]).itemsize
-    actual = path.stat().st_size
+    expected, actual = meta["tokens"][split] * np.dtype(meta["dtype"]).itemsize, path.stat().st_size
     if actual != expected:
         raise DataError(
             f"{path} is {actual} bytes but meta.json promises {meta['tokens'][split]} {meta['dtype']} tokens "

@@ -59,8 +59,7 @@ class PreparedData:
 
 def prepare(cfg: DataConfig) -> PreparedData:
     """Tokenise cfg's corpus into its data directory, unless that already holds exactly this data."""
-    data_dir = cfg.resolved_data_dir()
-    fingerprint = fingerprint_of(cfg)
+    data_dir, fingerprint = cfg.resolved_data_dir(), fingerprint_of(cfg)
     with _only_preparer(data_dir):
         for path in [data_dir / META_FILE, *(f(data_dir, s) for f in (shard_path, partial_path) for s in SPLITS)]:
             if path.is_dir():
@@ -69,8 +68,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
                     "away (or delete it), or set another data.data_dir"
                 )
         refuse_other_settings(cfg, data_dir)
-        meta = reusable_meta(cfg, data_dir, fingerprint)
-        if meta is not None:
+        if (meta := reusable_meta(cfg, data_dir, fingerprint)) is not None:
             log.info("reusing the shards in %s (same settings and source)", data_dir)
             return PreparedData(data_dir, meta, reused=True)
         with _building(data_dir):

@@ -54,12 +54,10 @@ def cut_point(text: str, start: int, limit: int) -> int:
     rest fits. `text` must hold FORCED_CUT_CHARS + 2 characters past `start`, or all there is."""
     if len(text) - start <= limit:
         return len(text)
-    end = start + limit
-    width = 256
+    end, width = start + limit, 256
     while True:  # look back from `end` in growing windows: cuts are usually a few characters apart
         low = max(start + 1, end - width)
-        matches = [m.start() for m in _SAFE_CUT.finditer(text, low, end + 2) if m.start() <= end]
-        if matches:
+        if matches := [m.start() for m in _SAFE_CUT.finditer(text, low, end + 2) if m.start() <= end]:
             return matches[-1]
         if low == start + 1:
             break
@@ -274,8 +272,7 @@ def _lines(path: Path, offset: int) -> Iterator[tuple[str, int]]:
     """(line, its byte offset) from `offset` on, decoded with undecodable bytes kept as surrogates."""
     rest = b""
     for chunk in source_chunks(path, offset):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
+        *lines, rest = (rest + chunk).split(b"\n")
         for line in lines:
             yield line.decode("utf-8", "surrogateescape"), offset
             offset += len(line) + 1

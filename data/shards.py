@@ -58,8 +58,7 @@ class ShardWriter:
         self.data_dir, self.dtype, self.eot_id, self.progress = data_dir, np.dtype(progress["dtype"]), eot_id, progress
         self.block_tokens, self.val_fraction, self.seed = cfg.shuffle_block_tokens, cfg.val_fraction, cfg.split_seed
         self.spans, self.filled = [], 0
-        self.paths = {split: partial_path(data_dir, split) for split in SPLITS}
-        self.files = {}
+        self.paths, self.files = {split: partial_path(data_dir, split) for split in SPLITS}, {}
         # A resumed prepare continues its partial shards: a block written after the last one recorded, again.
         for split, path in self.paths.items():
             self.files[split] = self._guarded(path, lambda: open(path, "wb" if progress["resume"] is None else "r+b"))

@@ -67,8 +67,7 @@ def source_digests(cfg: DataConfig) -> dict[str, str]:
 
 def stdlib_files() -> list[Path]:
     """The standard library's own .py files (no tests, no site-packages), sorted by path."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
+    root, found = Path(sysconfig.get_paths()["stdlib"]), []
     for directory, subdirectories, names in os.walk(root):
         subdirectories[:] = [d for d in subdirectories if d not in _STDLIB_SKIPPED_DIRS]  # prune the walk
         found += [Path(directory, name) for name in names if name.endswith(".py")]
@@ -107,8 +106,7 @@ def _parquet_rows(path: Path, column: str, piece_chars: int) -> Rows:
 
     def batches(first_row: int):
         with _parquet_named(path):  # a data page damaged past the footer fails here
-            parquet = pq.ParquetFile(path)
-            seen = 0
+            parquet, seen = pq.ParquetFile(path), 0
             for group in range(parquet.num_row_groups):
                 rows = parquet.metadata.row_group(group).num_rows
                 if seen + rows > first_row:
@@ -147,8 +145,7 @@ def resolve_files(pattern: str) -> list[Path]:
         found = [Path(p) for p in glob.glob(expanded, recursive=True)]
     else:
         found = [base]
-    files = sorted(p for p in found if p.is_file())
-    if not files:
+    if not (files := sorted(p for p in found if p.is_file())):
         raise DataError(f"data.path={pattern!r} matched no files")
     return files
 

@@ -5,8 +5,6 @@ data/bpe.py). `describe()` is a JSON-able dict stored in meta.json and config.ya
 it names (`files()`) beside them, from which `load_tokenizer` (data/bpe.py) rebuilds the tokenizer.
 """
 
-from __future__ import annotations
-
 import functools
 import hashlib
 import importlib.util
@@ -76,8 +74,7 @@ class Gpt2Tokenizer(Tokenizer):
 
     def __init__(self):
         self._encoding = gpt2_encoding()
-        self.vocab_size = self._encoding.n_vocab
-        self.eot_id = self._encoding.eot_token
+        self.vocab_size, self.eot_id = self._encoding.n_vocab, self._encoding.eot_token
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -146,8 +143,7 @@ class CharTokenizer(Tokenizer):
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer needs distinct characters")
         self.chars = chars
-        self.eot_id = len(chars) if with_eot else None
-        self.vocab_size = len(chars) + int(with_eot)
+        self.eot_id, self.vocab_size = len(chars) if with_eot else None, len(chars) + int(with_eot)
         self._pieces = list(chars) + ([EOT_TEXT] if with_eot else [])
         codepoints = _codepoints(chars)
         # id of each code point up to the largest one in the vocabulary; -1 where there is none
@@ -155,7 +151,7 @@ class CharTokenizer(Tokenizer):
         self._id_of_codepoint[codepoints] = np.arange(len(chars))
 
     @classmethod
-    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+    def from_texts(cls, texts: Iterable[str]) -> "CharTokenizer":
         """The characters of `texts`, sorted; an end-of-text id if more than one text has any."""
         texts = list(texts)
         return cls("".join(sorted(set().union(*texts))), with_eot=sum(map(bool, texts)) > 1)

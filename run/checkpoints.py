@@ -154,8 +154,7 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
     under runs_root (sweep members included); `setting` is what the user passes a path as, for the message."""
     if target is None:
         links = (d / "latest" for d in Path(runs_root).glob(f"**/{CHECKPOINTS}"))  # a dangling one too
-        runs = sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)
-        if not runs:
+        if not (runs := sorted((link for link in links if link.is_symlink()), key=lambda p: p.lstat().st_mtime)):
             raise CheckpointError(
                 f"no checkpoint found under {Path(runs_root).resolve()}: train one first with "
                 f"`python train.py`, or pass {setting}=PATH"
@@ -260,8 +259,7 @@ class Checkpoints:
         self, step: int, model: nn.Module, config: dict, state: dict, is_best: bool = False, files: dict | None = None
     ) -> Path:
         """Write checkpoint `step` (and `files`: Tokenizer.files()), point `latest` (`best` if is_best) at it, prune."""
-        final = self.root / f"step_{step:06d}"
-        shared = stored_once(model)
+        final, shared = self.root / f"step_{step:06d}", stored_once(model)
         weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k not in shared}
         if bad := non_finite(weights):
             raise CheckpointError(

@@ -45,8 +45,7 @@ def load_model(
         model = inference_model(model_config, state, device, dtype, weights)
     else:
         checkpoint = target if isinstance(target, Checkpoint) else load_checkpoint(find_checkpoint(target, runs_root))
-        tokenizer = checkpoint.tokenizer()
-        model = checkpoint_model(checkpoint, device, dtype, weights)
+        tokenizer, model = checkpoint.tokenizer(), checkpoint_model(checkpoint, device, dtype, weights)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
             f"{checkpoint.path}: its tokenizer has {tokenizer.vocab_size} ids but its model "

@@ -30,8 +30,7 @@ def _parse(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The records of a metrics file, and its torn last line (a write cut short: no newline, not JSON), left out."""
     if not path.exists():
         return [], None
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    records = []
+    lines, records = path.read_text(encoding="utf-8", errors="replace").split("\n"), []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
