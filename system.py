@@ -158,7 +158,6 @@ def replace_atomically(path: Path, make: Callable[[Path], None]) -> None:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Replace the file at `path` with `text` (UTF-8) or bytes, atomically."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     replace_atomically(path, lambda temp: temp.write_bytes(data))
 

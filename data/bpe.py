@@ -1,10 +1,9 @@
 """A byte-level BPE trained on the corpus (data.tokenizer=bpe) by `tokenizers`, and `load_tokenizer`,
 which knows all three tokenizers (this module sits above data/tokenizer.py).
 
-Ids: the 256 bytes (in GPT-2's byte alphabet order), one per merge as learned, <|endoftext|> last.
-Text is split about as GPT-2 splits it, so no token spans two words. The tokenizer is tokenizers'
-JSON (tokenizer.json: data, never code) beside meta.json and in every checkpoint, named with its
-sha256 by `describe()`, so a damaged or swapped file is refused.
+Ids: the 256 bytes (in GPT-2's byte alphabet order), one per merge as learned, <|endoftext|> last. Text is split about
+as GPT-2 splits it, so no token spans two words. The tokenizer is tokenizers' JSON (tokenizer.json: data, never code)
+beside meta.json and in every checkpoint, named with its sha256 by `describe()`: a damaged or swapped file is refused.
 """
 
 import functools

@@ -69,8 +69,7 @@ def refuse_other_settings(cfg: DataConfig, data_dir: Path) -> None:
 
 
 def _suffix(settings: dict) -> str:
-    """A readable name part for the settings that differ (max_documents2), or, when a value is
-    long or not plain (a path), 8 hex digits of their sha256."""
+    """A name part for the differing settings (max_documents2); 8 hex digits of their sha256 if a value is not plain."""
     plain = {key: value if isinstance(value, str) else json.dumps(value) for key, value in settings.items()}
     words = "_".join(f"{key}{value}" for key, value in plain.items())
     if all(SUFFIX_WORD.fullmatch(value) for value in plain.values()) and len(words) <= 48:

@@ -39,8 +39,7 @@ class EncodingCheck:
         self.sample, self.sample_at = b"", 0  # the last SAMPLE_BYTES of the latest read, and its offset
 
     def add(self, data: bytes, offset: int) -> None:
-        """`data`, read at `offset`: from the file's start, or from its document's for a table
-        (which aligns UTF-16/32 code units)."""
+        """`data`, read at `offset`: from the file's start, or for a table from its document's (aligning UTF-16/32)."""
         if not data:
             return
         self.start = offset if self.start is None else self.start
@@ -64,8 +63,7 @@ class EncodingCheck:
     def _judge(self) -> None:
         if self.controls < CONTROL_SHARE * self.read and self.controls + self.invalid < NOT_TEXT_SHARE * self.read:
             return
-        encoding = wide_encoding(self.sample, self.sample_at)
-        raise self._wide(encoding) if encoding is not None else self._not_text()
+        raise self._wide(encoding) if (encoding := wide_encoding(self.sample, self.sample_at)) else self._not_text()
 
     def _check_start(self, head: bytes) -> None:
         if (mark := next((name for bom, name in _MARKS if head.startswith(bom)), None)) is not None:
@@ -122,8 +120,7 @@ class EncodingCheck:
 
 
 def wide_encoding(sample: bytes, offset: int) -> str | None:
-    """The UTF-32 or UTF-16 that `sample` (read at `offset`, which aligns its code units)
-    decodes from into readable text, if any."""
+    """The UTF-32 or UTF-16, if any, whose readable text `sample` is (read at `offset`, which aligns its code units)."""
     for encoding, unit in _WIDE:
         try:  # the incremental decoder holds back a code unit (or surrogate pair) cut at the end
             text = codecs.getincrementaldecoder(encoding)().decode(sample[-offset % unit :])

@@ -32,8 +32,7 @@ def reading(path, kind: str = "", role: str = "") -> Iterator[None]:
 
 @contextlib.contextmanager
 def failing_as(what: str, hint: str = "") -> Iterator[None]:
-    """Any error inside but a DataError (datasets raises many types; all mean "did not read") as the DataError
-    "<what> (<the error and its cause>)<hint>"."""
+    """Any error inside but a DataError (datasets raises many types) as DataError("<what> (<error; cause>)<hint>")."""
     try:
         yield
     except DataError:

@@ -67,8 +67,7 @@ def _load_hub(cfg: DataConfig, streaming: bool):
 
 @contextlib.contextmanager
 def _quiet(local: bool):
-    """No usage ping (datasets pings a server to count a packaged builder's use: up to 3 s offline);
-    no progress bars for a local directory."""
+    """No usage ping (datasets counts a packaged builder's use online: up to 3 s offline); local: no progress bars."""
     saved, was_disabled = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS, datasets.are_progress_bars_disabled()
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     if local:
@@ -86,7 +85,6 @@ def _table_batches(table: datasets.Dataset):
 
 
 def _text_column(documents, column: str):
-    """Keep only `column`, renamed to "text"."""
     columns = documents.column_names or list(next(iter(documents), {}))  # streams may not know theirs
     check_column(column, columns)
     documents = documents.select_columns([column])

@@ -1,9 +1,8 @@
 """meta.json and the shards it describes (train.bin, val.bin: flat token ids): reading, checking, writing.
 
-meta.json is written last: shards without a matching meta.json are never taken as complete.
-Since format 2 it records the sha256 of each shard and of its own other entries (checked by every
-read), so a damaged or edited meta.json is refused; a format-1 directory still reads, with size
-checks only (prepare rebuilds it: the format is part of its fingerprint).
+meta.json is written last: shards without a matching meta.json are never taken as complete. Since format 2 it records
+the sha256 of each shard and of its own other entries (checked by every read): a damaged or edited meta.json is
+refused; a format-1 directory reads with size checks only (prepare rebuilds it: the format is in its fingerprint).
 """
 
 import hashlib

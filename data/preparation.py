@@ -1,12 +1,10 @@
 """The prepare step (python prepare.py): a corpus tokenised once into train.bin / val.bin + meta.json.
 
-The corpus is read as a stream of pieces (data/readers.py), tokenised a batch at a time by a pool of threads (tiktoken
-releases the GIL) and written block by block (data/shards.py): memory holds a batch and a block, whatever the corpus
-size. A killed prepare resumes at its last complete block; a second process preparing the same directory waits for the
-lock, then reuses. The same settings and source reuse the shards; other token settings are refused (data/cache.py). A
-changed source, an older shard format, or a shard (or, unless data.verify=size, a shard's or local source file's sha256)
-that no longer matches meta.json is rebuilt with a warning. meta.json is written last, so an interrupted run never
-leaves shards that look complete.
+The corpus's pieces (data/readers.py) are tokenised a batch at a time by a pool of threads (tiktoken releases the GIL)
+and written block by block (data/shards.py): memory holds a batch and a block, whatever the corpus size. A killed
+prepare resumes at its last complete block; a second process preparing the same directory waits for the lock, then
+reuses. Whether shards are reused, refused or rebuilt is data/cache.py's rule. meta.json is written last, so an
+interrupted run never leaves shards that look complete.
 """
 
 import collections

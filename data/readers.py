@@ -64,9 +64,7 @@ def cut_point(text: str, start: int, limit: int) -> int:
         width *= 4
     forced = start + FORCED_CUT_CHARS
     following = _SAFE_CUT.search(text, end + 1, forced + 2)
-    if following is not None and following.start() <= forced:
-        return following.start()
-    return min(forced, len(text))
+    return following.start() if following is not None and following.start() <= forced else min(forced, len(text))
 
 
 def text_pieces(text: str, start: int, limit: int) -> Iterator[tuple[int, str]]:
@@ -139,22 +137,18 @@ class JsonLines:
             yield from checked_texts(self._file_pieces(index, *start), str(self.files[index]))
             at = {"byte": 0, "char": 0, "line": 1}
 
-    def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, element: int) -> Iterator[Piece]:
+    def _file_pieces(self, index: int, offset: int, skip_chars: int, line_number: int, first: int) -> Iterator[Piece]:
         path = self.files[index]
         with reading(path), open(path, "rb") as f:
             is_array = f.read(4096).lstrip()[:1] == b"["
-        if is_array:
-            yield from self._array_pieces(index, element, skip_chars)
+        if not is_array:
+            for number, (line, line_offset) in enumerate(_lines(path, offset), start=line_number):
+                if line.strip():
+                    position = {"file": index, "byte": line_offset, "line": number}
+                    where = f"line {number} of {path}"
+                    text = lambda: document_text(json_row(line, where), where, self.column)  # noqa: E731
+                    yield from row_pieces(text, position, skip_chars if number == line_number else 0, self.piece_chars)
             return
-        for number, (line, line_offset) in enumerate(_lines(path, offset), start=line_number):
-            if line.strip():
-                position = {"file": index, "byte": line_offset, "line": number}
-                where = f"line {number} of {path}"
-                text = lambda: document_text(json_row(line, where), where, self.column)  # noqa: E731
-                yield from row_pieces(text, position, skip_chars if number == line_number else 0, self.piece_chars)
-
-    def _array_pieces(self, index: int, first: int, skip_chars: int) -> Iterator[Piece]:
-        path = self.files[index]
         if path.stat().st_size > self.JSON_ARRAY_BYTES:
             raise DataError(
                 f"{path} is one JSON array of {path.stat().st_size:,} bytes, too large to read at once: "
@@ -219,8 +213,6 @@ class Stream(Rows):
 
 
 class Chain:
-    """Several readers, one after another."""
-
     def __init__(self, parts: Sequence):
         self.parts = list(parts)
 
@@ -285,9 +277,8 @@ def _batches_of(stream, rows: int, origin: str) -> Iterator[list]:
     batches = stream.iter(batch_size=rows)
     while True:
         with failing_as(f"reading {origin} through datasets failed"):
-            batch = next(batches, None)
-        if batch is None:
-            return
+            if (batch := next(batches, None)) is None:
+                return
         yield batch["text"]
 
 

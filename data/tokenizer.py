@@ -1,8 +1,7 @@
-"""Tokenizers: one small interface, three implementations: `gpt2` (GPT-2's byte-level BPE, run
-by tiktoken), `char` (one id per character of the training text, plus an end-of-text id when the
-corpus has several documents: tiny Shakespeare keeps its 65 ids) and `bpe` (trained on the corpus,
-data/bpe.py). `describe()` is a JSON-able dict stored in meta.json and config.yaml, with the files
-it names (`files()`) beside them, from which `load_tokenizer` (data/bpe.py) rebuilds the tokenizer.
+"""Tokenizers: one small interface, three implementations: `gpt2` (GPT-2's byte-level BPE, run by tiktoken), `char`
+(one id per character of the training text, plus an end-of-text id when the corpus has several documents: tiny
+Shakespeare keeps its 65 ids) and `bpe` (trained on the corpus, data/bpe.py). `describe()` is a JSON-able dict stored
+in meta.json and config.yaml, beside the files it names (`files()`): `load_tokenizer` (data/bpe.py) rebuilds from them.
 """
 
 import functools

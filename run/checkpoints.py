@@ -114,7 +114,6 @@ class Checkpoint:
 
 
 def write_digests(path: Path) -> None:
-    """Record the sha256 of checkpoint `path`'s files in its SHA256SUMS."""
     names = [name for name in (WEIGHTS, CONFIG, STATE) if (path / name).is_file()]
     names += sorted(p.name for p in path.iterdir() if p.is_file() and p.name not in (*names, DIGESTS))  # tokenizer.json
     (path / DIGESTS).write_text("".join(f"{file_sha256(path / name)}  {name}\n" for name in names))
@@ -191,7 +190,6 @@ def _follow_latest(link: Path) -> Path:
 
 
 def _newest_complete(root: Path) -> Path | None:
-    """The newest step checkpoint under root that has its weights and config."""
     return next((p for p in reversed(step_dirs(root)) if (p / WEIGHTS).is_file() and (p / CONFIG).is_file()), None)
 
 
@@ -203,9 +201,7 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 def step_dirs(root: Path) -> list[Path]:
     """The step checkpoints under root, oldest first (by number: step_1000000 is newer than step_999999)."""
-    if not root.is_dir():
-        return []
-    steps = (p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and not p.is_symlink())
+    steps = (p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and not p.is_symlink())
     return sorted(steps, key=lambda p: int(p.name[5:]))
 
 

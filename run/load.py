@@ -77,15 +77,12 @@ def check_inference_settings(device: torch.device, weights: str, decode: str = "
 
 
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
-    """The checkpoint's model, as inference_model makes it."""
     checkpoint.check_finite()
     return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
 
 
-def inference_model(
-    model_config: GPTConfig, state: dict, device: torch.device, dtype: torch.dtype, weights: str
-) -> GPT:
-    """GPT(model_config) holding `state`, in eval mode on device in dtype, Linear weights as `weights`, for decoding."""
-    model = GPT(model_config)
+def inference_model(config: GPTConfig, state: dict, device: torch.device, dtype: torch.dtype, weights: str) -> GPT:
+    """GPT(config) holding `state`, in eval mode on device in dtype, Linear weights as `weights`, for decoding."""
+    model = GPT(config)
     load_weights(model, state)
     return to_decode_layout(to_weight_format(model.to(device=device, dtype=dtype).eval(), weights))
