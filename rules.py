@@ -87,10 +87,8 @@ SEED = between(0, 2**32 - 1)  # what numpy's seeding takes
 
 def setting(default: Any = MISSING, rule: Rule | None = None, *, factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with its default and its rule (None: any value of its type)."""
-    metadata = {"rule": rule} if rule else {}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+    start = {"default": default} if factory is None else {"default_factory": factory}
+    return field(**start, metadata={"rule": rule} if rule else {})
 
 
 def rule_of(f) -> Rule | None:

@@ -128,8 +128,7 @@ def _bpe_from_json(tokenizer_json: str) -> BpeTokenizer:
 
 
 def load_tokenizer(source: dict | str | Path, directory: str | Path | None = None) -> Tokenizer:
-    """The tokenizer of `source`: a directory holding meta.json, a meta.json path, a parsed meta.json, or a
-    description (`describe()`) whose files are in `directory` (a data or checkpoint directory)."""
+    """The tokenizer of a data directory, its meta.json (path or parsed), or a describe() with files in `directory`."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         directory = path.parent if path.name == META_FILE else path

@@ -1,7 +1,5 @@
 """DataConfig: where the text comes from, how it is tokenised, where the shards go."""
 
-from __future__ import annotations
-
 import json
 import os
 from collections.abc import Iterator

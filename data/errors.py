@@ -11,8 +11,7 @@ class DataError(UserError, RuntimeError):
 
 
 def describe_error(err: BaseException) -> str:
-    """An exception and, when it wraps others (`raise ... from ...`), the innermost one: the real
-    cause (datasets wraps, say, Arrow's capacity error in a DatasetGenerationError)."""
+    """The exception and its innermost cause (`raise ... from ...`): datasets wraps, say, Arrow's errors in its own."""
     cause, seen = err, {id(err)}
     while cause.__cause__ is not None and id(cause.__cause__) not in seen:
         cause = cause.__cause__

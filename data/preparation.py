@@ -75,8 +75,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
 
 @contextlib.contextmanager
 def _only_preparer(data_dir: Path) -> Iterator[None]:
-    """Hold the data directory's lock: a second process (another run, or another rank under
-    torchrun) waits here, without any collective that could time out, then reuses the shards."""
+    """Hold the data directory's lock: a second process (another run, or rank) waits, with no collective to time out."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -142,22 +141,17 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
 def _write(cfg, data_dir, corpus, tokenizer, progress, threads, batch_chars) -> dict:
     start = progress["resume"] or {"position": None, "skip_tokens": 0, "counters": NEW_COUNTERS}
     counters = dict(start["counters"])
-    writer = ShardWriter(data_dir, tokenizer.eot_id, cfg, progress)
-    try:
+    with contextlib.closing(ShardWriter(data_dir, tokenizer.eot_id, cfg, progress)) as writer:
         pieces = _numbered(corpus.reader.pieces(start["position"]), cfg.max_documents, counters)
-        tokenized = enumerate(_tokenized(pieces, tokenizer, threads, batch_chars))
         with tqdm(desc="tokenizing", unit="tok", unit_scale=True) as bar:
-            for index, (piece, before, tokens) in tokenized:
+            for index, (piece, before, tokens) in enumerate(_tokenized(pieces, tokenizer, threads, batch_chars)):
                 opens = piece.new_document
                 if index == 0 and start["skip_tokens"]:  # these are in the blocks written before
                     tokens, opens = tokens[start["skip_tokens"] :], False
                 writer.add(tokens, opens, piece.position, before)
                 bar.update(len(tokens))
         tokens = writer.finish()
-    finally:
-        writer.close()
-    total = sum(tokens.values())
-    if total == 0:
+    if (total := sum(tokens.values())) == 0:
         raise DataError("the corpus is empty: it holds no text (empty documents are skipped)")
     if min(tokens.values()) == 0:
         raise DataError(f"the corpus has only {total} tokens, too few to hold out val_fraction={cfg.val_fraction}")
@@ -218,8 +212,7 @@ def _remove_partials(data_dir: Path) -> None:
 
 
 def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict):
-    """(piece, the counters before it), up to max_documents documents; `counters` (documents, non-empty
-    ones, replaced bytes) counts as pieces are read."""
+    """(piece, the counters before it) up to max_documents documents; `counters` counts as pieces are read."""
     for piece in pieces:
         before = dict(counters)
         if piece.new_document:
@@ -234,8 +227,7 @@ def _numbered(pieces: Iterator[Piece], max_documents: int | None, counters: dict
 
 
 def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
-    """The tokenizer for a new corpus: `char` reads the whole corpus first (for its vocabulary),
-    `bpe` learns from its first TRAINING_SAMPLE_BYTES (memory and time bounded by that)."""
+    """The new corpus's tokenizer: `char` reads all of it (its vocabulary), `bpe` its first TRAINING_SAMPLE_BYTES."""
     if cfg.tokenizer == "gpt2":
         return Gpt2Tokenizer()
     counters = dict(NEW_COUNTERS)
@@ -249,8 +241,7 @@ def _new_tokenizer(cfg: DataConfig, corpus: Corpus) -> Tokenizer:
 
 
 def _tokenized(numbered, tokenizer: Tokenizer, threads: int, batch_chars: int):
-    """(piece, counters before it, its uint32 ids), in reading order: tasks of a few
-    pieces go to the threads while this thread reads on, about batch_chars in flight at most."""
+    """(piece, counters before it, its uint32 ids) in reading order; threads tokenise, about batch_chars in flight."""
     task_chars = max(1, min(TASK_CHARS, batch_chars // (4 * threads)))
 
     def encoded(task: list) -> list:

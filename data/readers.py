@@ -122,8 +122,7 @@ class TextFiles:
 
 
 class JsonLines:
-    """One document per line: a JSON object whose `column` holds its text; a file that is one
-    JSON array of such objects (up to JSON_ARRAY_BYTES) is read whole."""
+    """One JSON object per line, its text in `column`; or a JSON array of them (up to JSON_ARRAY_BYTES), read whole."""
 
     JSON_ARRAY_BYTES = 1 << 28
 

@@ -141,10 +141,8 @@ def resolve_files(pattern: str) -> list[Path]:
     base = Path(expanded)
     if base.is_dir():
         found = [p for p in base.rglob("*") if not any(part.startswith(".") for part in p.relative_to(base).parts)]
-    elif any(char in expanded for char in "*?["):
-        found = [Path(p) for p in glob.glob(expanded, recursive=True)]
     else:
-        found = [base]
+        found = [Path(p) for p in glob.glob(expanded, recursive=True)] if any(c in expanded for c in "*?[") else [base]
     if not (files := sorted(p for p in found if p.is_file())):
         raise DataError(f"data.path={pattern!r} matched no files")
     return files

@@ -31,8 +31,6 @@ from system import Interrupted
 
 @dataclass(frozen=True)
 class RunSpec:
-    """The run a command asks for, resolved once."""
-
     config: Config
     settings: dict  # the same settings as plain values: what config.yaml and wandb record
     resume_from: Checkpoint | None  # the checkpoint a resume continues
@@ -64,9 +62,8 @@ class StartedRun:
     def restore(
         self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, config: Config
     ) -> tuple[int, float, str]:
-        """The step, best val loss and a line to print: a resume's, its checkpoint restored (nothing may draw from
-        the random streams before the first step); a new run's (0, inf, ''). Then rank 0 records config.yaml: a
-        resume's overrides (max_iters=...), and the model built, which its model section rebuilds exactly."""
+        """The step, best val loss and a line to print: a resume's, restored before anything draws from the random
+        streams, or a new run's (0, inf, ''). Rank 0 then records config.yaml, its model section the model built."""
         restored = (0, math.inf, "")
         if resume_from := self.spec.resume_from:
             restored = self.checkpoints.restore(resume_from, model, optimizer, scaler, config, self.ranks, self.device)
