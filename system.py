@@ -36,9 +36,8 @@ class Interrupted(BaseException):
 @contextlib.contextmanager
 def exits(*, out_of_memory: str | None = None, writing: str = "writing") -> Iterator[None]:
     """How a command ends: an error the user can act on (a UserError, ValueError, OSError naming its file, or running
-    out of memory when `out_of_memory` says what to make smaller) is one line on stderr and exit code 1; a signal is
-    its line and 128 + its number, as a shell reports it; a closed pipe (`| head`) ends it quietly. A bug keeps its
-    traceback."""
+    out of memory when `out_of_memory` says what to make smaller) is one line on stderr and exit code 1; a signal, its
+    line and 128 + its number, as a shell has it; a closed pipe (`| head`) ends quietly. A bug keeps its traceback."""
     # Each stderr line in one write, even under python -u: the ranks of a torchrun job share one stderr,
     # and `sys.exit(message)` writes the message and its newline in two calls, between which another's lands.
     if isinstance(sys.stderr, io.TextIOWrapper):

@@ -1,10 +1,9 @@
 """What a data directory holds, and whether a run may use it: prepared data is never silently rebuilt.
 
 A data directory holds the tokens of one set of *token settings* (every DataConfig field but RUN_ONLY_FIELDS), recorded
-in meta.json (and progress.json while preparing). A run with other token settings is refused, naming each with both
-values and both ways out. Only what no setting says rebuilds the shards, with a warning: changed source files, a new
-shard format or bpe sample, damaged shards. Equal fingerprints (token settings, source file stats, format, bpe sample
-size) and intact shards are reused.
+in meta.json and progress.json. Other token settings are refused, naming each with both values and both ways out. Only
+what no setting says rebuilds the shards, with a warning: changed source files, a new shard format or bpe sample,
+damaged shards; equal fingerprints (settings, source file stats, format, bpe sample size) and intact shards are reused.
 """
 
 import hashlib

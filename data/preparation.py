@@ -132,9 +132,8 @@ def _build(cfg: DataConfig, data_dir: Path, fingerprint: str) -> dict:
     except Exception:  # the corpus itself is at fault: nothing written is worth keeping
         _remove_partials(data_dir)
         raise
-    cache = cfg.resolved_hf_cache_dir()  # datasets' cache in its default place is gptlab's to remove
-    if cfg.hf_cache_dir is None and not cfg.keep_hf_cache and cache.is_dir():
-        shutil.rmtree(cache, ignore_errors=True)
+    if cfg.hf_cache_dir is None and not cfg.keep_hf_cache:  # datasets' cache in its default place is gptlab's to remove
+        shutil.rmtree(cfg.resolved_hf_cache_dir(), ignore_errors=True)
     return meta
 
 

@@ -1,10 +1,9 @@
 """Readers: a corpus as a stream of text pieces, in bounded memory, resumable.
 
-Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is read as `Piece`s of about
-`piece_chars` characters at most, each marked with whether it starts a document and with the position a later reader can
-resume from. A document is cut only where GPT-2's pre-tokeniser would split anyway (`cut_point`), so the tokens never
-depend on the piece size. Bytes that are not UTF-8 become U+FFFD, and are counted; a source that is not UTF-8 text at
-all is refused as it is read (data/encoding.py).
+Every source kind (text files, JSON Lines, parquet, a datasets table or stream) is read as `Piece`s of at most about
+`piece_chars` characters, each marking whether it starts a document and the position a later reader resumes from. A
+document is cut only where GPT-2's pre-tokeniser would split anyway (`cut_point`): the tokens never depend on the piece
+size. Bytes that are not UTF-8 become U+FFFD, counted; a source that is not UTF-8 text is refused (data/encoding.py).
 """
 
 import codecs

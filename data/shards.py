@@ -29,8 +29,7 @@ class WriteError(DataError):
 
 
 def partial_path(data_dir: Path, split: str) -> Path:
-    final = shard_path(data_dir, split)
-    return final.with_name(final.name + ".partial")
+    return Path(f"{shard_path(data_dir, split)}.partial")
 
 
 def remove_temp_files(data_dir: Path) -> None:

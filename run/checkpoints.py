@@ -247,9 +247,8 @@ class Checkpoints:
 
     def latest(self) -> Path | None:
         """Where `latest` leads, else (link lost, dangling, a loop) the newest complete one; None before the first."""
-        if (self.root / "latest" / WEIGHTS).is_file():
-            return (self.root / "latest").resolve()
-        return _newest_complete(self.root)
+        latest = self.root / "latest"
+        return latest.resolve() if (latest / WEIGHTS).is_file() else _newest_complete(self.root)
 
     def save(
         self, step: int, model: nn.Module, config: dict, state: dict, is_best: bool = False, files: dict | None = None
