@@ -125,8 +125,7 @@ class GracefulStop:
     Interrupted. The `launcher` process (its id) ending requests a stop too: killed with -9, it passes no signal on."""
 
     def __init__(self, launcher: int | None = None) -> None:
-        self._requested: str | None = None
-        self._launcher, self._signals = launcher, on_signals(self._handle)
+        self._requested, self._launcher, self._signals = None, launcher, on_signals(self._handle)
 
     @property
     def requested(self) -> str | None:

@@ -57,11 +57,9 @@ class BpeTokenizer(Tokenizer):
 
     def encode_array(self, text: str) -> np.ndarray:
         try:  # the batch call lets go of the GIL: prepare's threads encode in parallel
-            encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0]
+            return np.asarray(self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids, np.uint32)
         except TypeError:  # lone surrogates have no UTF-8: U+FFFD for each, as tiktoken does
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0]
-        return np.asarray(encoded.ids, dtype=np.uint32)
+            return self.encode_array(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self._bytes[i] for i in ids)

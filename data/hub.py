@@ -41,13 +41,11 @@ def _open_stream(cfg: DataConfig):
 def _load_saved(path: Path, cfg: DataConfig) -> datasets.Dataset:
     with failing_as(f"could not load the saved dataset {path}"):
         saved = datasets.load_from_disk(str(path))
-    if isinstance(saved, datasets.DatasetDict):
-        if cfg.split not in saved:
-            raise DataError(
-                f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split"
-            )
-        saved = saved[cfg.split]
-    return saved
+    if not isinstance(saved, datasets.DatasetDict):
+        return saved
+    if cfg.split not in saved:
+        raise DataError(f"the saved dataset {path} has no split {cfg.split!r} (it has {sorted(saved)}); set data.split")
+    return saved[cfg.split]
 
 
 def _load_hub(cfg: DataConfig, streaming: bool):

@@ -38,8 +38,7 @@ class BatchLoader:
         self.device = torch.device(self.device)
         meta = read_meta(Path(self.data_dir))
         self.shard = check_shard(Path(self.data_dir), meta, split)
-        self.vocab_size = meta["vocab_size"]
-        n_tokens = meta["tokens"][split]
+        self.vocab_size, n_tokens = meta["vocab_size"], meta["tokens"][split]
         self.n_windows = n_tokens - block_size  # window starts 0 .. n_tokens - block_size - 1
         if self.n_windows < 1:
             raise DataError(

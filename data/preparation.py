@@ -287,12 +287,11 @@ def _building(data_dir: Path) -> Iterator[None]:
     def stop(signum: int, frame) -> None:
         with contextlib.suppress(OSError):  # a worker may still be writing there
             remove_temp_files(data_dir)
-        print(
+        sys.stderr.write(
             f"error: interrupted by {signal.Signals(signum).name} while preparing {data_dir}: the same command "
-            "resumes after the last complete block (shards left incomplete never look complete)",
-            file=sys.stderr,
-            flush=True,
+            "resumes after the last complete block (shards left incomplete never look complete)\n"
         )
+        sys.stderr.flush()
         os._exit(128 + signum)
 
     _preparing_parent = os.getpid()  # recorded before the pool starts, for its workers to compare

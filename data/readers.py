@@ -92,8 +92,7 @@ class TextFiles:
             at = {"byte": 0, "new": True}
 
     def _file_pieces(self, index: int, offset: int, new_document: bool) -> Iterator[Piece]:
-        path = self.files[index]
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        path, decoder = self.files[index], codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
         lookahead = FORCED_CUT_CHARS + 2 + self.piece_chars  # what cut_point may look at
         buffer, start, at_end, replaced_in_file = "", 0, False, 0
         chunks = source_chunks(path, offset)
@@ -142,8 +141,7 @@ class JsonLines:
         if not is_array:
             for number, (line, line_offset) in enumerate(_lines(path, offset), start=line_number):
                 if line.strip():
-                    position = {"file": index, "byte": line_offset, "line": number}
-                    where = f"line {number} of {path}"
+                    position, where = {"file": index, "byte": line_offset, "line": number}, f"line {number} of {path}"
                     text = lambda: document_text(json_row(line, where), where, self.column)  # noqa: E731
                     yield from row_pieces(text, position, skip_chars if number == line_number else 0, self.piece_chars)
             return
@@ -305,8 +303,7 @@ def checked_texts(pieces: Iterator[Piece], origin: str) -> Iterator[Piece]:
     """Pieces of rows, their texts checked as UTF-8 bytes aligned at each document's start."""
     check, offset = EncodingCheck(origin), 0
     for piece in pieces:
-        data = piece.text.encode("utf-8")
-        offset = 0 if piece.new_document else offset
+        data, offset = piece.text.encode("utf-8"), 0 if piece.new_document else offset
         check.add(data, offset)
         offset += len(data)
         yield piece

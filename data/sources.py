@@ -75,8 +75,7 @@ def stdlib_files() -> list[Path]:
 
 
 def _stdlib_corpus(cfg: DataConfig, piece_chars: int) -> Corpus:
-    files = stdlib_files()
-    topics = [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]
+    files, topics = stdlib_files(), [PYDOC_TOPICS[key] for key in sorted(PYDOC_TOPICS)]
     reader = Chain([TextFiles(files, piece_chars), Rows(_list_batches(topics), "text", "pydoc topics", piece_chars)])
     version = sysconfig.get_python_version()
     return Corpus(reader, f"Python {version} standard library: {len(files)} .py files + {len(topics)} pydoc topics")

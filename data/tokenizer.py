@@ -141,8 +141,7 @@ class CharTokenizer(Tokenizer):
         """`chars`: the vocabulary in id order; with_eot adds id len(chars) for end-of-text."""
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer needs distinct characters")
-        self.chars = chars
-        self.eot_id, self.vocab_size = len(chars) if with_eot else None, len(chars) + int(with_eot)
+        self.chars, self.eot_id, self.vocab_size = chars, (len(chars) if with_eot else None), len(chars) + int(with_eot)
         self._pieces = list(chars) + ([EOT_TEXT] if with_eot else [])
         codepoints = _codepoints(chars)
         # id of each code point up to the largest one in the vocabulary; -1 where there is none

@@ -61,9 +61,8 @@ class Checkpoint:
         try:
             return read_settings(GPTConfig, self.config["model"])
         except ValueError as err:
-            raise CheckpointError(
-                f"{self.path / CONFIG} has an invalid model section: {str(err).splitlines()[0]}"
-            ) from err
+            first_line = str(err).splitlines()[0]
+            raise CheckpointError(f"{self.path / CONFIG} has an invalid model section: {first_line}") from err
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the model was trained with, as its config.yaml describes it."""
@@ -169,9 +168,7 @@ def find_checkpoint(target: str | Path | None, runs_root: str | Path, setting: s
             return _follow_latest(link)
     for root in (path, path / CHECKPOINTS):  # a run whose `latest` link was lost
         if newest := _newest_complete(root):
-            print(
-                f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}", file=sys.stderr
-            )
+            sys.stderr.write(f"warning: {root} has no `latest` link; using its newest complete checkpoint, {newest}\n")
             return newest.resolve()
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
@@ -229,8 +226,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load weights saved by Checkpoints.save (or a compiled / DDP model's) into `model`, explaining any mismatch."""
-    target = unwrap_model(model)
-    state = {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
+    target, state = unwrap_model(model), {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
     expected = {name: tensor.shape for name, tensor in target.state_dict().items()}
     if problems := fit_problems(state, expected, "the checkpoint", "the model", optional=stored_once(target)):
         raise CheckpointError(f"checkpoint does not fit this model (a different model shape?): {problems}")
@@ -242,8 +238,7 @@ class Checkpoints:
     keeps the newest `keep_last` and what `latest` and `best` lead to; keep_state="latest" keeps state.pt in one."""
 
     def __init__(self, run_dir: str | Path, *, keep_last: int = 3, keep_state: str = "all") -> None:
-        self.root = Path(run_dir) / CHECKPOINTS
-        self.keep_last, self.keep_state = keep_last, keep_state
+        self.root, self.keep_last, self.keep_state = Path(run_dir) / CHECKPOINTS, keep_last, keep_state
 
     def latest(self) -> Path | None:
         """Where `latest` leads, else (link lost, dangling, a loop) the newest complete one; None before the first."""

@@ -19,9 +19,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     records, torn = _parse(path)
     if torn is not None:
-        print(
-            f"warning: {path}: its last line was cut short by an interrupted write and is left out: {torn[:60]!r}",
-            file=sys.stderr,
+        sys.stderr.write(
+            f"warning: {path}: its last line was cut short by an interrupted write and is left out: {torn[:60]!r}\n"
         )
     return records
 
