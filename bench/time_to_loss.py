@@ -277,7 +277,7 @@ def _slug(arm: str, suffix: object) -> str:
     return re.sub(r"[^\w-]+", "_", f"{arm.replace(' - ', '_minus_').replace(' + ', '_plus_')}_{suffix}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=tuple(CORPORA), default="stdlib")
     parser.add_argument("--budget-s", type=float, default=300.0, help="training seconds per run (default: 300)")
@@ -315,7 +315,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/)")
     parser.add_argument("--plot", type=Path, help="also draw every run's val curve into this PNG")
     parser.add_argument("--from-json", type=Path, help="train nothing: the table (and --plot) of a results file")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.from_json:
         record = json.loads(args.from_json.read_text())
         runs = [Run(**r) for r in record["runs"]]
