@@ -59,12 +59,12 @@ import data.preparation
 
 real_init, real_build, real_lock = dist.init_process_group, data.preparation._build, data.preparation._only_preparer
 # 15 s: longer than the ranks' skew after the prepare on a loaded 2-core machine (3 s and
-# 6 s were not, under CI's load), half the prepare.
+# 6 s were not, under CI's load), shorter than the prepare (20 s) that a collective would wait on.
 dist.init_process_group = lambda *a, **k: real_init(*a, **k, timeout=datetime.timedelta(seconds=15))
 preparing = {marker!r}
 def slow_build(*args):
     open(preparing, "w").close()  # rank 0 holds the lock from here on
-    time.sleep(30)  # rank 0 prepares for longer than any collective may wait
+    time.sleep(20)  # rank 0 prepares for longer than any collective may wait
     return real_build(*args)
 def lock_once_rank_0_prepares(data_dir):
     while not os.path.exists(preparing):  # a fixed head start loses the race on a loaded machine
