@@ -4,7 +4,6 @@ every section notes its problems and one SettingsError lists them all. Types are
 typed merge refuses a wrong type where a config enters, and code that builds a dataclass itself is trusted."""
 
 import contextlib
-import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -69,8 +68,16 @@ class Rule:
         return f"in {self.ends[0]}{_number(self.low)}, {_number(self.high)}{self.ends[1]}"
 
 
-at_least = between = Rule  # (low, high=inf, ends="[]")
-above = functools.partial(Rule, ends="(]")
+def at_least(low: float) -> Rule:
+    return Rule(low=low)
+
+
+def above(low: float) -> Rule:
+    return Rule(low=low, ends="(]")
+
+
+def between(low: float, high: float, ends: str = "[]") -> Rule:
+    return Rule(low=low, high=high, ends=ends)
 
 
 def one_of(*choices: Any) -> Rule:

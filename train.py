@@ -160,9 +160,19 @@ def set_up(
     micro = choose_micro_batch(plan, model, compiled, config, precision, ranks, device, vocab_size)
     wrapped = wrap_model(compiled, ranks, device)  # DDP broadcasts rank 0's weights here
     trainer = Trainer(wrapped, optimizer, scaler, precision.autocast(), micro.accum, config.optim.grad_clip, ranks)
-    config, notes, restored = replace(config, batch_size=micro.size), (budget.reason, resumed), (step, best_val_loss)
     return Setup(
-        config, precision, data, model, vocab_size, origin, compiled, trainer, micro, tokens_per_step, notes, restored
+        replace(config, batch_size=micro.size),
+        precision,
+        data,
+        model,
+        vocab_size,
+        origin,
+        compiled=compiled,
+        trainer=trainer,
+        micro=micro,
+        tokens_per_step=tokens_per_step,
+        notes=(budget.reason, resumed),
+        restored=(step, best_val_loss),
     )
 
 

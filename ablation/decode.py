@@ -92,7 +92,10 @@ def gpt2_sized(config: GPTConfig) -> GPTConfig:
     n_head = GPT2_SMALL["n_head"]
     share = n_head * config.kv_heads / config.n_head
     gqa = [d for d in range(2, n_head) if n_head % d == 0]  # 2, 3, 4, 6
-    n_kv_head = {"MHA": n_head, "MQA": 1}.get(config.attention_kind) or min(gqa, key=lambda d: abs(math.log(d / share)))
+    if config.attention_kind == "GQA":
+        n_kv_head = min(gqa, key=lambda d: abs(math.log(d / share)))
+    else:
+        n_kv_head = n_head if config.attention_kind == "MHA" else 1
     return GPTConfig(
         **GPT2_SMALL,
         n_kv_head=n_kv_head,

@@ -68,8 +68,9 @@ def broken_rules_of(overrides: list[str], schema: type, config_name: str) -> lis
 
 def _first_of_sweep(override: str) -> str:
     parsed = PARSER.parse_overrides([override])[0]
-    first = next(iter(parsed.sweep_iterator())) if parsed.is_sweep_override() else None
-    return f"{parsed.get_key_element()}={first}" if parsed.is_sweep_override() else override
+    if not parsed.is_sweep_override():
+        return override
+    return f"{parsed.get_key_element()}={next(iter(parsed.sweep_iterator()))}"
 
 
 def argument_problem(arg: str, schema: type, groups: set[str], multirun: bool = False) -> str | None:

@@ -57,7 +57,7 @@ def _load_hub(cfg: DataConfig, streaming: bool):
     hint = ""
     if local := Path(cfg.dataset).expanduser().is_dir():  # for a Hub id: the Hub-only settings a preset may carry
         subset = f"data.subset={cfg.subset!r} names a configuration the directory may lack (set data.subset=null)"
-        hints = [subset] * bool(cfg.subset) + [f"data.split={cfg.split!r} must be a split the directory has"]
+        hints = ([subset] if cfg.subset else []) + [f"data.split={cfg.split!r} must be a split the directory has"]
         hint = "; a local directory replaces the Hub id here: " + ", and ".join(hints)
     with failing_as(f"could not load data.dataset={cfg.dataset!r} through datasets", hint), _quiet(local):
         return datasets.load_dataset(cfg.dataset, cache_dir=str(cfg.resolved_hf_cache_dir()), **options)

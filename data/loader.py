@@ -32,7 +32,8 @@ class BatchLoader:
     accum_steps: int = 1
 
     def __post_init__(self) -> None:
-        split, block_size, needed = self.split, self.block_size, self.batch_size * self.world_size * self.accum_steps
+        split, block_size = self.split, self.block_size
+        needed = self.batch_size * self.world_size * self.accum_steps  # windows a step draws, on all ranks
         assert min(block_size, self.batch_size, self.accum_steps) >= 1 and 0 <= self.rank < self.world_size, self
         assert self.seed >= 0, self  # all checked by train.py's config
         self.device = torch.device(self.device)

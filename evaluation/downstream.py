@@ -28,7 +28,9 @@ def evaluate(config: DownstreamConfig) -> Path:
     if config.include_path:  # before the model loads: the harness would only say its tasks are not found
         check_include_path(config.include_path, "include_path=")
     c = config
-    model = GptlabLM(c.checkpoint, c.runs_root, c.device, c.precision, c.weights, c.batch_size)
+    model = GptlabLM(
+        c.checkpoint, c.runs_root, c.device, precision=c.precision, weights=c.weights, batch_size=c.batch_size
+    )
     print(f"evaluating {model.checkpoint.path} on {', '.join(config.tasks)}", file=sys.stderr)
     tasks = TaskManager(include_path=config.include_path)
     if missing := [name for name in config.tasks if name not in tasks.all_tasks]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, Mask, Rope
 from .blocks import MLP_CLASSES, make_norm
 from .config import GPTConfig
 from .documents import FLEX_DEVICES, document_ids, document_mask, document_positions
@@ -27,8 +27,10 @@ class Block(nn.Module):
         self.mlp = MLP_CLASSES[config.mlp](config)
         self.branch_scale = config.branch_scale
 
-    def forward(self, x: Tensor, *attention_context) -> Tensor:  # the context: CausalSelfAttention's after x
-        x = x + self._scaled(self.attn(self.ln_1(x), *attention_context))
+    def forward(
+        self, x: Tensor, kv_cache: KVCache | None = None, mask: Mask = None, rope: Rope | None = None
+    ) -> Tensor:
+        x = x + self._scaled(self.attn(self.ln_1(x), kv_cache, mask, rope))
         return x + self._scaled(self.mlp(self.ln_2(x)))
 
     def _scaled(self, branch: Tensor) -> Tensor:

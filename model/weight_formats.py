@@ -71,8 +71,10 @@ def dequantize_per_channel(values: Tensor, scale: Tensor) -> Tensor:
 
 
 def _stored(tensor: Tensor) -> Tensor:
-    """A copy of tensor, in huge pages on a CPU (a decode step streams it whole)."""
-    return huge_page_zeros(tensor.shape, tensor.dtype, tensor.device).copy_(tensor)
+    """A copy of tensor in huge pages on a CPU (a decode step streams it whole); elsewhere tensor itself."""
+    if tensor.device.type != "cpu":
+        return tensor.contiguous()
+    return huge_page_zeros(tensor.shape, tensor.dtype).copy_(tensor)
 
 
 class _PackedLinear(nn.Module):

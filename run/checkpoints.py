@@ -257,34 +257,9 @@ class Checkpoints:
             )
         tmp = self.root / f"{LEFTOVERS[0]}{final.name}_{os.getpid()}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            save_file(weights, tmp / WEIGHTS)
-            OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
-            torch.save(state, tmp / STATE)
-            for name, content in (files or {}).items():
-                (tmp / name).write_text(content, encoding="utf-8")
-            write_digests(tmp)  # last: the digests of complete files
-            for path in [*tmp.iterdir(), tmp]:
-                fsync(path)
-            best = self.root / "best"
-            links = [self.root / "latest"] + ([best] if is_best else [])
-            if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
-                leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
-                stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
-                replace_keeping_links_valid(final, tmp, links + leads_here, stale)
-            else:
-                tmp.rename(final)
-                fsync(self.root)
-            for link in links:
-                point_link(link, final)
-            fsync(self.root)
-            protected, steps = self._linked(), step_dirs(self.root)  # prune: the newest keep_last and the linked stay
-            for old in steps[: max(len(steps) - self.keep_last, 0)]:
-                if old.resolve() not in protected:
-                    shutil.rmtree(old)
-            self.remove_interrupted_saves()
+            self._write(tmp, weights, config, state, files or {})
+            self._move_into_place(tmp, final, is_best)
+            self.prune()
         except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors wrap OS errors
             low = self.root.is_dir() and shutil.disk_usage(self.root).free < 2**20
             what = f"could not write the checkpoint ({type(err).__name__}: {err})"
@@ -295,14 +270,56 @@ class Checkpoints:
             intact = self.latest()
             intact = f"the last good checkpoint {intact} is intact" if intact else "there is no earlier checkpoint"
             raise CheckpointError(f"{what} writing checkpoint {final}; {intact}") from err
-        if self.keep_state == "latest":  # the others' state.pt and its line in SHA256SUMS go; no file is read again
-            for listing in [p / DIGESTS for p in step_dirs(self.root) if p != final and (p / STATE).exists()]:
-                if listing.exists():
-                    lines = listing.read_text(encoding="utf-8").splitlines(keepends=True)
-                    kept = "".join(line for line in lines if line.rstrip("\n").split("  ", 1)[-1] != STATE)
-                    listing.write_text(kept, encoding="utf-8")
-                (listing.parent / STATE).unlink(missing_ok=True)
+        if self.keep_state == "latest":
+            self._drop_states(keep=final)
         return final
+
+    def _write(self, tmp: Path, weights: dict, config: dict, state: dict, files: dict[str, str]) -> None:
+        """Every file of a checkpoint into tmp, fsynced; the digests last, of complete files."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(weights, tmp / WEIGHTS)
+        OmegaConf.save(OmegaConf.create(config), tmp / CONFIG)
+        torch.save(state, tmp / STATE)
+        for name, content in files.items():
+            (tmp / name).write_text(content, encoding="utf-8")
+        write_digests(tmp)
+        for path in [*tmp.iterdir(), tmp]:
+            fsync(path)
+
+    def _move_into_place(self, tmp: Path, final: Path, is_best: bool) -> None:
+        """Rename tmp to final, then point `latest` (and `best`) at it: each move atomic."""
+        best = self.root / "best"
+        links = [self.root / "latest"] + ([best] if is_best else [])
+        if final.exists():  # saving the same step again (e.g. interrupted right after a resume)
+            leads_here = [best] if not is_best and best.exists() and best.resolve() == final.resolve() else []
+            stale = final.with_name(f"{LEFTOVERS[1]}{final.name}_{os.getpid()}")
+            replace_keeping_links_valid(final, tmp, links + leads_here, stale)
+        else:
+            tmp.rename(final)
+            fsync(self.root)
+        for link in links:
+            point_link(link, final)
+        fsync(self.root)
+
+    def prune(self) -> None:
+        """Remove all but the newest keep_last checkpoints (a linked one stays) and interrupted saves' leftovers."""
+        protected, steps = self._linked(), step_dirs(self.root)
+        for old in steps[: max(len(steps) - self.keep_last, 0)]:
+            if old.resolve() not in protected:
+                shutil.rmtree(old)
+        self.remove_interrupted_saves()
+
+    def _drop_states(self, keep: Path) -> None:
+        """keep_state=latest: the other checkpoints' state.pt and its line in their SHA256SUMS go, so that
+        `sha256sum -c` still checks what is left (the other lines stand as recorded: no file is read again)."""
+        for listing in [p / DIGESTS for p in step_dirs(self.root) if p != keep and (p / STATE).exists()]:
+            if listing.exists():
+                lines = listing.read_text(encoding="utf-8").splitlines(keepends=True)
+                kept = "".join(line for line in lines if line.rstrip("\n").split("  ", 1)[-1] != STATE)
+                listing.write_text(kept, encoding="utf-8")
+            (listing.parent / STATE).unlink(missing_ok=True)
 
     def remove_interrupted_saves(self) -> list[Path]:
         """Delete and return the directories of killed saves but one a link leads to (only as the run's writer)."""

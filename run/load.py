@@ -77,6 +77,8 @@ def check_inference_settings(device: torch.device, weights: str, decode: str = "
 
 
 def checkpoint_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> GPT:
+    """The checkpoint's model in eval mode on device, computing in dtype, its Linear weights converted to the
+    `weights` format (in memory only)."""
     checkpoint.check_finite()
     return inference_model(checkpoint.model_config, checkpoint.model_state, device, dtype, weights)
 

@@ -154,9 +154,10 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
     if cfg.resume is None or str(cfg.resume).lower() == "false":  # resume=false: a new run, as resume=null
         return OmegaConf.merge(cfg, {"resume": None}), None
     target = None if str(cfg.resume).lower() in ("true", "latest") else cfg.resume
-    run = Path(str(target))  # a run directory (not a checkpoint: those hold a config.yaml too) without a checkpoint:
+    run = Path(str(target))
+    # A run directory (not a checkpoint: those hold a config.yaml too) without a checkpoint starts afresh.
     if target is not None and (run / RUN_CONFIG).is_file() and not (run / WEIGHTS).exists() and not has_checkpoint(run):
-        merged = _saved_config(run, cfg)  # start it afresh
+        merged = _saved_config(run, cfg)
         merged.out_dir, merged.resume = str(target), None
         return merged, None
     if target is not None and (run / LOCK).exists() and not (run / RUN_CONFIG).exists():
@@ -166,7 +167,8 @@ def resolve_resume(cfg: DictConfig) -> tuple[DictConfig, Checkpoint | None]:
             "to start it there afresh, or delete the directory"
         )
     checkpoint = load_checkpoint(find_checkpoint(target, cfg.runs_root, setting="resume"))
-    if not ((run_dir := checkpoint.run_dir) / RUN_CONFIG).is_file():
+    run_dir = checkpoint.run_dir
+    if not (run_dir / RUN_CONFIG).is_file():
         raise CheckpointError(f"{run_dir} has no {RUN_CONFIG}: it is not a run directory of train.py")
     merged = _saved_config(run_dir, cfg)
     # The saved config says what seeded the run: a resume that changed it would record a run that never was.

@@ -75,8 +75,8 @@ class Evaluator:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, *, final: bool = False) -> dict[str, float]:
-        """{train,val}_ + loss (the mean over windows), loss_se (its standard error), windows, ppl and bpb;
-        final: the run's last evaluation, which eval_whole_val=final covers whole."""
+        """{train,val}_loss (the mean over windows), {train,val}_loss_se (its standard error over the windows),
+        {train,val}_windows, _ppl and _bpb. final: the run's last evaluation (eval_whole_val=final covers it whole)."""
         model.eval()
         whole = self.whole_val == "always" or (final and self.whole_val == "final")
         sums = []  # per split: [sum of window losses, sum of their squares, windows, bytes], on this rank

@@ -114,5 +114,14 @@ def _start_wandb(settings: dict[str, Any], config: dict[str, Any], run_dir: Path
     import wandb
 
     run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # one wandb run per run directory
-    settings = {**settings, "name": settings.get("name") or run_dir.name}  # mode, project, name, group
-    return wandb.init(**settings, id=run_id, resume="allow", dir=str(run_dir), config=config)
+    name, group = settings.get("name") or run_dir.name, settings.get("group")
+    return wandb.init(
+        mode=mode,
+        project=settings["project"],
+        name=name,
+        group=group,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config=config,
+    )

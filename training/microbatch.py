@@ -206,9 +206,8 @@ class Trial:
 
     def run(self, size: int, accum: int) -> None:
         optimizer, precision = build_optimizer(self.model, self.optim, self.device.type), self.precision
-        trainer = Trainer(
-            self.compiled, optimizer, precision.grad_scaler(), precision.autocast(), accum, self.optim.grad_clip
-        )
+        scaler, autocast, clip = precision.grad_scaler(), precision.autocast(), self.optim.grad_clip
+        trainer = Trainer(self.compiled, optimizer, scaler, autocast, accum, clip, Ranks())  # each rank tries alone
         batches = RandomBatches(self.vocab_size, size, self.block_size, self.device)
         for step in range(TRIAL_STEPS):
             result = train_step(trainer, batches, step)

@@ -61,8 +61,14 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, config: Confi
     """Every param group's learning rate for this step: the schedule, scaled to the group's own peak
     (Muon's peak at optim.muon_lr); returns the schedule's own (AdamW's), which the log records."""
     o = config.optim
+    decay_iters = o.decay_iters or config.max_iters
     lr = learning_rate(
-        step, o.learning_rate, o.min_lr, o.warmup_iters, o.decay_iters or config.max_iters, o.cooldown_frac
+        step,
+        max_lr=o.learning_rate,
+        min_lr=o.min_lr,
+        warmup_iters=o.warmup_iters,
+        decay_iters=decay_iters,
+        cooldown_frac=o.cooldown_frac,
     )
     for group in optimizer.param_groups:
         group["lr"] = lr * (o.muon_lr / o.learning_rate if group.get(MUON_GROUP) else 1.0)

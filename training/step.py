@@ -26,7 +26,7 @@ from training.mfu import slow_cpu_precision
 
 
 def learning_rate(
-    step: int, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int, cooldown_frac: float | None = None
+    step: int, *, max_lr: float, min_lr: float, warmup_iters: int, decay_iters: int, cooldown_frac: float | None = None
 ) -> float:
     """The learning rate for optimizer step `step` (0-based): a linear warmup reaching max_lr at step
     warmup_iters - 1, then a decay to min_lr at step decay_iters, held after. cooldown_frac=None: the
@@ -145,7 +145,7 @@ class Trainer:
     autocast: contextlib.AbstractContextManager  # the forward's precision
     accum_steps: int
     grad_clip: float  # 0: no clipping
-    ranks: Ranks = Ranks()
+    ranks: Ranks  # DDP: the loss, non-finite flag and stop are all-reduced across them
 
     def __post_init__(self) -> None:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -224,7 +224,15 @@ class TrainWindow:
             [self.sums, self.first_nonfinite.view(1), self.grad_norm.view(1)]
         ).tolist()
         loss, first = loss_sum / counted if counted else None, int(first) if nonfinite else None
-        summary = WindowSummary(self.steps, loss, grad_norm, int(skipped), int(nonfinite), first, stop > 0)
+        summary = WindowSummary(
+            self.steps,
+            loss,
+            grad_norm,
+            skipped=int(skipped),
+            nonfinite=int(nonfinite),
+            first_nonfinite_step=first,
+            stop=stop > 0,
+        )
         self.reset()
         return summary
 
