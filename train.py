@@ -142,8 +142,9 @@ def set_up(
         # the others wait on that lock, not in a collective that would time out on a large corpus;
         # then they reuse its shards, checking only sizes (rank 0 hashes them).
         data = prepare(config.data if ranks.is_main else replace(config.data, verify="size"))
-        model, origin = build_model(config, None if estimate else spec.resume_from, data.tokenizer(), device)
-        vocab_size = data.tokenizer().vocab_size
+        tokenizer = data.tokenizer()  # a trained BPE's is read and its sha256 checked: once
+        model, origin = build_model(config, None if estimate else spec.resume_from, tokenizer, device)
+        vocab_size = tokenizer.vocab_size
     if plan is None:  # an evaluation: a resume's weights, no step
         if spec.resume_from:
             load_weights(model, spec.resume_from.model_state)

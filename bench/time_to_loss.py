@@ -337,11 +337,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="time_to_loss_") as scratch:
             runs = measure(args, Path(scratch))
         record["load_after"] = _load()
-        rows = summarise(runs, record.get("target_arm", "gpt2"), record.get("baseline_arm", "modern"))
+    rows = summarise(runs, record.get("target_arm", "gpt2"), record.get("baseline_arm", "modern"))
+    if not args.from_json:
         out = args.json or ROOT / "bench" / "results" / f"time_to_loss_{args.corpus}.json"
         out.write_text(json.dumps({**record, "rows": rows, "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
         print(f"wrote {out}")
-    rows = summarise(runs, record.get("target_arm", "gpt2"), record.get("baseline_arm", "modern"))
     print(markdown(rows))
     if args.plot:
         budget = "each arm its own steps" if record["budget_s"] is None else f"{record['budget_s']:g} s per run"

@@ -20,10 +20,10 @@ from torch import Tensor
 
 from model.config import NORM_EPS, GPTConfig
 from model.gpt import GPT
-from model.state import fit_problems, non_finite
+from model.state import TIED_HEAD, fit_problems, non_finite, shared_names
 
 from . import llama, nanochat
-from .llama import LLAMA, NANOCHAT, TIED_HEAD, block_family, check_tied_head, shared_names, split_qkv, tied
+from .llama import LLAMA, NANOCHAT, block_family, check_tied_head, split_qkv, tied
 
 GPT2, BIGCODE = "gpt2", "gpt_bigcode"
 ARCHITECTURE_CLASS = {GPT2: "GPT2LMHeadModel", BIGCODE: "GPTBigCodeForCausalLM"}

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from model.config import GPT2_BLOCK, LLAMA_BLOCK, NANOCHAT_BLOCK, NORM_EPS, GPTConfig
+from model.state import TIED_HEAD
 
 LLAMA, NANOCHAT = "llama", "nanochat"
 SHAPE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -44,7 +45,6 @@ LAYER_NAMES = {
 QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 FUSED = "attn.c_attn.weight"
 OUTSIDE = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
-TIED_HEAD = "lm_head.weight"  # with tie_embeddings the same matrix as transformer.wte.weight, kept once
 # The settings under which each family's transformers classes compute our block: the values allowed. GPT-2's classes
 # take relu2 as their activation_function as well as GELU; Llama's MLP is gated (SwiGLU) only. Neither has weightless
 # norms, an embedding norm, QK-norm or a soft-cap, and gptlab writes their norms' eps as 1e-5; NanoChat's has all four
@@ -59,11 +59,6 @@ FAMILY_BLOCKS = {  # NanoChat before Llama: the nearer when equal
 # What turns the modern recipe's block into one NanoChatForCausalLM computes (docs/huggingface.md).
 NANOCHAT_MODERN = ("model.embed_norm=true", "model.branch_scale=50")
 FAMILY_NAMES = {"gpt2": "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", NANOCHAT: "NanoChatForCausalLM"}
-
-
-def shared_names(config: GPTConfig) -> set[str]:
-    """The state-dict names that are another's matrix: the head, when tied to the token table."""
-    return {TIED_HEAD} if config.tie_embeddings else set()
 
 
 def block_family(config: GPTConfig) -> str:

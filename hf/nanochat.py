@@ -25,9 +25,10 @@ import torch
 from torch import Tensor
 
 from model.config import NANOCHAT_BLOCK, GPTConfig
+from model.state import TIED_HEAD
 
 from . import llama
-from .llama import NANOCHAT, SHAPE_KEYS, TIED_HEAD, rotary_base, rotary_decoder_config, rotary_shape, tied, unsupported
+from .llama import NANOCHAT, SHAPE_KEYS, rotary_base, rotary_decoder_config, rotary_shape, tied, unsupported
 
 ARCHITECTURE = "NanoChatForCausalLM"
 NEEDED = "5.0"  # the first release with NanoChatForCausalLM

@@ -118,7 +118,7 @@ class GPT(nn.Module):
             if config.unet_skips and i >= n_layer - n_layer // 2:
                 x = x + self.skip_weights[n_layer - 1 - i] * skips.pop()
             x = block(x, kv_cache, mask, rope)
-            if i < n_layer // 2:
+            if config.unet_skips and i < n_layer // 2:
                 skips.append(x)
         if kv_cache is not None:
             kv_cache.advance(T)

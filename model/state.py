@@ -8,8 +8,10 @@ import re
 import torch
 from torch import Tensor, nn
 
-# A tied head shares its matrix with the token embedding; only one copy is stored.
-TIED_WEIGHT = "lm_head.weight"
+from .config import GPTConfig
+
+# A tied head shares its matrix with the token embedding (transformer.wte.weight); only one copy is stored.
+TIED_HEAD = "lm_head.weight"
 # Key prefixes added by torch.compile (_orig_mod.) and DistributedDataParallel (module.).
 WRAPPER_PREFIXES = re.compile(r"^(?:(?:_orig_mod|module)\.)+")
 
@@ -48,6 +50,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def stored_once(model: nn.Module) -> set[str]:
-    """The tied head's name when the model ties it (its matrix is saved as transformer.wte.weight), else none."""
-    return {TIED_WEIGHT} if unwrap_model(model).config.tie_embeddings else set()
+def shared_names(config: GPTConfig) -> set[str]:
+    """The state-dict names that are another's matrix: the head, when tied to the token table."""
+    return {TIED_HEAD} if config.tie_embeddings else set()

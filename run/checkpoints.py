@@ -34,7 +34,7 @@ from conf import Config, read_settings
 from data import Tokenizer, load_tokenizer
 from data.meta import file_sha256
 from model import GPTConfig
-from model.state import WRAPPER_PREFIXES, fit_problems, non_finite, stored_once, unwrap_model
+from model.state import WRAPPER_PREFIXES, fit_problems, non_finite, shared_names, unwrap_model
 from run.distributed import Ranks
 from run.runtime import reseed, seed_everything, set_rng_state
 from system import UserError, fsync, point_link, replace_keeping_links_valid
@@ -228,7 +228,7 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load weights saved by Checkpoints.save (or a compiled / DDP model's) into `model`, explaining any mismatch."""
     target, state = unwrap_model(model), {WRAPPER_PREFIXES.sub("", k): v for k, v in state.items()}
     expected = {name: tensor.shape for name, tensor in target.state_dict().items()}
-    if problems := fit_problems(state, expected, "the checkpoint", "the model", optional=stored_once(target)):
+    if problems := fit_problems(state, expected, "the checkpoint", "the model", optional=shared_names(target.config)):
         raise CheckpointError(f"checkpoint does not fit this model (a different model shape?): {problems}")
     target.load_state_dict(state, strict=False)
 
@@ -249,7 +249,7 @@ class Checkpoints:
         self, step: int, model: nn.Module, config: dict, state: dict, is_best: bool = False, files: dict | None = None
     ) -> Path:
         """Write checkpoint `step` (and `files`: Tokenizer.files()), point `latest` (`best` if is_best) at it, prune."""
-        final, shared = self.root / f"step_{step:06d}", stored_once(model)
+        final, shared = self.root / f"step_{step:06d}", shared_names(unwrap_model(model).config)
         weights = {k: v.detach().contiguous() for k, v in unwrap_model(model).state_dict().items() if k not in shared}
         if bad := non_finite(weights):
             raise CheckpointError(

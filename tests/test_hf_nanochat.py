@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, NanoChatConfig, Na
 
 import export
 from hf.files import HFError, load_hf_pretrained, save_hf
-from hf.llama import shared_names
 from hf_reference import LOGITS_ATOL, assert_same_logits, build, edit_config, randomized
 from model import GPT, GPTConfig, Sampling, generate
 from model.config import NANOCHAT_BLOCK
+from model.state import shared_names
 from test_hf_llama import save_run
 
 # No power of two anywhere: 3 layers, 6 query heads of 10 dims, relu2's 240-wide MLP.
